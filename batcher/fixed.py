@@ -1,0 +1,145 @@
+"""The fixed-batch Batcher: collect requests, flush them as batches, hand batches to the pool.
+
+Two ways in, one way out. ``enqueue``/``cancel`` are synchronous calls for code already on the
+trio thread (the HTTP bridge, simulations driving millions of requests); ``submit`` is the
+awaitable a library user wants. Every outcome leaves through the request's ``on_done``.
+
+The flush loop is a thin shell around two pure objects, the :class:`~batcher.tier_queue.TierQueues`
+and the flush policy. It asks the policy what to do, does it, and otherwise sleeps until the
+earliest of: the policy's timer, the next request deadline, the queue reaching the policy's size
+trigger, or a worker freeing up. It never polls.
+
+    submit/enqueue ──> TierQueues ──policy says Flush──> WorkerPool.dispatch ──> worker
+                          │                                      │
+                          └── deadline passed: Overloaded        └── outputs ──> on_done
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+from batcher.config import PoolConfig, QueueConfig
+from batcher.policy import Flush, QueueState, SizeOrTimeout
+from batcher.pool import Spawn, WorkerPool
+from batcher.stats import Stats
+from batcher.tier_queue import TierQueues
+from batcher.types import Overloaded, Request, State
+
+
+def _ignore(request: Request) -> None:
+    pass
+
+
+class Batcher:
+    def __init__(self, pool: WorkerPool, policy: SizeOrTimeout, queue: QueueConfig) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.config = queue
+        self.stats = pool.stats
+        self.queue = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share)
+        self._ids = itertools.count(1)
+        self._wakeup = trio.Event()
+        self._wake_at_count = 1
+        self._wake_at_time = math.inf
+        pool.on_idle = self._worker_idle
+
+    def request(
+        self,
+        input: str,
+        tier: str | None = None,
+        timeout: float | None = None,
+        on_done: Callable[[Request], None] = _ignore,
+    ) -> Request:
+        """A new request arriving now; ``tier`` defaults to the lowest, ``timeout`` to the config's."""
+        now = trio.current_time()
+        index = len(self.config.tiers) - 1 if tier is None else self.config.tier_index(tier)
+        wait = self.config.queue_timeout if timeout is None else timeout
+        return Request(next(self._ids), input, index, now, now + wait, on_done)
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a request (trio thread, no await); its outcome arrives through ``on_done``."""
+        self.queue.push(request)
+        if self.queue.count >= self._wake_at_count or request.deadline < self._wake_at_time:
+            self._wakeup.set()
+
+    def cancel(self, request: Request) -> None:
+        """The caller has gone: leave the queue at once, or drop the output if already running."""
+        if request.done:
+            return
+        queued = request.state is State.QUEUED
+        request.cancel(trio.current_time())
+        self.stats.cancelled += 1
+        if queued:
+            self.queue.discard(request)
+
+    async def submit(self, input: str, tier: str | None = None, timeout: float | None = None) -> str:
+        """Run one input through a batch and return its output.
+
+        Raises :class:`~batcher.types.Overloaded` if no worker took it before ``timeout``
+        (default: the queue config's), :class:`~batcher.types.RequestFailed` if its input failed
+        on every worker that tried it alone. Cancelling the caller takes the request out of the
+        queue at once, or drops its output if a worker already has it.
+        """
+        done = trio.Event()
+        request = self.request(input, tier, timeout, on_done=lambda _: done.set())
+        self.enqueue(request)
+        try:
+            await done.wait()
+        finally:
+            self.cancel(request)
+        return request.result()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The flush loop: runs until cancelled."""
+        task_status.started()
+        queue, pool, policy = self.queue, self.pool, self.policy
+        while True:
+            now = trio.current_time()
+            for request in queue.expire(now):
+                self.stats.expired += 1
+                waited = now - request.arrival
+                request.fail(Overloaded(f"not dispatched within {waited:.3f}s of arrival"), now)
+            decision = policy.decide(QueueState(now, queue.count, queue.oldest_arrival(), pool.idle_count))
+            if isinstance(decision, Flush):
+                batch = queue.take(decision.size, now)
+                self.stats.flushes[decision.reason] += 1
+                self.stats.flushed_requests += len(batch)
+                pool.dispatch(batch, decision.reason)
+                continue
+            self._wake_at_count = decision.queued
+            self._wake_at_time = min(decision.until, queue.next_deadline())
+            self._wakeup = trio.Event()
+            with trio.move_on_at(self._wake_at_time):
+                await self._wakeup.wait()
+
+    def _worker_idle(self) -> None:
+        if self.queue.count:
+            self._wakeup.set()
+
+
+@contextlib.asynccontextmanager
+async def open_batcher(
+    spawn: Spawn,
+    pool: PoolConfig = PoolConfig(),
+    policy: SizeOrTimeout = SizeOrTimeout(),
+    queue: QueueConfig = QueueConfig(),
+    stats: Stats | None = None,
+) -> AsyncIterator[Batcher]:
+    """Start a pool of workers and a batcher in front of it; stop both on exit.
+
+    >>> async with open_batcher(process_workers(["sleep"], 8), PoolConfig(workers=8)) as batcher:
+    ...     await batcher.submit("hello", tier="paid")
+    'olleh'
+    """
+    async with trio.open_nursery() as nursery:
+        workers = WorkerPool(pool, spawn, stats)
+        await nursery.start(workers.run)
+        batcher = Batcher(workers, policy, queue)
+        await nursery.start(batcher.run)
+        yield batcher
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,259 @@
+"""WorkerPool: N workers, one call each at a time, kept alive and honest.
+
+Each worker slot (one GPU) has a supervisor task that spawns the worker, waits for ``ready``,
+then serves the batches handed to it one by one. A call that crashes the worker, breaks the
+protocol, or runs past ``hang_timeout`` costs the worker its life: the supervisor kills it and
+starts a new one after a backoff (doubling while starts keep failing). A call that returns an
+error, or the wrong number of outputs, fails without killing the worker.
+
+Either way the batch is not lost. It goes to the retry backlog, which idle workers drain before
+they take new work, preferring a worker it has not failed on:
+
+    failed call ──> retry whole (attempt + 1) ──failed on two workers──> bisect into halves
+                                                                          │
+    halves are suspects: a suspect that fails is split again ─────────────┘
+    a single input that has failed max_attempts times fails alone (RequestFailed)
+
+so one poison input among 50 costs about 2·log2(50) extra calls, its own request fails, and
+the other 49 succeed. Requests whose callers have gone are pruned before every (re)send.
+
+The pool speaks to workers through the :class:`Worker` protocol, so the same supervision runs
+real processes (:mod:`batcher.process_worker`) and simulated ones (``workers.simulated``) under
+``trio.testing.MockClock``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+import trio
+
+from batcher.config import PoolConfig
+from batcher.stats import Stats
+from batcher.types import Batch, Request, RequestFailed
+from workers.protocol import Error, ProtocolError, Result, RunBatch, WorkerLost
+
+log = logging.getLogger("ferry.pool")
+
+
+class Worker(Protocol):
+    """One worker process (or its simulation), from the pool's side of the pipe."""
+
+    pid: int | None
+
+    async def start(self) -> None:
+        """Spawn and wait for ``ready``; raise WorkerLost or ProtocolError if it never comes."""
+
+    async def call(self, request: RunBatch) -> Result | Error:
+        """Send one call and wait for its answer; raise WorkerLost or ProtocolError."""
+
+    async def stop(self) -> None:
+        """Kill the worker and reap it; safe to call more than once, or before start."""
+
+
+Spawn = Callable[[int], Worker]
+"""Makes a fresh, unstarted worker for a slot index (which picks its GPU)."""
+
+
+class WorkerStartError(Exception):
+    """A worker did not come up when the pool started: the configuration is wrong."""
+
+
+class SlotState(enum.Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A snapshot of one slot, for tests, health checks and metrics."""
+
+    slot: int
+    pid: int | None
+    state: SlotState
+    restarts: int
+
+
+class _Slot:
+    __slots__ = ("index", "state", "worker", "restarts", "inbox", "outbox")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.state = SlotState.STARTING
+        self.worker: Worker | None = None
+        self.restarts = 0
+        self.outbox, self.inbox = trio.open_memory_channel[Batch](1)
+
+
+class WorkerPool:
+    def __init__(self, config: PoolConfig, spawn: Spawn, stats: Stats | None = None) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else Stats()
+        self.on_idle: Callable[[], None] = lambda: None
+        """Called when a worker frees up with no retry to take: the batcher's wake-up."""
+        self._spawn = spawn
+        self._slots = [_Slot(index) for index in range(config.workers)]
+        self._idle: deque[_Slot] = deque()
+        self._retry: deque[Batch] = deque()
+        self._batch_ids = itertools.count(1)
+
+    @property
+    def idle_count(self) -> int:
+        return len(self._idle)
+
+    @property
+    def busy_count(self) -> int:
+        return sum(slot.state is SlotState.BUSY for slot in self._slots)
+
+    def workers(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(slot.index, slot.worker.pid if slot.worker else None, slot.state, slot.restarts)
+            for slot in self._slots
+        ]
+
+    def dispatch(self, requests: list[Request], reason: str) -> Batch:
+        """Hand a new batch to an idle worker; the caller has checked :attr:`idle_count`."""
+        if not self._idle:
+            raise RuntimeError("dispatch needs an idle worker")
+        now = trio.current_time()
+        for request in requests:
+            request.dispatched_at = now
+        batch = Batch(next(self._batch_ids), requests, reason)
+        self._send(self._idle.popleft(), batch)
+        return batch
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every worker, report started once all are ready, then supervise forever."""
+        async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as starting:
+                for slot in self._slots:
+                    starting.start_soon(nursery.start, self._supervise, slot)
+            task_status.started()
+
+    async def _supervise(self, slot: _Slot, *, task_status: trio.TaskStatus[None]) -> None:
+        backoff = self.config.restart_backoff
+        first = True
+        while True:
+            worker = slot.worker = self._spawn(slot.index)
+            slot.state = SlotState.STARTING
+            try:
+                with trio.fail_after(self.config.start_timeout):
+                    await worker.start()
+            except (WorkerLost, ProtocolError, OSError, trio.TooSlowError) as exc:
+                with trio.CancelScope(shield=True):
+                    await worker.stop()
+                if first:
+                    raise WorkerStartError(f"worker {slot.index} did not start: {exc!r}") from exc
+                log.warning("worker %d failed to restart (%r); next try in %.1fs", slot.index, exc, backoff)
+            else:
+                if first:
+                    first = False
+                    task_status.started()
+                try:
+                    if await self._serve(slot, worker):
+                        backoff = self.config.restart_backoff
+                finally:
+                    slot.state = SlotState.STARTING
+                    with trio.CancelScope(shield=True):
+                        await worker.stop()
+            slot.restarts += 1
+            self.stats.restarts += 1
+            await trio.sleep(backoff)
+            backoff = min(max(2 * backoff, 0.01), self.config.max_restart_backoff)
+
+    async def _serve(self, slot: _Slot, worker: Worker) -> bool:
+        """Serve batches until the worker must die; True if it answered at least one call."""
+        answered = False
+        self._became_idle(slot)
+        while True:
+            batch = await slot.inbox.receive()
+            if not batch.prune():
+                self._became_idle(slot)
+                continue
+            self.stats.calls += 1
+            started = trio.current_time()
+            fault = None
+            try:
+                with trio.fail_after(self.config.hang_timeout):
+                    reply = await worker.call(RunBatch(batch.id, batch.inputs))
+                if reply.id != batch.id:
+                    raise ProtocolError(f"answer to call {reply.id} while call {batch.id} ran")
+            except trio.TooSlowError:
+                fault = f"hung: no answer within {self.config.hang_timeout:g}s"
+            except WorkerLost as exc:
+                fault = f"crashed: {exc}"
+            except ProtocolError as exc:
+                fault = f"protocol fault: {exc}"
+            self.stats.busy_seconds += trio.current_time() - started
+            if fault is not None:
+                log.warning("worker %d (pid %s) %s; restarting it", slot.index, worker.pid, fault)
+                self._failed(batch, slot, f"worker {slot.index} {fault}")
+                return answered
+            if isinstance(reply, Error):
+                self._failed(batch, slot, f"worker {slot.index}: {reply.message}")
+            elif len(reply.outputs) != len(batch.requests):
+                count = f"{len(reply.outputs)} outputs for {len(batch.requests)} inputs"
+                self._failed(batch, slot, f"worker {slot.index} returned {count}")
+            else:
+                answered = True
+                now = trio.current_time()
+                for request, output in zip(batch.requests, reply.outputs):
+                    request.finish(output, now)
+            self._became_idle(slot)
+
+    def _failed(self, batch: Batch, slot: _Slot, error: str) -> None:
+        """Retry, bisect or give up on a batch whose call failed; never lose a request."""
+        batch.failures += 1
+        batch.failed_on.add(slot.index)
+        batch.last_error = error
+        live = batch.prune()
+        if not live:
+            return
+        if len(live) == 1 and batch.failures >= self.config.max_attempts:
+            self.stats.failed_inputs += 1
+            message = f"the input failed on {batch.failures} attempts; last: {error}"
+            live[0].fail(RequestFailed(message), trio.current_time())
+            return
+        if len(live) > 1 and (batch.suspect or batch.failures >= min(2, self.config.max_attempts)):
+            self.stats.bisections += 1
+            half = len(live) // 2
+            for part in (live[:half], live[half:]):
+                self._retry.append(Batch(next(self._batch_ids), part, "bisect", suspect=True))
+        else:
+            self.stats.retries += 1
+            batch.reason = "retry"
+            self._retry.append(batch)
+        for idle in list(self._idle):
+            if retry := self._retry_for(idle):
+                self._idle.remove(idle)
+                self._send(idle, retry)
+
+    def _retry_for(self, slot: _Slot) -> Batch | None:
+        """The first retry this slot may take: one that has not failed on it, or has no choice."""
+        for position, batch in enumerate(self._retry):
+            if slot.index not in batch.failed_on or not self._others_up(batch.failed_on):
+                del self._retry[position]
+                return batch
+        return None
+
+    def _others_up(self, failed_on: set[int]) -> bool:
+        return any(s.state is not SlotState.STARTING and s.index not in failed_on for s in self._slots)
+
+    def _became_idle(self, slot: _Slot) -> None:
+        if retry := self._retry_for(slot):
+            self._send(slot, retry)
+            return
+        slot.state = SlotState.IDLE
+        self._idle.append(slot)
+        self.on_idle()
+
+    def _send(self, slot: _Slot, batch: Batch) -> None:
+        slot.state = SlotState.BUSY
+        slot.outbox.send_nowait(batch)

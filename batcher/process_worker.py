@@ -1,0 +1,112 @@
+"""The pool's side of a real worker process: spawn ``python -m workers ...``, frame I/O over pipes.
+
+Each worker gets its own ``CUDA_VISIBLE_DEVICES``, so a process sees exactly one GPU (or none,
+and runs on CPU). Its stderr is the gateway's, so model logs and stray prints stay visible;
+the protocol itself only flows through the pipes (see ``workers/__main__.py`` for how the
+worker keeps stray prints out of it).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Sequence
+
+import trio
+
+from batcher.pool import Spawn
+from workers.protocol import (
+    MAX_FRAME_BYTES,
+    Error,
+    FrameDecoder,
+    Message,
+    ProtocolError,
+    Ready,
+    Result,
+    RunBatch,
+    WorkerLost,
+    encode,
+)
+
+
+class ProcessWorker:
+    """One ``python -m workers`` process and the framed pipe to it."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], max_frame: int = MAX_FRAME_BYTES) -> None:
+        self.argv = [sys.executable, "-m", "workers", *argv]
+        self.pid: int | None = None
+        self.model: str | None = None
+        self._env = env
+        self._max_frame = max_frame
+        self._decoder = FrameDecoder(max_frame)
+        self._received: deque[Message] = deque()
+        self._process: trio.Process | None = None
+
+    async def start(self) -> None:
+        self._process = await trio.lowlevel.open_process(
+            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env
+        )
+        self.pid = self._process.pid
+        ready = await self._receive()
+        if not isinstance(ready, Ready):
+            raise ProtocolError(f"expected ready as the first frame, got {ready.kind}")
+        self.model = ready.model
+
+    async def call(self, request: RunBatch) -> Result | Error:
+        assert self._process is not None and self._process.stdin is not None, "call before start"
+        try:
+            await self._process.stdin.send_all(encode(request, self._max_frame))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise WorkerLost(f"pid {self.pid}: pipe closed ({exc})") from None
+        reply = await self._receive()
+        if not isinstance(reply, Result | Error):
+            raise ProtocolError(f"expected result or error, got {reply.kind}")
+        return reply
+
+    async def stop(self) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                await stream.aclose()
+
+    async def _receive(self) -> Message:
+        assert self._process is not None and self._process.stdout is not None
+        while not self._received:
+            data = await self._process.stdout.receive_some(1 << 16)
+            if not data:
+                code = await self._process.wait()
+                raise WorkerLost(f"pid {self.pid} exited with code {code}")
+            self._received.extend(self._decoder.feed(data))
+        return self._received.popleft()
+
+
+def worker_devices(workers: int, visible: str | None = None) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` of each worker: round robin over the gateway's own list.
+
+    With no list (no ``CUDA_VISIBLE_DEVICES`` in the environment), worker ``i`` gets device
+    ``i``; on a machine with no GPU that is harmless, and the worker runs on CPU.
+    """
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else []
+    if not devices:
+        return [str(index) for index in range(workers)]
+    return [devices[index % len(devices)] for index in range(workers)]
+
+
+def process_workers(argv: Sequence[str], workers: int, max_frame: int = MAX_FRAME_BYTES) -> Spawn:
+    """A :data:`Spawn` that starts ``python -m workers *argv`` on each slot's own device."""
+    devices = worker_devices(workers)
+
+    def spawn(slot: int) -> ProcessWorker:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[slot]}
+        return ProcessWorker(argv, env, max_frame)
+
+    return spawn

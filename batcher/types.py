@@ -1,0 +1,119 @@
+"""Requests, batches and the errors a caller can see: the values every part of the core shares.
+
+A :class:`Request` moves through one state machine and reaches exactly one terminal state::
+
+    QUEUED --take--> DISPATCHED --outputs--> DONE
+       |                 |  \\--input failed on max_attempts workers--> FAILED
+       |                 \\--caller went away--> CANCELLED (its output is dropped)
+       |--deadline passed before dispatch--> FAILED (Overloaded)
+       \\--caller went away--> CANCELLED (it leaves the queue at once)
+
+``on_done`` is called exactly once, on the trio thread, when the request reaches a terminal
+state, whichever it is: a caller (the async ``submit``, the HTTP bridge, a simulation) learns
+every outcome through that one door.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+
+
+class FerryError(Exception):
+    """A request did not get an output; the message says why, for the caller."""
+
+
+class Overloaded(FerryError):
+    """The request could not be dispatched before its deadline (HTTP 529)."""
+
+
+class RequestFailed(FerryError):
+    """The request's own input failed on every worker that tried it alone (HTTP 500)."""
+
+
+class State(enum.Enum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({State.DONE, State.FAILED, State.CANCELLED})
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Request:
+    """One input waiting for one output. Times are trio clock readings (seconds)."""
+
+    id: int
+    input: str
+    tier: int  # index into the tier list: 0 is served first
+    arrival: float
+    deadline: float  # latest dispatch time; past it, a queued request fails with Overloaded
+    on_done: Callable[[Request], None]
+    state: State = State.QUEUED
+    output: str | None = None
+    error: FerryError | None = None
+    dispatched_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+    def finish(self, output: str, now: float) -> None:
+        """Deliver the output, unless the caller has already gone (then it is dropped)."""
+        if self.state is State.DISPATCHED:
+            self.output = output
+            self._end(State.DONE, now)
+
+    def fail(self, error: FerryError, now: float) -> None:
+        if not self.done:
+            self.error = error
+            self._end(State.FAILED, now)
+
+    def cancel(self, now: float) -> None:
+        if not self.done:
+            self._end(State.CANCELLED, now)
+
+    def result(self) -> str:
+        """The output, or the request's error raised; only valid once the request is done."""
+        if self.state is State.DONE:
+            return self.output  # type: ignore[return-value]
+        if self.error is not None:
+            raise self.error
+        raise RuntimeError(f"request {self.id} is {self.state.value}, it has no result")
+
+    def _end(self, state: State, now: float) -> None:
+        self.state = state
+        self.finished_at = now
+        self.on_done(self)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Batch:
+    """Requests that ride to one worker together, and what happened to them so far.
+
+    ``failures`` counts failed calls of this exact batch; ``failed_on`` names the worker slots
+    they failed on, so a retry goes elsewhere when it can. A ``suspect`` batch is a half of a
+    batch that failed twice: it is split again at its first failure.
+    """
+
+    id: int
+    requests: list[Request]
+    reason: str  # why it left: "size", "timeout", "retry" or "bisect"
+    failures: int = 0
+    failed_on: set[int] = dataclasses.field(default_factory=set)
+    suspect: bool = False
+    last_error: str = ""
+
+    @property
+    def inputs(self) -> list[str]:
+        return [request.input for request in self.requests]
+
+    def prune(self) -> list[Request]:
+        """Drop the requests whose callers have gone; return the ones still waiting."""
+        self.requests = [r for r in self.requests if r.state is State.DISPATCHED]
+        return self.requests

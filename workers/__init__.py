@@ -1,0 +1,1 @@
+"""ferry's worker processes (``python -m workers KIND``), their protocol, models and faults."""

@@ -1,0 +1,105 @@
+"""``python -m workers KIND [options]``: one worker process, speaking the framed protocol.
+
+The protocol runs over the process's stdin and stdout, but model code does not get to touch
+them: at start-up the worker moves the protocol onto private descriptors, points fd 1 at stderr
+and fd 0 at /dev/null. A stray ``print`` (or a C library writing to fd 1) then lands in the log
+instead of corrupting a frame. The private descriptors are not inherited by children.
+
+The loop is deliberately plain and blocking: one call at a time, exactly like a GPU. The worker
+exits when the pool closes its stdin, and also when its parent disappears (a watchdog thread
+notices re-parenting), so a killed gateway never leaves workers behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+from workers.faults import Fault, FaultInjector, add_fault_arguments, plan_from_args
+from workers.models import Model, add_model_arguments, load_model
+from workers.protocol import Error, FrameDecoder, Ready, Result, RunBatch, encode
+
+CRASH_EXIT_CODE = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workers", description=__doc__.splitlines()[0])
+    kinds = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
+    add_model_arguments(kinds)
+    for sub in kinds.choices.values():
+        add_fault_arguments(sub)
+    return parser
+
+
+def claim_protocol_fds() -> tuple[int, int]:
+    """Move the protocol off fds 0 and 1; return the private (read, write) descriptors."""
+    protocol_in, protocol_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    return protocol_in, protocol_out
+
+
+def exit_with_parent(interval: float = 0.5) -> None:
+    """Exit as soon as the process that started us is gone, even in the middle of a call."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> Result | Error:
+    """Run one call with whatever fault the plan injects into it."""
+    fault = injector.next_call(call.inputs)
+    if injector.plan.chatter:
+        print(f"chatter: call {injector.calls} with {len(call.inputs)} inputs", flush=True)
+        os.write(1, b"\x00\x00\x00\x05raw bytes on fd 1\n")
+    if fault is Fault.CRASH:
+        os._exit(CRASH_EXIT_CODE)
+    if fault is Fault.HANG:
+        while True:
+            time.sleep(3600)
+    started = time.monotonic()
+    try:
+        if fault is Fault.POISON:
+            raise ValueError(injector.poison_message(call.inputs))
+        outputs = model.run_batch(call.inputs)
+    except Exception as exc:  # the model's failure is the call's, not the worker's
+        return Error(id=call.id, message=f"{type(exc).__name__}: {exc}")
+    if injector.plan.slow_factor != 1.0:
+        time.sleep((injector.plan.slow_factor - 1.0) * (time.monotonic() - started))
+    if fault is Fault.WRONG_COUNT:
+        outputs = outputs[:-1]
+    return Result(id=call.id, outputs=outputs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    protocol_in, protocol_out = claim_protocol_fds()
+    exit_with_parent()
+    injector = FaultInjector(plan_from_args(args))
+    model = load_model(args)
+    with os.fdopen(protocol_out, "wb") as out:
+        out.write(encode(Ready(pid=os.getpid(), model=model.name)))
+        out.flush()
+        decoder = FrameDecoder()
+        while data := os.read(protocol_in, 1 << 16):
+            for message in decoder.feed(data):
+                if not isinstance(message, RunBatch):
+                    print(f"worker: unexpected {message.kind} frame", file=sys.stderr)
+                    return 2
+                out.write(encode(serve_call(model, injector, message)))
+                out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
