@@ -24,6 +24,7 @@ real processes (:mod:`batcher.process_worker`) and simulated ones (``workers.sim
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 import itertools
@@ -100,7 +101,7 @@ class WorkerPool:
         """Called when a worker frees up with no retry to take: the batcher's wake-up."""
         self._spawn = spawn
         self._slots = [_Slot(index) for index in range(config.workers)]
-        self._idle: deque[_Slot] = deque()
+        self._idle: list[_Slot] = []  # by slot index: the lowest idle GPU takes the next batch
         self._retry: deque[Batch] = deque()
         self._batch_ids = itertools.count(1)
 
@@ -126,7 +127,7 @@ class WorkerPool:
         for request in requests:
             request.dispatched_at = now
         batch = Batch(next(self._batch_ids), requests, reason)
-        self._send(self._idle.popleft(), batch)
+        self._send(self._idle.pop(0), batch)
         return batch
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -251,7 +252,7 @@ class WorkerPool:
             self._send(slot, retry)
             return
         slot.state = SlotState.IDLE
-        self._idle.append(slot)
+        bisect.insort(self._idle, slot, key=lambda s: s.index)
         self.on_idle()
 
     def _send(self, slot: _Slot, batch: Batch) -> None:

@@ -114,7 +114,8 @@ class TierQueues:
                 for tier in range(1, len(self._queues))
                 if (front := self._front(tier)) and front.arrival <= cutoff
             ]
-            if not candidates:
+            if not candidates:  # nothing aged: bank no credit for later bursts
+                self._aged_credit = 0.0
                 return
             self._pop(min(candidates)[1], batch)
             self._aged_credit -= 1.0
