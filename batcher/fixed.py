@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from batcher.config import PoolConfig, QueueConfig
-from batcher.policy import Flush, QueueState, SizeOrTimeout
+from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
 from batcher.pool import Spawn, WorkerPool
 from batcher.stats import Stats
 from batcher.tier_queue import TierQueues
@@ -36,7 +36,7 @@ def _ignore(request: Request) -> None:
 
 
 class Batcher:
-    def __init__(self, pool: WorkerPool, policy: SizeOrTimeout, queue: QueueConfig) -> None:
+    def __init__(self, pool: WorkerPool, policy: Policy, queue: QueueConfig) -> None:
         self.pool = pool
         self.policy = policy
         self.config = queue
@@ -126,7 +126,7 @@ class Batcher:
 async def open_batcher(
     spawn: Spawn,
     pool: PoolConfig = PoolConfig(),
-    policy: SizeOrTimeout = SizeOrTimeout(),
+    policy: Policy = SizeOrTimeout(),
     queue: QueueConfig = QueueConfig(),
     stats: Stats | None = None,
 ) -> AsyncIterator[Batcher]:

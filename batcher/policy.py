@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,3 +73,25 @@ class SizeOrTimeout:
         if not state.idle_workers:
             return Hold()
         return Flush(min(state.queued, self.max_batch), reason)
+
+
+class Policy(Protocol):
+    """What the batcher asks before every flush."""
+
+    def decide(self, state: QueueState) -> Flush | Hold: ...
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {"size_or_timeout": SizeOrTimeout}
+"""Policies by the name a config file or command line gives them."""
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """Build a policy from its name and its own parameters (``max_batch=50, max_wait=0.15``)."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"policy: expected one of {sorted(POLICIES)}, got {name!r}") from None
+    try:
+        return factory(**params)
+    except TypeError as exc:
+        raise ValueError(f"policy {name}: {exc}") from None

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from batcher.policy import Flush, Hold, QueueState, SizeOrTimeout
+from batcher.policy import Flush, Hold, QueueState, SizeOrTimeout, make_policy
 
 policy = SizeOrTimeout(max_batch=50, max_wait=0.150)
 
@@ -36,3 +36,11 @@ def test_a_hold_with_no_timer_waits_for_a_worker_only():
 def test_bad_settings_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SizeOrTimeout(**kwargs)
+
+
+def test_policies_are_made_by_name_with_their_parameters():
+    assert make_policy("size_or_timeout", max_batch=8, max_wait=0.05) == SizeOrTimeout(8, 0.05)
+    with pytest.raises(ValueError, match="policy: expected one of \\['size_or_timeout'\\], got 'fifo'"):
+        make_policy("fifo")
+    with pytest.raises(ValueError, match="policy size_or_timeout: .*max_size"):
+        make_policy("size_or_timeout", max_size=8)

@@ -1,0 +1,25 @@
+# The two commands of the README's quick start. Both create .venv on first use and install
+# ferry into it: the CPU build of torch 2.13.0 first, where torch is missing, so that the
+# `torch` requirement never pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/ferry demo
+
+# pytest exits 5 when it collects no test: that is not a failure of the suite.
+test: $(STAMP)
+	$(PY) -m pytest; status=$$?; [ $$status -eq 5 ] && exit 0; exit $$status
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,52 @@
+"""``ferry``: the command line. One sub-command per job; each parses its flags and runs.
+
+    ferry demo     push a few hundred requests through 8 reference workers and print the run
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import trio
+
+from batcher.config import PoolConfig
+from batcher.load import open_loop
+from batcher.process_worker import process_workers
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Open-loop Poisson requests through the fixed-batch core and real `sleep` workers."""
+    spawn = process_workers(["sleep", "--latency-ms", str(args.latency_ms)], args.workers)
+    print(
+        f"ferry demo: {args.workers} sleep workers ({args.latency_ms:g} ms a call), "
+        f"{args.rate:g} requests/s for {args.duration:g} s, half paid, half free"
+    )
+    report = trio.run(
+        open_loop, spawn, args.rate, args.duration, {"paid": 0.5, "free": 0.5}, PoolConfig(workers=args.workers)
+    )
+    print(report.table())
+    return 0 if not report.errors else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ferry", description="A trio batching scheduler for GPU workers.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = commands.add_parser("demo", help=demo.__doc__)
+    sub.add_argument("--workers", type=int, default=8)
+    sub.add_argument("--latency-ms", type=float, default=200.0)
+    sub.add_argument("--rate", type=float, default=500.0, help="requests per second")
+    sub.add_argument("--duration", type=float, default=1.0, help="seconds of arrivals")
+    sub.set_defaults(run=demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
