@@ -1,0 +1,170 @@
+"""The pool over real `python -m workers` processes: kills, hangs, chatter, poison, torch.
+
+These use the real clock (subprocess I/O does not run under MockClock); every bound is generous
+and nothing asserts speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+
+import pytest
+import trio
+
+from batcher.config import PoolConfig
+from batcher.fixed import open_batcher
+from batcher.policy import SizeOrTimeout
+from batcher.pool import SlotState, WorkerStartError
+from batcher.process_worker import ProcessWorker, process_workers
+from batcher.types import RequestFailed
+from workers.protocol import Result, RunBatch
+
+LATENCY = ["sleep", "--latency-ms", "100"]
+
+
+def per_slot(argv_by_slot: dict[int, list[str]], default: list[str] = LATENCY):
+    """A Spawn giving some slots their own worker argv (e.g. a fault plan)."""
+
+    def spawn(slot: int) -> ProcessWorker:
+        return ProcessWorker(argv_by_slot.get(slot, default), dict(os.environ))
+
+    return spawn
+
+
+async def submit_all(batcher, inputs: list[str]) -> dict[str, str | Exception]:
+    results: dict[str, str | Exception] = {}
+
+    async def one(text: str) -> None:
+        try:
+            results[text] = await batcher.submit(text, "paid")
+        except RequestFailed as exc:
+            results[text] = exc
+
+    async with trio.open_nursery() as nursery:
+        for text in inputs:
+            nursery.start_soon(one, text)
+    return results
+
+
+async def wait_for(condition, seconds: float = 20.0) -> None:
+    with trio.fail_after(seconds):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@contextlib.asynccontextmanager
+async def pool_of(spawn, workers: int = 2, hang_timeout: float = 5.0):
+    config = PoolConfig(workers=workers, hang_timeout=hang_timeout)
+    async with open_batcher(spawn, config, SizeOrTimeout(50, 0.05)) as batcher:
+        yield batcher
+
+
+async def test_sigkill_of_a_worker_mid_batch_loses_no_request():
+    spawn = process_workers(["sleep", "--latency-ms", "1000"], workers=2)
+    inputs = [f"request {i}" for i in range(50)]
+    async with pool_of(spawn) as batcher:
+        async with trio.open_nursery() as nursery:
+            outcome = {}
+
+            async def run() -> None:
+                outcome.update(await submit_all(batcher, inputs))
+
+            nursery.start_soon(run)
+            await wait_for(lambda: batcher.pool.busy_count == 1)
+            (busy,) = [w for w in batcher.pool.workers() if w.state is SlotState.BUSY]
+            await trio.sleep(0.2)  # well inside the 1 s call
+            os.kill(busy.pid, signal.SIGKILL)
+        replaced = batcher.pool.workers()[busy.slot]
+    assert outcome == {text: text[::-1] for text in inputs}
+    assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
+    assert replaced.pid != busy.pid and replaced.restarts == 1
+
+
+async def test_a_hung_worker_is_killed_and_replaced():
+    spawn = per_slot({0: [*LATENCY, "--hang-on-call", "1"]})
+    async with pool_of(spawn, hang_timeout=1.0) as batcher:
+        hung_pid = batcher.pool.workers()[0].pid
+        results = await submit_all(batcher, ["a", "b", "c"])
+        await wait_for(lambda: batcher.pool.workers()[0].state is SlotState.IDLE)
+        replacement = batcher.pool.workers()[0]
+        assert not alive(hung_pid)
+        assert replacement.pid != hung_pid and alive(replacement.pid)
+    assert results == {"a": "a", "b": "b", "c": "c"}
+    assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
+
+
+async def test_a_worker_that_prints_to_stdout_does_not_corrupt_the_protocol(capfd):
+    spawn = process_workers([*LATENCY, "--chatter"], workers=1)
+    inputs = [f"chatty {i}" for i in range(20)]
+    async with pool_of(spawn, workers=1) as batcher:
+        first = await submit_all(batcher, inputs[:10])
+        second = await submit_all(batcher, inputs[10:])
+    assert {**first, **second} == {text: text[::-1] for text in inputs}
+    assert batcher.stats.restarts == 0
+    assert "chatter: call 2 with 10 inputs" in capfd.readouterr().err
+
+
+async def test_one_poison_input_fails_alone_across_real_processes():
+    spawn = process_workers([*LATENCY, "--poison", "☠"], workers=2)
+    inputs = [f"request {i}" for i in range(20)]
+    inputs[13] = "request 13 ☠"
+    async with pool_of(spawn) as batcher:
+        results = await submit_all(batcher, inputs)
+    assert isinstance(results.pop("request 13 ☠"), RequestFailed)
+    assert results == {text: text[::-1] for text in inputs if "☠" not in text}
+    assert batcher.stats.restarts == 0
+
+
+async def test_a_worker_that_exits_on_a_call_has_its_batch_retried_elsewhere():
+    spawn = per_slot({0: [*LATENCY, "--crash-on-call", "1"]})
+    async with pool_of(spawn) as batcher:
+        results = await submit_all(batcher, ["x", "y"])
+    assert results == {"x": "x", "y": "y"}
+    assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
+
+
+async def test_a_worker_that_cannot_start_fails_the_pool_start_with_its_reason():
+    with pytest.RaisesGroup(pytest.RaisesExc(WorkerStartError, match="did not start"), flatten_subgroups=True):
+        async with pool_of(process_workers(["no-such-kind"], workers=2)):
+            pass  # pragma: no cover - never reached
+
+
+async def test_the_torch_worker_labels_each_input_the_same_in_any_batch():
+    worker = ProcessWorker(["classify", "--dim", "64", "--layers", "2"], dict(os.environ))
+    inputs = ["", "a", "hello world", "ü" * 300, *(f"input number {i}" for i in range(16))]
+    try:
+        with trio.fail_after(120):
+            await worker.start()
+            together = await worker.call(RunBatch(1, inputs))
+            alone = [await worker.call(RunBatch(2 + i, [text])) for i, text in enumerate(inputs)]
+    finally:
+        await worker.stop()
+    assert isinstance(together, Result) and worker.model.startswith("classify-d64-l2-")
+    assert together.outputs == [reply.outputs[0] for reply in alone]
+    assert len(set(together.outputs)) > 1
+
+
+async def test_a_worker_stuck_in_a_call_exits_when_its_parent_dies(tmp_path):
+    pid_file = tmp_path / "worker.pid"
+    parent = (  # start a worker, make it hang in a call (so it never reads EOF), then exit
+        "import subprocess, sys; from workers.protocol import RunBatch, encode;"
+        "p = subprocess.Popen([sys.executable, '-m', 'workers', 'sleep', '--hang-on-call', '1'],"
+        " stdin=subprocess.PIPE, stdout=subprocess.PIPE);"
+        "p.stdout.read(1); p.stdin.write(encode(RunBatch(1, ['x']))); p.stdin.flush();"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))"
+    )
+    await trio.run_process([sys.executable, "-c", parent])
+    worker_pid = int(pid_file.read_text())
+    await wait_for(lambda: not alive(worker_pid), seconds=10)
