@@ -9,6 +9,12 @@ and the flush policy. It asks the policy what to do, does it, and otherwise slee
 earliest of: the policy's timer, the next request deadline, the queue reaching the policy's size
 trigger, or a worker freeing up. It never polls.
 
+A simulation can hand it a :class:`Feed` instead of enqueueing each arrival on time: the loop
+admits the arrivals that are due whenever it wakes, and also wakes at the first future arrival
+that would have woken it. Every decision sees exactly the requests that have arrived, as with
+on-time enqueueing, but virtual time no longer stops at every arrival (the speed of
+``batcher.simulate``).
+
     submit/enqueue ──> TierQueues ──policy says Flush──> WorkerPool.dispatch ──> worker
                           │                                      │
                           └── deadline passed: Overloaded        └── outputs ──> on_done
@@ -20,15 +26,35 @@ import contextlib
 import itertools
 import math
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import trio
 
 from batcher.config import PoolConfig, QueueConfig
 from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
-from batcher.pool import Spawn, WorkerPool
+from batcher.pool import Spawn, Worker, WorkerPool
 from batcher.stats import Stats
 from batcher.tier_queue import TierQueues
 from batcher.types import Overloaded, Request, State
+from workers.protocol import Error, Result, RunBatch
+
+
+class DeadlineUnreachable(Overloaded):
+    """Given up before dispatch: too little time was left to answer before its deadline."""
+
+
+class Feed(Protocol):
+    """Arrivals known in advance (a trace), admitted by the flush loop when they are due."""
+
+    def due(self, now: float) -> list[Request]:
+        """The requests that have arrived by ``now`` and were not admitted yet, in arrival order."""
+
+    def next_wake(self, more: int, until: float, drop_before: float) -> float:
+        """When the loop must wake for arrivals still to come (inf: not before ``until``).
+
+        That is the arrival that brings ``more`` requests to the queue, or the first arrival
+        whose deadline, less ``drop_before``, comes before ``until``.
+        """
 
 
 def _ignore(request: Request) -> None:
@@ -46,6 +72,8 @@ class Batcher:
         self._wakeup = trio.Event()
         self._wake_at_count = 1
         self._wake_at_time = math.inf
+        self._drop_before: float = getattr(policy, "drop_before", 0.0)
+        self._feed: Feed | None = None
         pool.on_idle = self._worker_idle
 
     def request(
@@ -54,9 +82,13 @@ class Batcher:
         tier: str | None = None,
         timeout: float | None = None,
         on_done: Callable[[Request], None] = _ignore,
+        arrival: float | None = None,
     ) -> Request:
-        """A new request arriving now; ``tier`` defaults to the lowest, ``timeout`` to the config's."""
-        now = trio.current_time()
+        """A new request arriving now (or at ``arrival``, for a :class:`Feed` replaying a trace).
+
+        ``tier`` defaults to the lowest, ``timeout`` (seconds after arrival) to the config's.
+        """
+        now = trio.current_time() if arrival is None else arrival
         index = len(self.config.tiers) - 1 if tier is None else self.config.tier_index(tier)
         wait = self.config.queue_timeout if timeout is None else timeout
         return Request(next(self._ids), input, index, now, now + wait, on_done)
@@ -64,8 +96,13 @@ class Batcher:
     def enqueue(self, request: Request) -> None:
         """Queue a request (trio thread, no await); its outcome arrives through ``on_done``."""
         self.queue.push(request)
-        if self.queue.count >= self._wake_at_count or request.deadline < self._wake_at_time:
+        if self.queue.count >= self._wake_at_count or request.deadline - self._drop_before < self._wake_at_time:
             self._wakeup.set()
+
+    def feed(self, feed: Feed) -> None:
+        """Admit arrivals from ``feed`` from now on, each when it is due (see the module doc)."""
+        self._feed = feed
+        self._wakeup.set()
 
     def cancel(self, request: Request) -> None:
         """The caller has gone: leave the queue at once, or drop the output if already running."""
@@ -97,14 +134,16 @@ class Batcher:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The flush loop: runs until cancelled."""
         task_status.started()
-        queue, pool, policy = self.queue, self.pool, self.policy
+        queue, pool, policy, drop_before = self.queue, self.pool, self.policy, self._drop_before
         while True:
             now = trio.current_time()
-            for request in queue.expire(now):
-                self.stats.expired += 1
-                waited = now - request.arrival
-                request.fail(Overloaded(f"not dispatched within {waited:.3f}s of arrival"), now)
-            decision = policy.decide(QueueState(now, queue.count, queue.oldest_arrival(), pool.idle_count))
+            if self._feed is not None:
+                for request in self._feed.due(now):
+                    queue.push(request)
+            if queue.count:
+                self._expire(now)
+            deadline = queue.next_deadline()
+            decision = policy.decide(QueueState(now, queue.count, queue.oldest_arrival(), pool.idle_count, deadline))
             if isinstance(decision, Flush):
                 batch = queue.take(decision.size, now)
                 self.stats.flushes[decision.reason] += 1
@@ -112,13 +151,27 @@ class Batcher:
                 pool.dispatch(batch, decision.reason)
                 continue
             self._wake_at_count = decision.queued
-            self._wake_at_time = min(decision.until, queue.next_deadline())
+            self._wake_at_time = wake = min(decision.until, deadline - drop_before)
+            if self._feed is not None:
+                wake = min(wake, self._feed.next_wake(decision.queued - queue.count, wake, drop_before))
             self._wakeup = trio.Event()
-            with trio.move_on_at(self._wake_at_time):
+            with trio.move_on_at(wake):
                 await self._wakeup.wait()
 
+    def _expire(self, now: float) -> None:
+        """Fail the queued requests past their deadline, or too near it for the policy."""
+        for request in self.queue.expire(now + self._drop_before):
+            self.stats.expired += 1
+            waited = now - request.arrival
+            if self._drop_before:
+                left = request.deadline - now
+                error: Overloaded = DeadlineUnreachable(f"{left:.3f}s left before its deadline after {waited:.3f}s")
+            else:
+                error = Overloaded(f"not dispatched within {waited:.3f}s of arrival")
+            request.fail(error, now)
+
     def _worker_idle(self) -> None:
-        if self.queue.count:
+        if self.queue.count or self._feed is not None:
             self._wakeup.set()
 
 
@@ -136,6 +189,9 @@ async def open_batcher(
     ...     await batcher.submit("hello", tier="paid")
     'olleh'
     """
+    observe = getattr(policy, "observe", None)
+    if observe is not None:
+        spawn = _observed(spawn, observe)
     async with trio.open_nursery() as nursery:
         workers = WorkerPool(pool, spawn, stats)
         await nursery.start(workers.run)
@@ -143,3 +199,31 @@ async def open_batcher(
         await nursery.start(batcher.run)
         yield batcher
         nursery.cancel_scope.cancel()
+
+
+class _Observed:
+    """A worker whose every answered call is reported to the policy's ``observe(size, seconds)``."""
+
+    def __init__(self, worker: Worker, observe: Callable[[int, float], None]) -> None:
+        self._worker = worker
+        self._observe = observe
+
+    @property
+    def pid(self) -> int | None:
+        return self._worker.pid
+
+    async def start(self) -> None:
+        await self._worker.start()
+
+    async def call(self, request: RunBatch) -> Result | Error:
+        started = trio.current_time()
+        reply = await self._worker.call(request)
+        self._observe(len(request.inputs), trio.current_time() - started)
+        return reply
+
+    async def stop(self) -> None:
+        await self._worker.stop()
+
+
+def _observed(spawn: Spawn, observe: Callable[[int, float], None]) -> Spawn:
+    return lambda slot: _Observed(spawn(slot), observe)
