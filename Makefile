@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: $(STAMP)
-	$(VENV)/bin/ferry demo
+	$(VENV)/bin/ferry serve
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
 test: $(STAMP)

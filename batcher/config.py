@@ -7,7 +7,10 @@ or a command line reads as one clear line, not a traceback from deep inside the 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import os
+import tomllib
 
 
 def _require(condition: bool, field: str, expected: str, value: object) -> None:
@@ -63,3 +66,244 @@ class PoolConfig:
             f"seconds >= restart_backoff ({self.restart_backoff})",
             self.max_restart_backoff,
         )
+
+
+# --- The server's configuration file (DESIGN §10) -------------------------------------------
+#
+# One TOML file describes a whole ferry: where it listens, the tiers in priority order, the API
+# keys, and the models with their worker fleets. ``load_config(path)`` reads one,
+# ``default_config()`` reads the embedded default that ``ferry serve`` runs with no file. Each
+# table becomes a frozen dataclass that checks itself; the loader adds where a bad value came
+# from, so an error reads ``ferry.toml: models[1].max_batch: expected 1..1024, got 0``.
+
+DEFAULT_TOML = """\
+# The embedded default of `ferry serve`: loopback only, one fixed-mode model on 8 reference
+# workers (200 ms a call, any batch size: capacity 8 x 50 / 0.2 s = 2,000 requests/s).
+[server]
+host = "127.0.0.1"
+port = 8080
+
+[[tiers]]
+name = "paid"
+wait_budget_ms = 1000
+[[tiers]]
+name = "free"
+wait_budget_ms = 300
+
+[[keys]]
+key = "sk-ferry-demo-paid"
+tenant = "demo"
+tier = "paid"
+[[keys]]
+key = "sk-ferry-demo-free"
+tenant = "demo"
+tier = "free"
+
+[[models]]
+name = "ferry-fixed@1"
+aliases = ["ferry-fixed"]
+mode = "fixed"
+workers = 8
+worker = ["sleep", "--latency-ms", "200"]
+max_batch = 50
+max_wait_ms = 150
+hang_timeout_ms = 1000
+max_attempts = 3
+context_window = 8192
+"""
+
+MODES = ("fixed",)  # "continuous" joins when its engine exists (DESIGN §6)
+TOKENIZERS = ("bytes",)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Where the gateway listens and how it treats connections."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 4 << 20  # a larger body is answered 413 by aiohttp's own limit
+    shutdown_grace_ms: int = 30_000  # SIGTERM: in-flight requests get this long to finish
+    ping_interval_ms: int = 5_000  # a stream waiting this long gets a `ping` event
+
+    def __post_init__(self) -> None:
+        _require(bool(self.host), "host", "an address", self.host)
+        _require(0 <= self.port <= 65535, "port", "0..65535", self.port)
+        _require(1024 <= self.max_body_bytes <= 1 << 30, "max_body_bytes", "1 KiB..1 GiB", self.max_body_bytes)
+        _require(self.shutdown_grace_ms >= 0, "shutdown_grace_ms", "milliseconds >= 0", self.shutdown_grace_ms)
+        _require(self.ping_interval_ms > 0, "ping_interval_ms", "milliseconds > 0", self.ping_interval_ms)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TierConfig:
+    """A tier; a queued request of it that waits past ``wait_budget_ms`` gets 529 (Overloaded)."""
+
+    name: str
+    wait_budget_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "name", "a tier name", self.name)
+        _require(self.wait_budget_ms > 0, "wait_budget_ms", "milliseconds > 0", self.wait_budget_ms)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyConfig:
+    """An API key (or only its sha256, so the file need not hold the secret) and who holds it."""
+
+    tenant: str
+    tier: str
+    key: str | None = None
+    key_sha256: str | None = None
+    tokens_per_minute: int | None = None  # enforced by admission (DESIGN §8), not yet here
+
+    def __post_init__(self) -> None:
+        _require((self.key is None) != (self.key_sha256 is None), "key", "exactly one of key, key_sha256",
+                 self.key if self.key is not None else self.key_sha256)
+        if self.key is not None:
+            _require(len(self.key) >= 8, "key", "at least 8 characters", "<hidden>")
+        if self.key_sha256 is not None:
+            digest = self.key_sha256
+            _require(len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
+                     "key_sha256", "64 lowercase hex digits", digest)
+        _require(bool(self.tenant), "tenant", "a tenant name", self.tenant)
+        if self.tokens_per_minute is not None:
+            _require(self.tokens_per_minute > 0, "tokens_per_minute", "> 0", self.tokens_per_minute)
+
+    @property
+    def digest(self) -> str:
+        """The key's sha256 in hex: what the gateway compares a presented key against."""
+        if self.key_sha256 is not None:
+            return self.key_sha256
+        return hashlib.sha256(self.key.encode()).hexdigest()  # type: ignore[union-attr]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """A served model: its versioned name, aliases, and the worker fleet and batching behind it."""
+
+    name: str
+    worker: tuple[str, ...]
+    aliases: tuple[str, ...] = ()
+    mode: str = "fixed"
+    workers: int = 8
+    max_batch: int = 50
+    max_wait_ms: float = 150.0
+    hang_timeout_ms: float = 1000.0
+    max_attempts: int = 3
+    context_window: int = 8192
+    tokenizer: str = "bytes"
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "name", "a model name", self.name)
+        _require(len(self.worker) >= 1, "worker", "argv after `python -m workers`", list(self.worker))
+        _require(self.mode in MODES, "mode", f"one of {list(MODES)}", self.mode)
+        _require(1 <= self.max_batch <= 1024, "max_batch", "1..1024", self.max_batch)
+        _require(0 <= self.max_wait_ms < math.inf, "max_wait_ms", "milliseconds >= 0", self.max_wait_ms)
+        _require(1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window)
+        _require(self.tokenizer in TOKENIZERS, "tokenizer", f"one of {list(TOKENIZERS)}", self.tokenizer)
+        _require(0 < self.hang_timeout_ms < math.inf, "hang_timeout_ms", "milliseconds > 0", self.hang_timeout_ms)
+        self.pool()  # checks workers and max_attempts with the pool's own rules
+
+    def pool(self) -> PoolConfig:
+        """The pool settings of this model's fleet."""
+        return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FerryConfig:
+    """A whole configuration file, checked as a whole: names unique, keys' tiers exist."""
+
+    server: ServerConfig
+    tiers: tuple[TierConfig, ...]
+    keys: tuple[KeyConfig, ...]
+    models: tuple[ModelConfig, ...]
+
+    def __post_init__(self) -> None:
+        _require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
+        _require(len(self.models) >= 1, "models", "at least one model", self.models)
+        names = [tier.name for tier in self.tiers]
+        for index, key in enumerate(self.keys):
+            _require(key.tier in names, f"keys[{index}].tier", f"one of {names}", key.tier)
+        digests = [key.digest for key in self.keys]
+        _require(len(set(digests)) == len(digests), "keys", "distinct keys", "a key listed twice")
+        seen: dict[str, str] = {}
+        for index, model in enumerate(self.models):
+            for name in (model.name, *model.aliases):
+                _require(name not in seen, f"models[{index}]", "names and aliases unique",
+                         f"{name!r}, already used by {seen.get(name)!r}")
+                seen[name] = model.name
+
+    def queue(self) -> QueueConfig:
+        """The batchers' queue settings: these tiers, in this priority order."""
+        return QueueConfig(tiers=tuple(tier.name for tier in self.tiers))
+
+
+_TABLES = {"server": ServerConfig, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig}
+
+
+def _build(cls: type, table: object, where: str) -> object:
+    """One dataclass from one TOML table: unknown fields, wrong types and bad values all name
+    the place they came from."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: expected a table, got {table!r}")
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    values = {}
+    for name, value in table.items():
+        if name not in fields:
+            raise ValueError(f"{where}: unknown field {name!r}; expected one of {sorted(fields)}")
+        expected = str(fields[name].type)
+        if expected.startswith("tuple"):
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+            _require(ok, f"{where}.{name}", "a list of strings", value)
+            value = tuple(value)
+        elif isinstance(value, bool) or not _fits(value, expected):
+            raise ValueError(f"{where}.{name}: expected {expected}, got {value!r}")
+        values[name] = value
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a required field is missing
+        missing = [n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING]
+        raise ValueError(f"{where}: missing field {missing[0] if missing else '?'!r}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{where}.{exc}") from None
+
+
+def _fits(value: object, expected: str) -> bool:
+    if isinstance(value, str):
+        return "str" in expected
+    if isinstance(value, int):
+        return "int" in expected or "float" in expected
+    if isinstance(value, float):
+        return "float" in expected
+    return False
+
+
+def parse_config(text: str, source: str = "<config>") -> FerryConfig:
+    """A checked :class:`FerryConfig` from TOML text; ``ValueError`` names the source and field."""
+    try:
+        document = tomllib.loads(text)
+        unknown = sorted(set(document) - set(_TABLES))
+        if unknown:
+            raise ValueError(f"unknown table {unknown[0]!r}; expected one of {sorted(_TABLES)}")
+        server = _build(ServerConfig, document.get("server", {}), "server")
+        lists = {}
+        for name in ("tiers", "keys", "models"):
+            tables = document.get(name, [])
+            _require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
+            lists[name] = tuple(_build(_TABLES[name], t, f"{name}[{i}]") for i, t in enumerate(tables))
+        return FerryConfig(server, **lists)  # type: ignore[arg-type]
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: not valid TOML: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def load_config(path: str | os.PathLike[str]) -> FerryConfig:
+    """Read and check a configuration file."""
+    with open(path, encoding="utf-8") as file:
+        return parse_config(file.read(), os.fspath(path))
+
+
+def default_config() -> FerryConfig:
+    """The embedded default (:data:`DEFAULT_TOML`): what ``ferry serve`` runs with no file."""
+    return parse_config(DEFAULT_TOML, "<embedded default>")

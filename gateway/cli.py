@@ -1,6 +1,7 @@
 """``ferry``: the command line. One sub-command per job; each parses its flags and runs.
 
     ferry demo     push a few hundred requests through 8 reference workers and print the run
+    ferry serve    the HTTP gateway (gateway/server.py)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import trio
 from batcher.config import PoolConfig
 from batcher.load import open_loop
 from batcher.process_worker import process_workers
+from gateway.server import add_serve_command
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -39,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--rate", type=float, default=500.0, help="requests per second")
     sub.add_argument("--duration", type=float, default=1.0, help="seconds of arrivals")
     sub.set_defaults(run=demo)
+    add_serve_command(commands)
     return parser
 
 

@@ -1,0 +1,333 @@
+"""The wire format of ``/v1/messages``, compatible with the Anthropic Messages API: pure codecs.
+
+Everything here turns bytes into checked values or values into bytes, and does no I/O, so every
+rule is tested directly (``tests/test_api.py``) and the HTTP handlers stay thin:
+
+    body bytes ──parse_message_request──> MessageRequest ──render_prompt──> the model's input
+    model output ──complete──> Completion ──message_body / stream_events──> JSON or SSE bytes
+    any error ──error_response──> (status, {type:"error", error:{type, message}}, headers)
+
+:data:`ERRORS` is the one table from an error type to its HTTP status and API error type;
+nothing else in the gateway picks a status for an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+from batcher.types import Overloaded, RequestFailed
+from gateway.tokenizer import Tokenizer
+
+
+class ApiError(Exception):
+    """An error the client caused or must hear about; its class picks the status in ERRORS."""
+
+
+class InvalidRequest(ApiError):
+    """The body is malformed or breaks a rule; the message names the field."""
+
+
+class AuthenticationFailed(ApiError):
+    """No API key, or one the gateway does not know."""
+
+
+class NotFound(ApiError):
+    """No such model (or route)."""
+
+
+class RequestTooLarge(ApiError):
+    """The body is over the server's limit."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ErrorKind:
+    status: int
+    type: str
+    retry_after: bool = False  # 429 and 529 tell the client when to try again
+
+
+# The one table (DESIGN §7). Order matters: the first class an error is an instance of wins.
+ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
+    (InvalidRequest, ErrorKind(400, "invalid_request_error")),
+    (AuthenticationFailed, ErrorKind(401, "authentication_error")),
+    (NotFound, ErrorKind(404, "not_found_error")),
+    (RequestTooLarge, ErrorKind(413, "request_too_large")),
+    (Overloaded, ErrorKind(529, "overloaded_error", retry_after=True)),
+    (RequestFailed, ErrorKind(500, "api_error")),
+)
+INTERNAL = ErrorKind(500, "api_error")
+RETRY_AFTER_S = 1  # until admission (DESIGN §8) estimates a drain time
+
+
+def error_kind(error: BaseException) -> ErrorKind:
+    for cls, kind in ERRORS:
+        if isinstance(error, cls):
+            return kind
+    return INTERNAL
+
+
+def kind_for_status(status: int) -> ErrorKind:
+    """The kind of an error that arrives as a bare status (aiohttp's own 404, 405, 413...)."""
+    for _, kind in ERRORS:
+        if kind.status == status:
+            return kind
+    return ErrorKind(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def error_body(kind: ErrorKind, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind.type, "message": message}}
+
+
+def error_response(error: BaseException) -> tuple[int, bytes, dict[str, str]]:
+    """Status, JSON body and headers for an error; unknown errors say no more than that."""
+    kind = error_kind(error)
+    message = str(error) if kind is not INTERNAL else "internal error"
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if kind.retry_after else {}
+    return kind.status, dumps(error_body(kind, message)), headers
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# --- Requests ------------------------------------------------------------------------------
+
+ROLES = ("user", "assistant")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MessageRequest:
+    """A checked ``POST /v1/messages`` body: the fields a fixed-mode model uses."""
+
+    model: str
+    messages: tuple[tuple[str, str], ...]  # (role, text), text blocks joined
+    max_tokens: int
+    system: str = ""
+    temperature: float | None = None
+    stream: bool = False
+    stop_sequences: tuple[str, ...] = ()
+
+
+def parse_message_request(body: bytes) -> MessageRequest:
+    """Check a body; raise :class:`InvalidRequest` naming the first field that is wrong.
+
+    Fields the Messages API defines but a fixed-mode model has no use for (``metadata``,
+    ``top_p``, ``top_k``) are accepted and ignored, like unknown ones.
+    """
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidRequest(f"body: expected a JSON object, got invalid JSON ({_short(exc)})") from None
+    if not isinstance(document, dict):
+        raise InvalidRequest(f"body: expected a JSON object, got {_json_type(document)}")
+    model = _text(_required(document, "model"), "model")
+    if not model:
+        raise InvalidRequest("model: expected a model name, got an empty string")
+    messages = _required(document, "messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest(f"messages: expected a non-empty array, got {_json_type(messages)}")
+    turns = tuple(_message(message, f"messages.{index}") for index, message in enumerate(messages))
+    max_tokens = _required(document, "max_tokens")
+    if not _is_int(max_tokens) or max_tokens < 1:
+        raise InvalidRequest(f"max_tokens: expected an integer >= 1, got {_show(max_tokens)}")
+    system = document.get("system")
+    temperature = document.get("temperature")
+    if temperature is not None and (not _is_number(temperature) or not 0.0 <= temperature <= 1.0):
+        raise InvalidRequest(f"temperature: expected a number in 0..1, got {_show(temperature)}")
+    stream = document.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InvalidRequest(f"stream: expected a boolean, got {_show(stream)}")
+    stops = document.get("stop_sequences", [])
+    if not isinstance(stops, list):
+        raise InvalidRequest(f"stop_sequences: expected an array of strings, got {_json_type(stops)}")
+    stop_sequences = tuple(_text(s, f"stop_sequences.{i}") for i, s in enumerate(stops))
+    if any(not s for s in stop_sequences):
+        raise InvalidRequest("stop_sequences: expected non-empty strings, got an empty one")
+    if not isinstance(document.get("metadata"), dict | None):
+        raise InvalidRequest(f"metadata: expected an object, got {_json_type(document['metadata'])}")
+    return MessageRequest(
+        model=model,
+        messages=turns,
+        max_tokens=max_tokens,
+        system="" if system is None else _content(system, "system"),
+        temperature=None if temperature is None else float(temperature),
+        stream=stream,
+        stop_sequences=stop_sequences,
+    )
+
+
+def _message(message: object, where: str) -> tuple[str, str]:
+    if not isinstance(message, dict):
+        raise InvalidRequest(f"{where}: expected an object with role and content, got {_json_type(message)}")
+    role = _required(message, "role", where)
+    if role not in ROLES:
+        raise InvalidRequest(f"{where}.role: expected one of {list(ROLES)}, got {_show(role)}")
+    return role, _content(_required(message, "content", where), f"{where}.content")
+
+
+def _content(content: object, where: str) -> str:
+    """A string, or an array of text blocks joined: what a fixed-mode model can read."""
+    if isinstance(content, str):
+        return _text(content, where)
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}: expected a string or an array of text blocks, got {_json_type(content)}")
+    texts = []
+    for index, block in enumerate(content):
+        at = f"{where}.{index}"
+        if not isinstance(block, dict):
+            raise InvalidRequest(f"{at}: expected a content block object, got {_json_type(block)}")
+        kind = _required(block, "type", at)
+        if kind != "text":
+            raise InvalidRequest(f"{at}.type: fixed-mode models take 'text' blocks only, got {_show(kind)}")
+        texts.append(_text(_required(block, "text", at), f"{at}.text"))
+    return "".join(texts)
+
+
+def _required(table: dict, name: str, where: str = "") -> Any:
+    if name not in table:
+        raise InvalidRequest(f"{where + '.' if where else ''}{name}: field required")
+    return table[name]
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{where}: expected a string, got {_json_type(value)}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # JSON allows a lone surrogate ("\ud800"); UTF-8 does not
+        raise InvalidRequest(f"{where}: expected valid Unicode text, got a lone surrogate") from None
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _json_type(value: object) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _show(value: object) -> str:
+    return _short(json.dumps(value)) if isinstance(value, int | float | str | bool | None) else _json_type(value)
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def render_prompt(request: MessageRequest) -> str:
+    """The one input string of a fixed-mode model: system, then the turns, each labelled::
+
+        System: be brief
+
+        User: hello
+
+        Assistant: hi
+    """
+    parts = [f"System: {request.system}"] if request.system else []
+    parts += [f"{'User' if role == 'user' else 'Assistant'}: {text}" for role, text in request.messages]
+    return "\n\n".join(parts)
+
+
+def context_overflow(input_tokens: int, max_tokens: int, context_window: int) -> InvalidRequest | None:
+    """The error for a prompt that, with ``max_tokens`` to answer, would not fit the model."""
+    if input_tokens + max_tokens <= context_window:
+        return None
+    return InvalidRequest(
+        f"prompt is too long: {input_tokens} prompt tokens + max_tokens {max_tokens} = "
+        f"{input_tokens + max_tokens} > {context_window}, the model's context window"
+    )
+
+
+# --- Responses -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Completion:
+    """A model's answer as the client sees it: cut at a stop sequence or at ``max_tokens``."""
+
+    text: str
+    stop_reason: str  # "end_turn", "stop_sequence" or "max_tokens"
+    stop_sequence: str | None
+    output_tokens: int
+
+
+def complete(output: str, request: MessageRequest, tokenizer: Tokenizer) -> Completion:
+    """Apply the request's stop sequences (earliest match wins), then its ``max_tokens``."""
+    cut, found = len(output), None
+    for stop in request.stop_sequences:
+        at = output.find(stop)
+        if -1 < at < cut:
+            cut, found = at, stop
+    text = output[:cut]
+    reason = "stop_sequence" if found is not None else "end_turn"
+    if tokenizer.count(text) > request.max_tokens:
+        text, reason, found = tokenizer.truncate(text, request.max_tokens), "max_tokens", None
+    return Completion(text, reason, found, tokenizer.count(text))
+
+
+def message_body(message_id: str, model: str, completion: Completion, input_tokens: int) -> dict[str, Any]:
+    """The whole (non-streamed) response."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": completion.text}],
+        "stop_reason": completion.stop_reason,
+        "stop_sequence": completion.stop_sequence,
+        "usage": {"input_tokens": input_tokens, "output_tokens": completion.output_tokens},
+    }
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event: ``event:`` line, one ``data:`` line of JSON, a blank line."""
+    return b"event: " + event.encode() + b"\ndata: " + dumps(data) + b"\n\n"
+
+
+PING = sse("ping", {"type": "ping"})
+
+
+def stream_start(message_id: str, model: str, input_tokens: int) -> bytes:
+    """``message_start``: the message with no content yet, and the prompt's usage."""
+    message = message_body(message_id, model, Completion("", "", None, 0), input_tokens)
+    message.update(content=[], stop_reason=None, stop_sequence=None)
+    return sse("message_start", {"type": "message_start", "message": message})
+
+
+def stream_end(completion: Completion) -> bytes:
+    """The rest of a stream, in the order the Messages API sends it: one text block, then the
+    message's stop reason and output usage, then ``message_stop``."""
+    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    events = [sse("content_block_start", block)]
+    if completion.text:
+        delta = {"type": "text_delta", "text": completion.text}
+        events.append(sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}))
+    events.append(sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    stop = {"stop_reason": completion.stop_reason, "stop_sequence": completion.stop_sequence}
+    usage = {"output_tokens": completion.output_tokens}
+    events.append(sse("message_delta", {"type": "message_delta", "delta": stop, "usage": usage}))
+    events.append(sse("message_stop", {"type": "message_stop"}))
+    return b"".join(events)
+
+
+def stream_error(error: BaseException) -> bytes:
+    """The ``error`` event that ends a stream whose headers are already sent."""
+    _, body, _ = error_response(error)
+    return b"event: error\ndata: " + body + b"\n\n"
+
+
+def models_body(names: list[str], created_at: str) -> dict[str, Any]:
+    """``GET /v1/models``: one entry per served version (aliases resolve to these)."""
+    data = [{"type": "model", "id": name, "display_name": name, "created_at": created_at} for name in names]
+    return {"data": data, "has_more": False, "first_id": names[0] if names else None,
+            "last_id": names[-1] if names else None}

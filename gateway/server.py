@@ -1,0 +1,112 @@
+"""``ferry serve``'s life cycle: start the core, listen, drain on SIGTERM, stop the core.
+
+    start:    trio core (every model's workers ready) ─> bind ─> announce the address
+    SIGTERM:  stop accepting ─> in-flight requests finish (up to shutdown_grace_ms)
+              ─> cancel the trio core, which stops the workers ─> exit 0
+
+The core starts first, so a listening gateway can always serve; the core stops last, so no
+request that was accepted loses its batcher. aiohttp does the HTTP half of the drain: it
+closes idle keep-alive connections and waits for running handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import resource
+import signal
+import sys
+from collections.abc import Callable
+
+from aiohttp import web
+
+from batcher.config import FerryConfig, default_config, load_config
+from gateway.app import make_app
+from gateway.bridge import Bridge, OpenCore, open_batchers
+
+log = logging.getLogger("ferry.serve")
+
+
+async def serve(
+    config: FerryConfig,
+    announce: Callable[[str], None] = print,
+    open_core: OpenCore | None = None,
+) -> int:
+    """Run the gateway until SIGTERM or SIGINT (or the core dies); return an exit status."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    bridge = Bridge(open_core or functools.partial(open_batchers, config))
+    try:
+        await bridge.start()
+        app = make_app(config, bridge)
+        runner = web.AppRunner(
+            app,
+            access_log=None,  # a log line per request costs more than the request's own work
+            handler_cancellation=True,  # a client that leaves cancels its request in the core
+            shutdown_timeout=config.server.shutdown_grace_ms / 1000,
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, config.server.host, config.server.port, backlog=4096)
+            await site.start()
+            host, port = runner.addresses[0][:2]
+            announce(f"ferry serve: listening on http://{host}:{port}")
+            ended = asyncio.ensure_future(stop.wait())
+            await asyncio.wait((ended, bridge.ended), return_when=asyncio.FIRST_COMPLETED)
+            ended.cancel()
+            announce("ferry serve: draining in-flight requests")
+        finally:
+            await runner.cleanup()
+    finally:
+        await bridge.stop()
+    error = bridge.ended.result() if bridge.ended is not None and bridge.ended.done() else None
+    if error is not None and not stop.is_set():
+        log.error("the scheduling core stopped: %r", error)
+        return 1
+    announce("ferry serve: stopped")
+    return 0
+
+
+def add_serve_command(commands) -> None:
+    """``ferry serve [--config FILE] [--host H] [--port P]``."""
+    sub = commands.add_parser("serve", help="run the HTTP gateway (the embedded default with no --config)")
+    sub.add_argument("--config", help="a TOML file (see README); default: the embedded default")
+    sub.add_argument("--host", help="listen address (overrides [server].host)")
+    sub.add_argument("--port", type=int, help="listen port, 0 for any free one (overrides [server].port)")
+    sub.set_defaults(run=serve_command)
+
+
+def serve_command(args) -> int:
+    """Load the configuration, then run :func:`serve` on uvloop (plain asyncio without it)."""
+    try:
+        config = load_config(args.config) if args.config else default_config()
+        server = dataclasses.replace(
+            config.server,
+            host=args.host if args.host is not None else config.server.host,
+            port=args.port if args.port is not None else config.server.port,
+        )
+        config = dataclasses.replace(config, server=server)
+    except (OSError, ValueError) as exc:
+        print(f"ferry serve: {exc}", file=sys.stderr)
+        return 2
+    if not args.config:
+        for key in config.keys:
+            print(f"ferry serve: demo key for tier {key.tier}: {key.key}")
+    _raise_open_file_limit()
+    say = functools.partial(print, flush=True)
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(serve(config, say))
+    return uvloop.run(serve(config, say))
+
+
+def _raise_open_file_limit() -> None:
+    """Each connection is a file descriptor: take the hard limit, not the shell's soft 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
