@@ -1,6 +1,11 @@
-"""Shared test helpers: a fleet of simulated workers whose every call can be inspected."""
+"""Shared test helpers: a fleet of inspectable simulated workers, a real redis-server."""
 
 from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
 
 import pytest
 
@@ -36,3 +41,38 @@ class Fleet:
 @pytest.fixture
 def fleet_factory():
     return Fleet
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A real redis-server on loopback for the whole session (CI installs it; see .ci/run)."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is not installed: `apt-get install redis-server` (the CI script does)")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
+                conn.sendall(b"PING\r\n")
+                if conn.recv(16).startswith(b"+PONG"):
+                    break
+        except OSError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail(f"redis-server did not answer on port {port}")
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    process.terminate()
+    process.wait(timeout=10)

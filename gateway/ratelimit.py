@@ -1,0 +1,99 @@
+"""Per-key limits as token buckets: the pure arithmetic every limiter store shares.
+
+Seed 000 §6.7: a key's plan allows so many tokens (and requests) per minute. At admission the
+gateway charges ``input_tokens + max_tokens``, the most the request can cost; when it ends, the
+unused part of ``max_tokens`` is refunded. A bucket holds at most one minute of budget and
+refills continuously at ``limit / 60`` per second, so a key that has been quiet can burst one
+minute's worth and then proceeds at its rate.
+
+When a charge does not fit, nothing is taken (from either bucket) and the verdict says exactly
+when it would fit: ``(amount - level) / rate`` seconds, the longest of the buckets that fall
+short. That number becomes the 429's ``Retry-After``. A charge larger than a whole bucket can
+never fit: its verdict says so (``retry_after`` is infinite) and the gateway answers 400.
+
+Everything here is a function of the state, the amounts and ``now``; the stores (memory,
+Redis) only keep the state. The Redis store runs the same arithmetic in a Lua script, and the
+tests check that both give the same verdicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's plan: tokens and requests per minute (None: unlimited)."""
+
+    tokens_per_minute: int | None = None
+    requests_per_minute: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tokens_per_minute", "requests_per_minute"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: expected a whole number >= 1, got {value!r}")
+
+    @property
+    def capacities(self) -> tuple[float, float]:
+        """The bucket sizes, tokens first; an unlimited dimension is an infinite bucket."""
+        return (
+            math.inf if self.tokens_per_minute is None else float(self.tokens_per_minute),
+            math.inf if self.requests_per_minute is None else float(self.requests_per_minute),
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Bucket:
+    """How full a bucket was at ``updated`` (seconds on the limiter's clock)."""
+
+    level: float
+    updated: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of a charge: admitted, or how long until the same charge would fit."""
+
+    admitted: bool
+    retry_after: float = 0.0  # seconds; inf when the charge can never fit
+
+    @property
+    def never(self) -> bool:
+        return math.isinf(self.retry_after)
+
+
+def full(capacity: float, now: float) -> Bucket:
+    """A bucket nobody has drawn from yet."""
+    return Bucket(capacity, now)
+
+
+def level_at(bucket: Bucket, capacity: float, now: float) -> float:
+    """The bucket's level at ``now``: refilled at capacity/60 per second, never above capacity."""
+    if math.isinf(capacity):
+        return math.inf
+    elapsed = max(0.0, now - bucket.updated)
+    return min(capacity, bucket.level + elapsed * capacity / 60.0)
+
+
+def charge(
+    buckets: tuple[Bucket, ...], capacities: tuple[float, ...], amounts: tuple[float, ...], now: float
+) -> tuple[Verdict, tuple[Bucket, ...]]:
+    """Take ``amounts`` from every bucket at once, or from none; return the verdict and new state."""
+    levels = [level_at(b, c, now) for b, c in zip(buckets, capacities, strict=True)]
+    if any(amount > capacity for amount, capacity in zip(amounts, capacities)):
+        return Verdict(False, math.inf), tuple(Bucket(level, now) for level in levels)
+    short = [
+        (amount - level) / (capacity / 60.0)
+        for amount, level, capacity in zip(amounts, levels, capacities)
+        if amount > level
+    ]
+    if short:
+        return Verdict(False, max(short)), tuple(Bucket(level, now) for level in levels)
+    return Verdict(True), tuple(Bucket(level - amount, now) for level, amount in zip(levels, amounts))
+
+
+def refund(bucket: Bucket, capacity: float, amount: float, now: float) -> Bucket:
+    """Give back part of a charge that was not used; the bucket never overflows its capacity."""
+    return Bucket(min(capacity, level_at(bucket, capacity, now) + amount), now)
