@@ -229,8 +229,8 @@ class FerryConfig:
         seen: dict[str, str] = {}
         for index, model in enumerate(self.models):
             for name in (model.name, *model.aliases):
-                _require(name not in seen, f"models[{index}]", "names and aliases unique",
-                         f"{name!r}, already used by {seen.get(name)!r}")
+                if name in seen:
+                    raise ValueError(f"models[{index}]: {name!r} already names model {seen[name]!r}")
                 seen[name] = model.name
 
     def queue(self) -> QueueConfig:

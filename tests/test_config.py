@@ -1,0 +1,97 @@
+"""The configuration file: the example in examples/ loads, the embedded default is what the issue
+asks for, and every mistake names the file and the field."""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+
+import pytest
+
+from batcher.config import PoolConfig, QueueConfig, default_config, load_config, parse_config
+
+EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "ferry.toml"
+
+MINIMAL = """
+[[tiers]]
+name = "paid"
+[[models]]
+name = "m@1"
+worker = ["echo"]
+"""
+
+
+def test_the_example_file_loads_with_every_field():
+    config = load_config(EXAMPLE)
+    assert (config.server.host, config.server.port, config.server.max_body_bytes) == ("127.0.0.1", 8080, 4 << 20)
+    assert [(t.name, t.wait_budget_ms) for t in config.tiers] == [("paid", 1000), ("free", 300)]
+    assert config.queue() == QueueConfig(tiers=("paid", "free"))
+    acme, hobbyist = config.keys
+    assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
+    assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()
+    fixed, echo = config.models
+    assert (fixed.name, fixed.aliases, fixed.mode, fixed.worker) == (
+        "ferry-fixed@1", ("ferry-fixed",), "fixed", ("sleep", "--latency-ms", "200"))
+    assert (fixed.max_batch, fixed.max_wait_ms, fixed.context_window, fixed.tokenizer) == (50, 150, 8192, "bytes")
+    assert fixed.pool() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3)
+    assert (echo.name, echo.workers, echo.max_wait_ms) == ("echo@1", 2, 5)
+
+
+def test_the_embedded_default_is_8_sleep_workers_on_loopback_with_two_demo_keys():
+    config = default_config()
+    assert config.server.host == "127.0.0.1"
+    [model] = config.models
+    assert (model.name, model.workers, model.worker) == ("ferry-fixed@1", 8, ("sleep", "--latency-ms", "200"))
+    assert (model.max_batch, model.max_wait_ms) == (50, 150)
+    assert sorted(key.tier for key in config.keys) == ["free", "paid"]
+    assert all(key.key for key in config.keys)
+
+
+def test_a_minimal_file_takes_the_defaults():
+    config = parse_config(MINIMAL)
+    assert config.server.port == 8080 and config.keys == ()
+    assert config.models[0].pool() == PoolConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[tiers]\n", "f.toml: not valid TOML"),
+        ("[other]\n" + MINIMAL, "f.toml: unknown table 'other'"),
+        ("[server]\nport = 70000\n" + MINIMAL, "f.toml: server.port: expected 0..65535, got 70000"),
+        ("[server]\nport = '80'\n" + MINIMAL, "f.toml: server.port: expected int, got '80'"),
+        ("[server]\nprot = 80\n" + MINIMAL, "f.toml: server: unknown field 'prot'"),
+        ("server = 1\n" + MINIMAL, "f.toml: server: expected a table, got 1"),
+        ("tiers = 1\n", "f.toml: tiers: expected an array of tables"),
+        ("[[models]]\nname = 'm'\nworker = ['echo']\n", "f.toml: tiers: expected at least one tier"),
+        ("[[tiers]]\nname = 'paid'\n", "f.toml: models: expected at least one model"),
+        (MINIMAL + "max_batch = 0\n", "f.toml: models[0].max_batch: expected 1..1024, got 0"),
+        (MINIMAL + "workers = 0\n", "f.toml: models[0].workers: expected 1..4096, got 0"),
+        (MINIMAL + "workers = true\n", "f.toml: models[0].workers: expected int, got True"),
+        (MINIMAL + "hang_timeout_ms = 0\n", "f.toml: models[0].hang_timeout_ms: expected milliseconds > 0"),
+        (MINIMAL + "mode = 'continuous'\n", "f.toml: models[0].mode: expected one of ['fixed']"),
+        (MINIMAL + "tokenizer = 'bpe'\n", "f.toml: models[0].tokenizer: expected one of ['bytes']"),
+        (MINIMAL + "context_window = 0\n", "f.toml: models[0].context_window: expected 1..16777216"),
+        (MINIMAL.replace("worker = [\"echo\"]", "worker = 'echo'"), "f.toml: models[0].worker: expected a list"),
+        (MINIMAL.replace("name = \"m@1\"\n", ""), "f.toml: models[0]: missing field 'name'"),
+        (MINIMAL + "[[models]]\nname = 'n@1'\naliases = ['m@1']\nworker = ['echo']\n",
+         "f.toml: models[1]: 'm@1' already names model 'm@1'"),
+        (MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'gold'\n",
+         "f.toml: keys[0].tier: expected one of ['paid'], got 'gold'"),
+        (MINIMAL + "[[keys]]\ntenant = 't'\ntier = 'paid'\n", "f.toml: keys[0].key: expected exactly one of"),
+        (MINIMAL + "[[keys]]\nkey = 'short'\ntenant = 't'\ntier = 'paid'\n", "f.toml: keys[0].key: expected at least 8"),
+        (MINIMAL + "[[keys]]\nkey_sha256 = 'ABC'\ntenant = 't'\ntier = 'paid'\n",
+         "f.toml: keys[0].key_sha256: expected 64 lowercase hex digits"),
+        (MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\n"
+         "[[keys]]\nkey = 'sk-000000001'\ntenant = 'u'\ntier = 'paid'\n", "f.toml: keys: expected distinct keys"),
+    ],
+)
+def test_every_mistake_names_the_file_and_the_field(text, message):
+    with pytest.raises(ValueError) as caught:
+        parse_config(text, "f.toml")
+    assert str(caught.value).startswith(message)
+
+
+def test_a_missing_file_is_an_os_error(tmp_path):
+    with pytest.raises(OSError):
+        load_config(tmp_path / "absent.toml")
