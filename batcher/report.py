@@ -44,16 +44,23 @@ class Report:
     achieved_rate: float  # outputs per second, first arrival to last output
     latency: Latency
     by_tier: dict[str, Latency]
-    errors: dict[str, int]  # error type -> requests that ended with it
+    errors: dict[str, int]  # error type -> requests that ended with it (dropped, with the reason)
     mean_batch: float
     flushes: dict[str, int]
     calls: int
     restarts: int
     retries: int
     driver_lag: float  # worst delay between a scheduled arrival and its offer
+    dropped_by_tier: dict[str, int] = dataclasses.field(default_factory=dict)
+    busy_fraction: float = float("nan")  # time workers spent in calls / (workers x run span)
+
+    @property
+    def dropped(self) -> int:
+        return self.offered - self.completed
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Plain values for JSON: NaN (no sample) becomes None."""
+        return _no_nan(dataclasses.asdict(self))
 
     def table(self) -> str:
         """The report as an aligned text table, times in milliseconds."""
@@ -61,13 +68,17 @@ class Report:
         rows = [
             ("offered", f"{self.offered} requests at {self.offered_rate:,.0f}/s"),
             ("achieved", f"{self.completed} outputs at {self.achieved_rate:,.0f}/s"),
-            ("errors", ", ".join(f"{k}: {v}" for k, v in sorted(self.errors.items())) or "none"),
+            ("dropped", f"{self.dropped}" + "".join(f"  {k}: {v}" for k, v in sorted(self.errors.items()))),
             *[
                 (f"latency {name}", f"p50 {t.p50 * ms:.0f}  p95 {t.p95 * ms:.0f}  p99 {t.p99 * ms:.0f}  "
-                 f"max {t.max * ms:.0f} ms  ({t.count})")
-                for name, t in [("all", self.latency), *self.by_tier.items()]
+                 f"max {t.max * ms:.0f} ms  ({t.count} served, {dropped} dropped)")
+                for name, t, dropped in [
+                    ("all", self.latency, self.dropped),
+                    *[(tier, t, self.dropped_by_tier.get(tier, 0)) for tier, t in self.by_tier.items()],
+                ]
             ],
             ("mean batch", f"{self.mean_batch:.1f}"),
+            ("GPU busy", f"{self.busy_fraction:.1%}"),
             ("flushes", ", ".join(f"{k}: {v}" for k, v in sorted(self.flushes.items())) or "none"),
             ("worker calls", f"{self.calls} (retries {self.retries}, restarts {self.restarts})"),
             ("driver lag", f"{self.driver_lag * ms:.1f} ms"),
@@ -76,34 +87,79 @@ class Report:
         return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
-def summarize(requests: Sequence[Request], tiers: Sequence[str], stats: Stats, driver_lag: float = 0.0) -> Report:
+def _no_nan(value):
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    return value
+
+
+class Recorder:
+    """Collects outcomes as requests end, into arrays: a run of millions keeps no Request alive.
+
+    Use it as the requests' ``on_done``. ``capacity`` bounds the number of requests recorded.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.ended = 0
+        self._latency = np.full(capacity, np.nan)
+        self._tier = np.zeros(capacity, dtype=np.int16)
+        self._served = np.zeros(capacity, dtype=bool)
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.first_arrival = self.last_arrival = float("nan")
+        self.last_output = float("-inf")
+
+    def __call__(self, request: Request) -> None:
+        index = self.ended
+        self.ended += 1
+        self._tier[index] = request.tier
+        arrival = request.arrival
+        if not arrival >= self.first_arrival:  # also true while it is NaN
+            self.first_arrival = arrival
+        if not arrival <= self.last_arrival:
+            self.last_arrival = arrival
+        if request.state is State.DONE:
+            self._served[index] = True
+            self._latency[index] = request.finished_at - arrival
+            if request.finished_at > self.last_output:
+                self.last_output = request.finished_at
+        else:
+            self.errors[type(request.error).__name__ if request.error else request.state.value] += 1
+
+    def report(self, tiers: Sequence[str], stats: Stats, workers: int | None = None, driver_lag: float = 0.0) -> Report:
+        """Summarise the requests recorded so far (all of a run, once every one has ended)."""
+        if not self.ended:
+            raise ValueError("summarize: the run offered no request")
+        served, tier = self._served[: self.ended], self._tier[: self.ended]
+        latency = self._latency[: self.ended]
+        window = self.last_arrival - self.first_arrival
+        span = max(self.last_output, self.first_arrival) - self.first_arrival
+        present = [(i, name) for i, name in enumerate(tiers) if (tier == i).any()]
+        return Report(
+            offered=self.ended,
+            offered_rate=(self.ended - 1) / window if window > 0 else float("nan"),
+            completed=int(served.sum()),
+            achieved_rate=int(served.sum()) / span if span > 0 else float("nan"),
+            latency=Latency.of(latency[served]),
+            by_tier={name: Latency.of(latency[served & (tier == i)]) for i, name in present},
+            errors=dict(self.errors),
+            mean_batch=stats.mean_batch,
+            flushes=dict(stats.flushes),
+            calls=stats.calls,
+            restarts=stats.restarts,
+            retries=stats.retries,
+            driver_lag=driver_lag,
+            dropped_by_tier={name: int((~served & (tier == i)).sum()) for i, name in present},
+            busy_fraction=stats.busy_seconds / (workers * span) if workers and span > 0 else float("nan"),
+        )
+
+
+def summarize(
+    requests: Sequence[Request], tiers: Sequence[str], stats: Stats, driver_lag: float = 0.0, workers: int | None = None
+) -> Report:
     """Summarise a finished run; every request must have ended."""
-    if not requests:
-        raise ValueError("summarize: the run offered no request")
-    arrivals = [r.arrival for r in requests]
-    served = [r for r in requests if r.state is State.DONE]
-    errors = collections.Counter(
-        type(r.error).__name__ if r.error else r.state.value for r in requests if r.state is not State.DONE
-    )
-    window = max(arrivals) - min(arrivals)
-    span = max((r.finished_at for r in served), default=min(arrivals)) - min(arrivals)
-    by_tier = {
-        name: Latency.of([r.finished_at - r.arrival for r in served if r.tier == index])
-        for index, name in enumerate(tiers)
-        if any(r.tier == index for r in requests)
-    }
-    return Report(
-        offered=len(requests),
-        offered_rate=(len(requests) - 1) / window if window > 0 else float("nan"),
-        completed=len(served),
-        achieved_rate=len(served) / span if span > 0 else float("nan"),
-        latency=Latency.of([r.finished_at - r.arrival for r in served]),
-        by_tier=by_tier,
-        errors=dict(errors),
-        mean_batch=stats.mean_batch,
-        flushes=dict(stats.flushes),
-        calls=stats.calls,
-        restarts=stats.restarts,
-        retries=stats.retries,
-        driver_lag=driver_lag,
-    )
+    recorder = Recorder(len(requests))
+    for request in requests:
+        recorder(request)
+    return recorder.report(tiers, stats, workers, driver_lag)

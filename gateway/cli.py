@@ -2,6 +2,7 @@
 
     ferry demo     push a few hundred requests through 8 reference workers and print the run
     ferry serve    the HTTP gateway (gateway/server.py)
+    ferry simulate a scenario through the production batcher in virtual time (batcher/simulate.py)
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 
 import trio
 
+from batcher import simulate
 from batcher.config import PoolConfig
 from batcher.load import open_loop
 from batcher.process_worker import process_workers
@@ -42,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--duration", type=float, default=1.0, help="seconds of arrivals")
     sub.set_defaults(run=demo)
     add_serve_command(commands)
+    sub = commands.add_parser("simulate", help=simulate.main.__doc__, description=simulate.__doc__.split("\n\n")[0])
+    simulate.add_arguments(sub)
+    sub.set_defaults(run=simulate.main)
     return parser
 
 

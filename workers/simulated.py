@@ -10,6 +10,7 @@ A crash happens halfway through the call (the worker dies mid-batch); a hang nev
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import trio
@@ -27,16 +28,39 @@ def constant(seconds: float) -> ServiceTime:
     return lambda size: seconds
 
 
+def linear(fixed: float, per_input: float = 0.0, jitter: float = 0.0, seed: int = 0) -> ServiceTime:
+    """``fixed + per_input x size`` seconds, times a uniform factor in ``[1 - jitter, 1 + jitter]``.
+
+    A real accelerator's call has a fixed part (reading the weights, launching kernels) and a
+    part that grows with the batch; jitter stands for everything else. Each call of the returned
+    model draws its own factor from a generator seeded with ``seed``.
+    """
+    if fixed < 0 or per_input < 0 or fixed + per_input <= 0:
+        raise ValueError(f"service time: expected fixed, per_input >= 0 and not both 0, got {fixed}, {per_input}")
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError(f"jitter: expected a fraction in [0, 1), got {jitter}")
+    if jitter == 0.0:
+        return lambda size: fixed + per_input * size
+    draw = random.Random(seed).uniform
+    return lambda size: (fixed + per_input * size) * draw(1.0 - jitter, 1.0 + jitter)
+
+
 class SimulatedWorker:
-    """Answers each call after ``service_time(len(inputs))``; outputs are the inputs reversed."""
+    """Answers each call after ``service_time(len(inputs))``; outputs are the inputs reversed.
+
+    ``record=False`` keeps no copy of the inputs (a simulation of millions of requests).
+    """
 
     pid = None
 
-    def __init__(self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan()) -> None:
+    def __init__(
+        self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan(), record: bool = True
+    ) -> None:
         self.service_time = service_time
         self.injector = FaultInjector(plan)
         self.calls: list[list[str]] = []
-        """The inputs of every call this worker received, in order."""
+        """The inputs of every call this worker received, in order (if recording)."""
+        self.record = record
         self.stopped = False
 
     async def start(self) -> None:
@@ -45,7 +69,8 @@ class SimulatedWorker:
     async def call(self, request: RunBatch) -> Result | Error:
         if self.stopped:
             raise WorkerLost("simulated worker was stopped")
-        self.calls.append(list(request.inputs))
+        if self.record:
+            self.calls.append(list(request.inputs))
         fault = self.injector.next_call(request.inputs)
         seconds = self.service_time(len(request.inputs)) * self.injector.plan.slow_factor
         if fault is Fault.CRASH:

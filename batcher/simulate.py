@@ -1,0 +1,295 @@
+"""Virtual-time runs of the production batcher and pool: ``ferry simulate`` and the experiments.
+
+A :class:`Scenario` names everything a run depends on: the arrivals (a :class:`Trace`), the
+flush policy by name and parameters (as a config file gives it), the workers, their service
+time model and fault rates, and the queue settings. :func:`simulate` runs it under
+``trio.testing.MockClock(autojump_threshold=0)`` through the very ``Batcher`` and ``WorkerPool``
+that serve real traffic, with in-process :class:`~workers.simulated.SimulatedWorker` s in place
+of GPU processes: an hour of traffic takes minutes of CPU, and the same seed gives the same
+answer every time.
+
+The trace is handed to the batcher as a :class:`~batcher.load.Replay` feed and every outcome is
+recorded into arrays (:class:`~batcher.report.Recorder`), so neither the clock nor the memory
+pays per arrival more than the scheduler itself does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import trio
+import trio.testing
+
+from batcher.arrivals import Trace, bursty, poisson
+from batcher.config import PoolConfig, QueueConfig
+from batcher.fixed import open_batcher
+from batcher.load import Replay
+from batcher.policy import POLICIES, make_policy
+from batcher.report import Recorder, Report
+from batcher.stats import Stats
+from workers.faults import FaultPlan
+from workers.simulated import SimulatedWorker, linear
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Service:
+    """Seconds one call takes: ``fixed + per_input x size``, times a factor within ``1 ± jitter``."""
+
+    fixed: float = 0.200
+    per_input: float = 0.0
+    jitter: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One simulated run. ``timeout`` is the deadline budget of arrivals the trace gives none
+    (default: the queue's ``queue_timeout``); ``policy`` and ``params`` go to ``make_policy``."""
+
+    trace: Trace
+    policy: str = "size_or_timeout"
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
+    workers: int = 8
+    service: Service = Service()
+    faults: FaultPlan = FaultPlan()
+    queue: QueueConfig = QueueConfig()
+    hang_timeout: float = 1.0
+    timeout: float | None = None
+    seed: int = 0
+
+    def with_(self, **changes: Any) -> Scenario:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Simulation:
+    """A finished run: the report, and what it cost to simulate."""
+
+    scenario: Scenario
+    report: Report
+    virtual_seconds: float
+    cpu_seconds: float
+    wall_seconds: float
+
+    @property
+    def requests_per_cpu_second(self) -> float:
+        return self.report.offered / self.cpu_seconds if self.cpu_seconds > 0 else math.inf
+
+    def as_dict(self) -> dict[str, Any]:
+        scenario = self.scenario
+        return {
+            "scenario": {
+                "arrivals": len(scenario.trace),
+                "policy": scenario.policy,
+                "params": dict(scenario.params),
+                "workers": scenario.workers,
+                "service": dataclasses.asdict(scenario.service),
+                "faults": dataclasses.asdict(scenario.faults),
+                "tiers": list(scenario.queue.tiers),
+                "timeout": scenario.timeout,
+                "seed": scenario.seed,
+            },
+            "report": self.report.as_dict(),
+            "virtual_seconds": self.virtual_seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "wall_seconds": self.wall_seconds,
+            "requests_per_cpu_second": self.requests_per_cpu_second,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a long run stands, handed to the ``progress`` callback every so many virtual seconds."""
+
+    virtual_seconds: float
+    trace_seconds: float
+    ended: int
+    total: int
+    cpu_seconds: float
+
+
+class _Fleet:
+    """Spawns simulated workers; each one (restarts included) gets its own seed."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self._scenario = scenario
+        self._spawned = itertools.count()
+
+    def __call__(self, slot: int) -> SimulatedWorker:
+        scenario, number = self._scenario, next(self._spawned)
+        seed = scenario.seed * 1_000_003 + scenario.faults.seed * 7_919 + number
+        service = linear(scenario.service.fixed, scenario.service.per_input, scenario.service.jitter, seed)
+        return SimulatedWorker(service, dataclasses.replace(scenario.faults, seed=seed), record=False)
+
+
+def simulate(
+    scenario: Scenario, progress: Callable[[Progress], None] | None = None, every: float = 60.0
+) -> Simulation:
+    """Run ``scenario`` in virtual time until every arrival has been answered or dropped."""
+    if not len(scenario.trace):
+        raise ValueError("simulate: the trace has no arrival")
+    recorder = Recorder(len(scenario.trace))
+    _seed_trio_scheduler(scenario.seed)
+    cpu, wall = time.process_time(), time.perf_counter()
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    stats, virtual = trio.run(_run, scenario, recorder, progress, every, clock=clock)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    report = recorder.report(scenario.queue.tiers, stats, scenario.workers)
+    return Simulation(scenario, report, virtual, cpu, wall)
+
+
+def _seed_trio_scheduler(seed: int) -> None:
+    """Make the run a function of the seed: trio reverses each batch of tasks that became
+    runnable at the same moment with probability 1/2, drawn from a module-level generator
+    (``trio._core._run._r``, private: if it moves, runs stay correct but may differ in ties)."""
+    generator = getattr(getattr(getattr(trio, "_core", None), "_run", None), "_r", None)
+    if generator is not None:
+        generator.seed(seed)
+
+
+async def _run(
+    scenario: Scenario, recorder: Recorder, progress: Callable[[Progress], None] | None, every: float
+) -> tuple[Stats, float]:
+    trace, total = scenario.trace, len(scenario.trace)
+    start = trio.current_time()
+    budget = scenario.queue.queue_timeout if scenario.timeout is None else scenario.timeout
+    deadlines = np.where(np.isnan(trace.deadlines), trace.times + budget, trace.deadlines) + start
+    all_ended = trio.Event()
+
+    def ended(request: Any) -> None:
+        recorder(request)
+        if recorder.ended == total:
+            all_ended.set()
+
+    pool = PoolConfig(workers=scenario.workers, hang_timeout=scenario.hang_timeout)
+    policy = make_policy(scenario.policy, **scenario.params)
+    async with open_batcher(_Fleet(scenario), pool, policy, scenario.queue) as batcher:
+        batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, deadlines, ended))
+        async with trio.open_nursery() as nursery:
+            if progress is not None:
+                nursery.start_soon(_tell_progress, progress, every, recorder, total, float(trace.times[-1]))
+            await all_ended.wait()
+            nursery.cancel_scope.cancel()
+    return batcher.stats, trio.current_time() - start
+
+
+async def _tell_progress(
+    progress: Callable[[Progress], None], every: float, recorder: Recorder, total: int, span: float
+) -> None:
+    start, cpu = trio.current_time(), time.process_time()
+    while True:
+        await trio.sleep(every)
+        now = trio.current_time() - start
+        progress(Progress(now, span, recorder.ended, total, time.process_time() - cpu))
+
+
+def print_progress(state: Progress) -> None:
+    """A one-line progress report on stderr (``ferry simulate`` uses it on long runs)."""
+    share = state.ended / state.total
+    rate = state.ended / state.cpu_seconds if state.cpu_seconds > 0 else 0.0
+    print(
+        f"  {state.virtual_seconds:,.0f} of {state.trace_seconds:,.0f} virtual s, "
+        f"{state.ended:,} of {state.total:,} requests ended ({share:.0%}), {rate:,.0f} per CPU s",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``ferry simulate``."""
+    arrivals = parser.add_argument_group("arrivals (Poisson unless --burst or --trace)")
+    arrivals.add_argument("--rate", type=float, default=2000.0, help="requests per second (default 2000)")
+    arrivals.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals (default 60)")
+    arrivals.add_argument("--burst", metavar="PEAK,ON,OFF", help="on/off: OFF s at --rate, then ON s at PEAK/s, ...")
+    arrivals.add_argument("--trace", metavar="CSV", help="replay timestamp,tier[,deadline] rows")
+    arrivals.add_argument("--paid-share", type=float, default=0.5, help="share of paid requests (default 0.5)")
+    arrivals.add_argument("--deadline-ms", type=float, help="answer due this long after arrival (default: none)")
+    policy = parser.add_argument_group("policy")
+    policy.add_argument("--policy", default="size_or_timeout", choices=sorted(POLICIES))
+    policy.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="policy parameter, repeatable")
+    fleet = parser.add_argument_group("workers")
+    fleet.add_argument("--workers", type=int, default=8)
+    fleet.add_argument("--service-ms", type=float, default=200.0, help="fixed cost of a call (default 200)")
+    fleet.add_argument("--per-input-ms", type=float, default=0.0, help="added cost per input in the batch")
+    fleet.add_argument("--jitter", type=float, default=0.0, help="each call x U(1-J, 1+J)")
+    fleet.add_argument("--crash-prob", type=float, default=0.0, help="a call crashes its worker")
+    fleet.add_argument("--hang-prob", type=float, default=0.0, help="a call never returns")
+    fleet.add_argument("--hang-timeout-ms", type=float, default=1000.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="FILE", help="also write the run as JSON")
+    parser.add_argument("--progress-every", type=float, default=300.0, metavar="S", help="virtual seconds between progress lines")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def _param(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--param: expected KEY=VALUE, got {text!r}")
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    """The scenario the flags of :func:`add_arguments` describe; ValueError names a bad flag."""
+    queue = QueueConfig()
+    shares = {"paid": args.paid_share, "free": 1.0 - args.paid_share}
+    budget = None if args.deadline_ms is None else args.deadline_ms / 1000
+    if args.trace:
+        trace = Trace.read(args.trace, queue.tiers)
+    elif args.burst:
+        try:
+            peak, on, off = (float(part) for part in args.burst.split(","))
+        except ValueError:
+            raise ValueError(f"--burst: expected PEAK,ON,OFF, got {args.burst!r}") from None
+        trace = Trace.of(bursty(args.rate, peak, on, off, args.duration, args.seed), shares, args.seed, budget)
+    else:
+        trace = Trace.of(poisson(args.rate, args.duration, args.seed), shares, args.seed, budget)
+    return Scenario(
+        trace,
+        policy=args.policy,
+        params=dict(_param(text) for text in args.param),
+        workers=args.workers,
+        service=Service(args.service_ms / 1000, args.per_input_ms / 1000, args.jitter),
+        faults=FaultPlan(crash_prob=args.crash_prob, hang_prob=args.hang_prob, seed=args.seed),
+        queue=queue,
+        hang_timeout=args.hang_timeout_ms / 1000,
+        timeout=budget,
+        seed=args.seed,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """``ferry simulate``: run one scenario, print its table, optionally write JSON."""
+    try:
+        scenario = scenario_from_args(args)
+        make_policy(scenario.policy, **scenario.params)
+    except (ValueError, OSError) as exc:
+        print(f"ferry simulate: {exc}", file=sys.stderr)
+        return 2
+    trace = scenario.trace
+    print(
+        f"ferry simulate: {len(trace):,} arrivals over {trace.times[-1]:,.0f} s, policy {scenario.policy} "
+        f"{scenario.params or ''}, {scenario.workers} workers"
+    )
+    run = simulate(scenario, None if args.quiet else print_progress, args.progress_every)
+    print(run.report.table())
+    print(
+        f"simulated {run.virtual_seconds:,.1f} virtual s in {run.cpu_seconds:.2f} CPU s "
+        f"({run.requests_per_cpu_second:,.0f} requests per CPU second)"
+    )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(run.as_dict(), out, indent=2)
+    return 0
