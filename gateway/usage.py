@@ -1,0 +1,104 @@
+"""Usage records: one per finished request, written off the hot path, exactly once per id.
+
+Seed 000 §1.1, §6.3: the server bills from its own count of tokens actually delivered. The
+request handler only puts a record on a queue (no I/O, no lock held across a write); one writer
+thread drains the queue in batches into SQLite. The table is append-only and keyed by request
+id, and inserts are ``INSERT OR IGNORE``: a record written twice (a retry, a replay after a
+restart) stays one row. SQLite survives a restart of the gateway; ``close()`` flushes what is
+queued before it returns.
+
+API keys never reach this table: a record names the key by ``key_id`` (a short digest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import sqlite3
+import threading
+from collections.abc import Iterable
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS usage (
+    request_id    TEXT PRIMARY KEY,
+    recorded_at   REAL NOT NULL,
+    tenant        TEXT NOT NULL,
+    key_id        TEXT NOT NULL,
+    model         TEXT NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    ttft_s        REAL,
+    total_s       REAL NOT NULL,
+    status        INTEGER NOT NULL,
+    stop_reason   TEXT
+)
+"""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """What one finished request cost and how it went. Times in seconds."""
+
+    request_id: str
+    recorded_at: float
+    tenant: str
+    key_id: str
+    model: str  # the resolved model version, not the alias the client sent
+    input_tokens: int
+    output_tokens: int  # delivered to the client, not merely generated
+    ttft_s: float | None
+    total_s: float
+    status: int  # the HTTP status the client got
+    stop_reason: str | None
+
+
+_FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]
+_INSERT = f"INSERT OR IGNORE INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
+_STOP = object()
+
+
+class UsageLog:
+    """An append-only SQLite usage table fed by a queue and one writer thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        connection = sqlite3.connect(path)  # create the table now: a bad path fails at start-up
+        with connection:
+            connection.execute(_SCHEMA)
+        connection.close()
+        self._writer = threading.Thread(target=self._write, name="usage-writer", daemon=True)
+        self._writer.start()
+
+    def record(self, record: UsageRecord) -> None:
+        """Queue a record; returns at once (the caller is serving a request)."""
+        self._queue.put(record)
+
+    def close(self) -> None:
+        """Write everything queued, then stop the writer."""
+        self._queue.put(_STOP)
+        self._writer.join()
+
+    def _write(self) -> None:
+        connection = sqlite3.connect(self.path)
+        connection.execute("PRAGMA journal_mode=WAL")
+        stopping = False
+        while not stopping:
+            batch = [self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get())
+            stopping = any(item is _STOP for item in batch)
+            rows = [dataclasses.astuple(item) for item in batch if isinstance(item, UsageRecord)]
+            with connection:
+                connection.executemany(_INSERT, rows)
+        connection.close()
+
+
+def read_usage(path: str) -> list[UsageRecord]:
+    """Every record in a usage table, oldest first."""
+    connection = sqlite3.connect(path)
+    try:
+        rows: Iterable[tuple] = connection.execute(f"SELECT {', '.join(_FIELDS)} FROM usage ORDER BY recorded_at")
+        return [UsageRecord(*row) for row in rows]
+    finally:
+        connection.close()
