@@ -124,8 +124,11 @@ class WorkerPool:
         if not self._idle:
             raise RuntimeError("dispatch needs an idle worker")
         now = trio.current_time()
+        waits = self.stats.queue_wait
         for request in requests:
             request.dispatched_at = now
+            waits[request.tier].observe(now - request.arrival)
+        self.stats.batch_sizes.observe(len(requests))
         batch = Batch(next(self._batch_ids), requests, reason)
         self._send(self._idle.pop(0), batch)
         return batch

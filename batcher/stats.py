@@ -5,8 +5,45 @@ Experiments print them, tests assert on them, and the metrics registry exports t
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+
+BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 50, 64, 128, 256, 512, 1024)
+WAIT_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclasses.dataclass(slots=True)
+class Histogram:
+    """Observations counted per bucket (by upper bound), and their sum: cheap to observe.
+
+    The metrics registry exports it as a Prometheus histogram at scrape time, so the hot path
+    pays for one bisect and two additions, and takes no lock.
+    """
+
+    bounds: tuple[float, ...]
+    counts: list[int] = dataclasses.field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)  # the last bucket is +Inf
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(upper bound, observations at or below it) pairs, ending with "+Inf"."""
+        running, pairs = 0, []
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], self.counts):
+            running += count
+            pairs.append((bound, running))
+        return pairs
 
 
 @dataclasses.dataclass(slots=True)
@@ -21,6 +58,10 @@ class Stats:
     retries: int = 0  # batches re-dispatched whole after a failed call
     bisections: int = 0  # batches split in two to isolate a failing input
     failed_inputs: int = 0  # requests failed because their input failed alone
+    batch_sizes: Histogram = dataclasses.field(default_factory=lambda: Histogram(BATCH_SIZE_BOUNDS))
+    queue_wait: collections.defaultdict[int, Histogram] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(lambda: Histogram(WAIT_BOUNDS))
+    )  # seconds from arrival to dispatch, by tier index
 
     @property
     def mean_batch(self) -> float:

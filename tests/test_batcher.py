@@ -241,3 +241,17 @@ async def test_unknown_tier_is_refused_by_name(autojump_clock):
     async with running(Fleet()) as batcher:
         with pytest.raises(ValueError, match="tier: expected one of \\['paid', 'free'\\], got 'gold'"):
             await batcher.submit("x", "gold")
+
+
+async def test_batch_sizes_and_queue_waits_by_tier_are_counted_for_metrics(autojump_clock):
+    fleet = Fleet()
+    async with running(fleet, workers=1) as batcher:
+        outcomes = Outcomes(batcher)
+        outcomes.add(texts("free", 40), tier="free")
+        outcomes.add(texts("paid", 40), tier="paid")
+        await outcomes.wait(80)
+    stats = batcher.stats
+    assert dict(stats.batch_sizes.cumulative())["32"] == 1 and stats.batch_sizes.count == 2  # 50 and 30
+    assert stats.batch_sizes.total == 80
+    assert (stats.queue_wait[0].count, stats.queue_wait[1].count) == (40, 40)
+    assert stats.queue_wait[1].total == pytest.approx(10 * 0.0 + 30 * SERVICE)  # 30 free waited a call
