@@ -1,0 +1,104 @@
+"""The one metrics registry: what both batching modes and the gateway export at ``/metrics``.
+
+Two kinds of families, by who sees the event (DESIGN §9, seed 000 §6.5):
+
+- The gateway sees each request end: requests by status, TTFT, time per output token,
+  end-to-end latency, admission rejects by reason, safety blocks. It observes them directly
+  (prometheus_client is thread-safe), once per request.
+- The core sees batches and workers: flushes by reason, batch sizes, queue wait by tier, worker
+  restarts, batch retries, bisections, queued work and estimated wait. It already counts them in
+  its plain :class:`~batcher.stats.Stats` without locks; a collector reads those at scrape time,
+  so the scheduler's hot path pays nothing for being observed.
+
+Labels are model and tier names, statuses and reasons: never an API key or prompt text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from batcher.admission import Load
+from batcher.stats import Stats
+
+LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+
+
+class Metrics:
+    """Every ferry_* family, in one registry of its own (tests can run several side by side)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        by_tier = ["model", "tier"]
+        self.requests = Counter(
+            "ferry_requests", "Requests answered, by HTTP status.", [*by_tier, "status"], registry=self.registry
+        )
+        self.ttft = Histogram(
+            "ferry_ttft_seconds", "Time to first token: arrival to the first text sent.", by_tier,
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.time_per_output_token = Histogram(
+            "ferry_time_per_output_token_seconds", "Time between output tokens after the first.", by_tier,
+            buckets=TOKEN_BUCKETS, registry=self.registry,
+        )
+        self.latency = Histogram(
+            "ferry_request_latency_seconds", "End-to-end latency: arrival to the last byte.", by_tier,
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.admission_rejects = Counter(
+            "ferry_admission_rejects", "Requests refused at admission, by reason (rate_limit, overloaded, ...).",
+            [*by_tier, "reason"], registry=self.registry,
+        )
+        self.safety_blocks = Counter(
+            "ferry_safety_blocks", "Inputs refused or outputs replaced by the safety stage.", ["model", "stage"],
+            registry=self.registry,
+        )
+
+    def track(self, model: str, tiers: Sequence[str], stats: Stats, load: Callable[[], Load]) -> None:
+        """Export one backend's core counters, read from ``stats`` and ``load()`` at each scrape."""
+        self.registry.register(_CoreCollector(model, tiers, stats, load))
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every family."""
+        return generate_latest(self.registry)
+
+
+class _CoreCollector(Collector):
+    def __init__(self, model: str, tiers: Sequence[str], stats: Stats, load: Callable[[], Load]) -> None:
+        self._model, self._tiers, self._stats, self._load = model, list(tiers), stats, load
+
+    def collect(self) -> Iterator:
+        model, stats = self._model, self._stats
+        flushes = CounterMetricFamily("ferry_flushes", "Batches flushed, by reason.", labels=["model", "reason"])
+        for reason, count in sorted(stats.flushes.items()):
+            flushes.add_metric([model, reason], count)
+        yield flushes
+        for name, help_text, value in (
+            ("ferry_worker_restarts", "Workers killed (crash, hang, protocol fault) and restarted.", stats.restarts),
+            ("ferry_batch_retries", "Batches re-dispatched whole after a failed call.", stats.retries),
+            ("ferry_bisections", "Failed batches split in two to isolate a bad input.", stats.bisections),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["model"])
+            family.add_metric([model], value)
+            yield family
+        sizes = HistogramMetricFamily("ferry_batch_size", "Requests per flushed batch.", labels=["model"])
+        sizes.add_metric([model], stats.batch_sizes.cumulative(), stats.batch_sizes.total)
+        yield sizes
+        wait = HistogramMetricFamily("ferry_queue_wait_seconds", "Arrival to dispatch.", labels=["model", "tier"])
+        for index, histogram in sorted(stats.queue_wait.items()):
+            wait.add_metric([model, self._tiers[index]], histogram.cumulative(), histogram.total)
+        yield wait
+        load = self._load()
+        queued = GaugeMetricFamily("ferry_queued_work", "Work waiting in the queues.", labels=["model", "tier"])
+        estimate = GaugeMetricFamily(
+            "ferry_estimated_wait_seconds", "Estimated wait of a new request.", labels=["model", "tier"]
+        )
+        for index, tier in enumerate(self._tiers):
+            queued.add_metric([model, tier], load.queued[index])
+            estimate.add_metric([model, tier], load.wait(index))
+        yield queued
+        yield estimate

@@ -1,0 +1,40 @@
+"""The metrics registry: every family parses with prometheus_client's own parser."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from batcher.admission import Load
+from batcher.metrics import Metrics
+from batcher.stats import Stats
+
+
+def families(metrics: Metrics) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(metrics.exposition().decode())}
+
+
+def test_core_counters_are_read_from_stats_at_scrape_time():
+    stats = Stats()
+    metrics = Metrics()
+    metrics.track("m@1", ["paid", "free"], stats, lambda: Load((120, 30), drain_rate=400.0))
+    stats.flushes["size"] += 3
+    stats.restarts += 2
+    stats.batch_sizes.observe(50)
+    stats.queue_wait[1].observe(0.12)
+    found = families(metrics)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in found.values() for s in f.samples}
+    assert samples[("ferry_flushes_total", (("model", "m@1"), ("reason", "size")))] == 3
+    assert samples[("ferry_worker_restarts_total", (("model", "m@1"),))] == 2
+    assert samples[("ferry_batch_size_count", (("model", "m@1"),))] == 1
+    assert samples[("ferry_queue_wait_seconds_sum", (("model", "m@1"), ("tier", "free")))] == 0.12
+    assert samples[("ferry_queued_work", (("model", "m@1"), ("tier", "paid")))] == 120
+    assert samples[("ferry_estimated_wait_seconds", (("model", "m@1"), ("tier", "free")))] == (120 + 30) / 400
+
+
+def test_gateway_families_are_exported_with_model_and_tier_labels():
+    metrics = Metrics()
+    metrics.requests.labels("m@1", "paid", "200").inc()
+    metrics.ttft.labels("m@1", "paid").observe(0.3)
+    metrics.admission_rejects.labels("m@1", "free", "overloaded").inc()
+    found = families(metrics)
+    assert {"ferry_requests", "ferry_ttft_seconds", "ferry_time_per_output_token_seconds",
+            "ferry_request_latency_seconds", "ferry_admission_rejects", "ferry_safety_blocks"} <= set(found)
+    assert found["ferry_requests"].samples[0].labels == {"model": "m@1", "tier": "paid", "status": "200"}
