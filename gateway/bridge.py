@@ -50,7 +50,7 @@ class Handle:
     """The asyncio side's view of one submitted request: await ``future`` for the finished
     :class:`~batcher.types.Request` (state DONE, FAILED or CANCELLED)."""
 
-    __slots__ = ("model", "input", "tier", "timeout", "future", "request")
+    __slots__ = ("model", "input", "tier", "timeout", "future", "request", "left")
 
     def __init__(self, model: str, input: str, tier: str | None, timeout: float | None, future: asyncio.Future) -> None:
         self.model = model
@@ -59,6 +59,7 @@ class Handle:
         self.timeout = timeout
         self.future: asyncio.Future[Request] = future
         self.request: Request | None = None  # set and used on the trio thread only
+        self.left = False  # the caller went away and the core was told
 
 
 @contextlib.asynccontextmanager
@@ -135,11 +136,15 @@ class Bridge:
 
     def cancel(self, handle: Handle) -> None:
         """The caller went away: take the request out of its queue, or drop its output."""
+        future = handle.future
+        if handle.left or (future.done() and not future.cancelled()):
+            return  # cancelled already, or finished: nothing left to take back
+        # The future may be cancelled already: a cancelled task cancels the future it awaits.
+        handle.left = True
+        future.cancel()
         self._inflight.discard(handle)
-        if not handle.future.done():
-            handle.future.cancel()
-            if self.running:
-                self._send(False, handle)
+        if self.running:
+            self._send(False, handle)
 
     def batcher(self, model: str) -> Batcher:
         """A model's batcher, for read-only snapshots (health, stats) from the asyncio thread.
