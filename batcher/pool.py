@@ -99,6 +99,10 @@ class WorkerPool:
         self.stats = stats if stats is not None else Stats()
         self.on_idle: Callable[[], None] = lambda: None
         """Called when a worker frees up with no retry to take: the batcher's wake-up."""
+        self.on_answer: Callable[[int, float], None] = lambda size, seconds: None
+        """Called with (batch size, seconds) for every call answered in full: policy feedback."""
+        self.call_seconds = 0.0
+        """Recent duration of an answered call (an EWMA; 0 until the first answer)."""
         self._spawn = spawn
         self._slots = [_Slot(index) for index in range(config.workers)]
         self._idle: list[_Slot] = []  # by slot index: the lowest idle GPU takes the next batch
@@ -112,6 +116,11 @@ class WorkerPool:
     @property
     def busy_count(self) -> int:
         return sum(slot.state is SlotState.BUSY for slot in self._slots)
+
+    @property
+    def live_workers(self) -> int:
+        """Workers up and able to take a call (idle or busy), not starting or restarting."""
+        return sum(slot.state is not SlotState.STARTING for slot in self._slots)
 
     def workers(self) -> list[WorkerInfo]:
         return [
@@ -208,9 +217,14 @@ class WorkerPool:
             else:
                 answered = True
                 now = trio.current_time()
+                self._answered(len(batch.requests), now - started)
                 for request, output in zip(batch.requests, reply.outputs):
                     request.finish(output, now)
             self._became_idle(slot)
+
+    def _answered(self, size: int, seconds: float) -> None:
+        self.call_seconds = seconds if not self.call_seconds else 0.8 * self.call_seconds + 0.2 * seconds
+        self.on_answer(size, seconds)
 
     def _failed(self, batch: Batch, slot: _Slot, error: str) -> None:
         """Retry, bisect or give up on a batch whose call failed; never lose a request."""

@@ -255,3 +255,17 @@ async def test_batch_sizes_and_queue_waits_by_tier_are_counted_for_metrics(autoj
     assert stats.batch_sizes.total == 80
     assert (stats.queue_wait[0].count, stats.queue_wait[1].count) == (40, 40)
     assert stats.queue_wait[1].total == pytest.approx(10 * 0.0 + 30 * SERVICE)  # 30 free waited a call
+
+
+async def test_the_pool_reports_every_answered_call_and_its_recent_duration(autojump_clock):
+    fleet = Fleet(plans={0: FaultPlan(crash_on_call=1)})
+    async with running(fleet) as batcher:
+        answered = []
+        batcher.pool.on_answer = lambda size, seconds: answered.append((size, seconds))
+        outcomes = Outcomes(batcher)
+        outcomes.add(texts("r", 50))
+        await outcomes.wait(50)
+        live = batcher.pool.live_workers
+    assert answered == [(50, pytest.approx(SERVICE))]  # the crashed call is not an answer
+    assert batcher.pool.call_seconds == pytest.approx(SERVICE)
+    assert live == 2
