@@ -25,7 +25,15 @@ class FerryError(Exception):
 
 
 class Overloaded(FerryError):
-    """The request could not be dispatched before its deadline (HTTP 529)."""
+    """The request was shed at admission, or not dispatched before its deadline (HTTP 529).
+
+    ``retry_after`` is the backend's estimate, in seconds, of when the work now queued ahead
+    of such a request will have drained: the ``Retry-After`` a client is told.
+    """
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class RequestFailed(FerryError):
