@@ -1,0 +1,69 @@
+"""A real ``ferry serve`` under faults: a worker SIGKILLed under load costs no request, and
+SIGTERM lets the requests already in flight finish before the gateway and its workers exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+
+import aiohttp
+import pytest
+
+from tests.gateway_process import CONFIG, PAID, Gateway, alive, message
+
+
+async def offer(gateway: Gateway, count: int, rate: float, model: str = "sleepy") -> list[tuple[int, str]]:
+    """``count`` requests at ``rate``/s, each on its own task; (status, text) of each, in order."""
+    async with aiohttp.ClientSession(headers={"x-api-key": PAID}) as session:
+
+        async def one(index: int) -> tuple[int, str]:
+            await asyncio.sleep(index / rate)
+            async with session.post(f"{gateway.url}/v1/messages", json=message(f"r{index}", model=model)) as reply:
+                body = await reply.json()
+                return reply.status, body["content"][0]["text"] if reply.status == 200 else str(body)
+
+        return await asyncio.gather(*(one(index) for index in range(count)))
+
+
+def test_a_worker_killed_under_load_fails_no_request(tmp_path):
+    gateway = Gateway(tmp_path)
+    try:
+        async def main():
+            load = asyncio.ensure_future(offer(gateway, 400, 400.0))
+            busy = await asyncio.to_thread(gateway.wait_for, lambda models: any(
+                w["state"] == "busy" for w in models["sleepy@1"]["workers"]))
+            victim = next(w for w in busy["sleepy@1"]["workers"] if w["state"] == "busy")
+            os.kill(victim["pid"], signal.SIGKILL)
+            return victim, await load
+
+        victim, results = asyncio.run(asyncio.wait_for(main(), 60))
+        assert [status for status, _ in results] == [200] * 400
+        assert [text for _, text in results] == [f"User: r{i}"[::-1] for i in range(400)]
+        sleepy = gateway.wait_for(lambda models: models["sleepy@1"]["workers"][victim["slot"]]["restarts"] == 1)
+        assert sleepy["sleepy@1"]["retries"] >= 1
+        assert not alive(victim["pid"])
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_sigterm_lets_in_flight_requests_finish_then_stops_the_workers(tmp_path):
+    gateway = Gateway(tmp_path, CONFIG.replace("max_wait_ms = 20", "max_wait_ms = 1000"))
+    workers = gateway.worker_pids()
+
+    async def main():
+        load = asyncio.ensure_future(offer(gateway, 30, 1000.0))
+        await asyncio.to_thread(gateway.wait_for, lambda models: models["sleepy@1"]["queued"] == 30)
+        gateway.process.send_signal(signal.SIGTERM)  # all 30 wait for the 1 s flush timer
+        return await load
+
+    results = asyncio.run(asyncio.wait_for(main(), 60))
+    assert results == [(200, f"User: r{i}"[::-1]) for i in range(30)]
+    assert gateway.process.wait(30) == 0
+    said = gateway.process.stdout.read()  # type: ignore[union-attr]
+    assert "draining in-flight requests" in said and "stopped" in said
+    assert [pid for pid in workers if alive(pid)] == []
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((gateway.host, gateway.port), timeout=5)
+    gateway.stop()
