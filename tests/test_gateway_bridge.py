@@ -42,24 +42,28 @@ class Core:
         return [text for worker in self.spawned for call in worker.calls for text in call]
 
 
-def run(main):
+def run(core, body):
+    """Start a bridge over ``core``, run ``await body(bridge)``, stop the bridge; body's result."""
+
+    async def main():
+        bridge = Bridge(core)
+        await bridge.start()
+        try:
+            return await body(bridge)
+        finally:
+            await bridge.stop()
+
     return asyncio.run(asyncio.wait_for(main(), timeout=30))
 
 
 def test_a_burst_crosses_in_one_hop_each_way_per_batch():
     core = Core(max_batch=50)
 
-    async def main():
-        bridge = Bridge(core)
-        await bridge.start()
-        try:
-            handles = [bridge.submit("m", f"r{i}", "paid") for i in range(100)]
-            done = await asyncio.gather(*(h.future for h in handles))
-        finally:
-            await bridge.stop()
-        return bridge, done
+    async def burst(bridge):
+        handles = [bridge.submit("m", f"r{i}", "paid") for i in range(100)]
+        return bridge, await asyncio.gather(*(h.future for h in handles))
 
-    bridge, done = run(main)
+    bridge, done = run(core, burst)
     assert [request.output for request in done] == [f"r{i}"[::-1] for i in range(100)]
     assert all(request.state is State.DONE for request in done)
     assert bridge.hops_to_trio == 1  # 100 submits from one loop iteration: one hop
@@ -69,22 +73,17 @@ def test_a_burst_crosses_in_one_hop_each_way_per_batch():
 def test_a_cancelled_handle_leaves_the_queue_before_any_worker_sees_it():
     core = Core(max_batch=50, max_wait=60.0)
 
-    async def main():
-        bridge = Bridge(core)
-        await bridge.start()
-        try:
-            handle = bridge.submit("m", "never", "paid")
-            batcher = bridge.batcher("m")
-            while batcher.queue.count == 0:
-                await asyncio.sleep(0.001)
-            bridge.cancel(handle)
-            while batcher.stats.cancelled == 0:
-                await asyncio.sleep(0.001)
-            return handle, batcher.queue.count, batcher.stats.calls
-        finally:
-            await bridge.stop()
+    async def leave(bridge):
+        handle = bridge.submit("m", "never", "paid")
+        batcher = bridge.batcher("m")
+        while batcher.queue.count == 0:
+            await asyncio.sleep(0.001)
+        bridge.cancel(handle)
+        while batcher.stats.cancelled == 0:
+            await asyncio.sleep(0.001)
+        return handle, batcher.queue.count, batcher.stats.calls
 
-    handle, queued, calls = run(main)
+    handle, queued, calls = run(core, leave)
     assert handle.future.cancelled()
     assert (queued, calls) == (0, 0)
     assert core.inputs_seen() == []
@@ -93,32 +92,22 @@ def test_a_cancelled_handle_leaves_the_queue_before_any_worker_sees_it():
 def test_a_request_past_its_deadline_comes_back_failed_with_overloaded():
     core = Core(max_batch=50, max_wait=60.0)
 
-    async def main():
-        bridge = Bridge(core)
-        await bridge.start()
-        try:
-            return await bridge.submit("m", "late", "free", timeout=0.01).future
-        finally:
-            await bridge.stop()
+    async def late(bridge):
+        return await bridge.submit("m", "late", "free", timeout=0.01).future
 
-    request = run(main)
+    request = run(core, late)
     assert request.state is State.FAILED and isinstance(request.error, Overloaded)
 
 
 def test_an_unknown_tier_fails_that_request_alone():
-    async def main():
-        bridge = Bridge(Core())
-        await bridge.start()
-        try:
-            bad = bridge.submit("m", "x", "gold")
-            good = bridge.submit("m", "y", "paid")
-            with pytest.raises(CoreStopped, match="tier: expected one of"):
-                await bad.future
-            return (await good.future).output
-        finally:
-            await bridge.stop()
+    async def mixed(bridge):
+        bad = bridge.submit("m", "x", "gold")
+        good = bridge.submit("m", "y", "paid")
+        with pytest.raises(CoreStopped, match="tier: expected one of"):
+            await bad.future
+        return (await good.future).output
 
-    assert run(main) == "y"
+    assert run(Core(), mixed) == "y"
 
 
 def test_after_stop_nothing_is_accepted_and_a_failed_start_raises():
@@ -139,4 +128,4 @@ def test_after_stop_nothing_is_accepted_and_a_failed_start_raises():
         with pytest.RaisesGroup(pytest.RaisesExc(OSError, match="no GPU")):
             await Bridge(broken).start()
 
-    run(main)
+    asyncio.run(asyncio.wait_for(main(), timeout=30))
