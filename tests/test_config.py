@@ -95,3 +95,8 @@ def test_every_mistake_names_the_file_and_the_field(text, message):
 def test_a_missing_file_is_an_os_error(tmp_path):
     with pytest.raises(OSError):
         load_config(tmp_path / "absent.toml")
+
+
+def test_the_readme_shows_the_example_file_as_it_is():
+    readme = (EXAMPLE.parent.parent / "README.md").read_text()
+    assert "```toml\n" + EXAMPLE.read_text() + "```" in readme
