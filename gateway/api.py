@@ -42,6 +42,10 @@ class RequestTooLarge(ApiError):
     """The body is over the server's limit."""
 
 
+class Unavailable(ApiError):
+    """The scheduling core is not running (starting, stopped, or crashed)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ErrorKind:
     status: int
@@ -57,6 +61,7 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (RequestTooLarge, ErrorKind(413, "request_too_large")),
     (Overloaded, ErrorKind(529, "overloaded_error", retry_after=True)),
     (RequestFailed, ErrorKind(500, "api_error")),
+    (Unavailable, ErrorKind(500, "api_error")),
 )
 INTERNAL = ErrorKind(500, "api_error")
 RETRY_AFTER_S = 1  # until admission (DESIGN §8) estimates a drain time

@@ -123,8 +123,12 @@ class Gateway:
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready: every model has at least one worker up. The body details each model."""
         models = {name: self._model_state(name) for name in self.catalog.names()} if self.bridge.running else {}
-        ready = bool(models) and all(state["ready"] for state in models.values())
-        return web.json_response({"ready": ready, "models": models}, status=200 if ready else 503, dumps=_dumps)
+        waiting = [name for name, state in models.items() if not state["ready"]]
+        if models and not waiting:
+            return web.json_response({"ready": True, "models": models}, dumps=_dumps)
+        why = f"no worker up for {', '.join(waiting)}" if waiting else "the scheduling core is not running"
+        body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
+        return web.json_response(body, status=503, dumps=_dumps)
 
     def _model_state(self, name: str) -> dict:
         batcher = self.bridge.batcher(name)

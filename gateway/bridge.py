@@ -35,6 +35,7 @@ from batcher.fixed import Batcher, open_batcher
 from batcher.policy import SizeOrTimeout
 from batcher.process_worker import process_workers
 from batcher.types import Request
+from gateway.api import Unavailable
 
 log = logging.getLogger("ferry.bridge")
 
@@ -42,7 +43,7 @@ OpenCore = Callable[[], AbstractAsyncContextManager[Mapping[str, Batcher]]]
 """Opens the trio core (in the trio thread) and yields a batcher per model name."""
 
 
-class CoreStopped(RuntimeError):
+class CoreStopped(Unavailable):
     """The trio core is not running (not started, stopped, or crashed): the request cannot run."""
 
 

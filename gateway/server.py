@@ -41,7 +41,11 @@ async def serve(
         loop.add_signal_handler(signum, stop.set)
     bridge = Bridge(open_core or functools.partial(open_batchers, config))
     try:
-        await bridge.start()
+        try:
+            await bridge.start()
+        except Exception as exc:  # noqa: BLE001 - a bad worker argv, a model that fails to load...
+            announce(f"ferry serve: the scheduling core did not start: {_leaves(exc)}")
+            return 1
         app = make_app(config, bridge)
         runner = web.AppRunner(
             app,
@@ -69,6 +73,13 @@ async def serve(
         return 1
     announce("ferry serve: stopped")
     return 0
+
+
+def _leaves(error: BaseException) -> str:
+    """The messages at the bottom of an exception group, joined: what actually went wrong."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(_leaves(inner) for inner in error.exceptions)
+    return f"{type(error).__name__}: {error}"
 
 
 def add_serve_command(commands) -> None:

@@ -67,3 +67,9 @@ def test_sigterm_lets_in_flight_requests_finish_then_stops_the_workers(tmp_path)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((gateway.host, gateway.port), timeout=5)
     gateway.stop()
+
+
+def test_workers_that_cannot_start_stop_serve_with_the_reason(tmp_path):
+    bad = CONFIG.replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["no-such-model"]')
+    with pytest.raises(RuntimeError, match=r"the scheduling core did not start: WorkerStartError: worker \d did not start"):
+        Gateway(tmp_path, bad)
