@@ -90,7 +90,8 @@ class Gateway:
 
     def request(self, method: str, path: str, body: object = None, headers: dict | None = None,
                 key: str | None = PAID) -> tuple[int, dict, dict]:
-        """One request on a fresh connection: status, headers, and the JSON body."""
+        """One request on a fresh connection: status, headers, and the JSON body ({"raw": bytes}
+        when the answer is not JSON)."""
         connection = http.client.HTTPConnection(self.host, self.port, timeout=30)
         try:
             data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
@@ -98,7 +99,8 @@ class Gateway:
             connection.request(method, path, body=data, headers={**sent, **(headers or {})})
             response = connection.getresponse()
             raw = response.read()
-            return response.status, dict(response.getheaders()), json.loads(raw) if raw else {}
+            is_json = response.getheader("Content-Type", "").startswith("application/json")
+            return response.status, dict(response.getheaders()), json.loads(raw) if is_json else {"raw": raw}
         finally:
             connection.close()
 

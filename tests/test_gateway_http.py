@@ -165,3 +165,11 @@ def test_a_client_that_leaves_mid_queue_takes_its_request_out_before_any_worker_
     assert (held["queued"], held["flushed"], held["calls"]) == (0, 0, 0)
     time.sleep(0.05)
     assert gateway.request("GET", "/healthz", key=None)[0] == 200
+
+
+def test_aiohttp_limits_answer_oversized_headers_with_a_4xx(gateway):
+    status = gateway.request("POST", "/v1/messages", message(), {"x-padding": "p" * 20000})[0]
+    assert 400 <= status < 500
+    many = {f"x-h{i}": "v" for i in range(200)}
+    assert 400 <= gateway.request("POST", "/v1/messages", message(), many)[0] < 500
+    assert gateway.request("GET", "/healthz", key=None)[0] == 200
