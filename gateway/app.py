@@ -78,29 +78,20 @@ class Gateway:
         is an ``error`` event, and each further interval of waiting sends a ``ping``."""
         response: web.StreamResponse | None = None
         try:
-            while True:
-                finished, _ = await asyncio.wait((handle.future,), timeout=self.ping_interval)
-                if finished:
-                    break
+            while not (await asyncio.wait((handle.future,), timeout=self.ping_interval))[0]:
                 if response is None:
-                    response = web.StreamResponse(headers=SSE_HEADERS)
-                    await response.prepare(request)
-                    await response.write(api.stream_start(message_id, model.name, input_tokens) + api.PING)
-                else:
-                    await response.write(api.PING)
-            if response is None:  # finished within one interval: errors get their own status
+                    response = await _open_stream(request, api.stream_start(message_id, model.name, input_tokens))
+                await response.write(api.PING)
+            try:
                 completion = api.complete(_output(handle.future.result()), call, model.tokenizer)
-                response = web.StreamResponse(headers=SSE_HEADERS)
-                await response.prepare(request)
-                await response.write(api.stream_start(message_id, model.name, input_tokens)
-                                     + api.stream_end(completion))
-            else:
-                try:
-                    completion = api.complete(_output(handle.future.result()), call, model.tokenizer)
-                except Exception as exc:  # noqa: BLE001 - the stream is open: an error event ends it
-                    await response.write(api.stream_error(exc))
-                    return response
-                await response.write(api.stream_end(completion))
+            except Exception as exc:  # noqa: BLE001 - once the stream is open, an error event ends it
+                if response is None:
+                    raise
+                await response.write(api.stream_error(exc))
+                return response
+            if response is None:
+                response = await _open_stream(request, api.stream_start(message_id, model.name, input_tokens))
+            await response.write(api.stream_end(completion))
             await response.write_eof()
             return response
         except ConnectionResetError:  # the client left mid-stream; nothing more to tell it
@@ -154,6 +145,13 @@ async def _outcome(bridge: Bridge, handle: Handle) -> Request:
         return await handle.future
     finally:
         bridge.cancel(handle)
+
+
+async def _open_stream(request: web.Request, first: bytes) -> web.StreamResponse:
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    await response.write(first)
+    return response
 
 
 def _output(request: Request) -> str:

@@ -74,6 +74,21 @@ def test_a_slow_stream_pings_while_it_waits_then_sends_the_events_in_order(gatew
                                                   "content_block_stop", "message_delta", "message_stop"]
 
 
+def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event(gateway):
+    connection = socket.create_connection((gateway.host, gateway.port))
+    body = json.dumps(message("late", model="held@1", stream=True)).encode()  # free tier: 300 ms budget
+    connection.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + FREE.encode()
+                       + b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    raw = b"".join(iter(lambda: connection.recv(65536), b""))
+    connection.close()
+    head, _, stream = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    events = sse_events(stream)
+    assert events[0] == "message_start" and events[-1] == "error" and set(events[1:-1]) == {"ping"}
+    error = json.loads(stream.decode().rsplit("data: ", 1)[1].split("\n", 1)[0])
+    assert error["type"] == "error" and error["error"]["type"] == "overloaded_error"
+
+
 ERRORS = [
     # (body, headers, key, status, error type, words in the message)
     (b"{not json", {}, PAID, 400, "invalid_request_error", "body"),
