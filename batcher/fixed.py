@@ -151,7 +151,7 @@ class Batcher:
                 pool.dispatch(batch, decision.reason)
                 continue
             self._wake_at_count = decision.queued
-            self._wake_at_time = wake = min(decision.until, deadline - drop_before)
+            self._wake_at_time = wake = min(decision.until, _drop_time(deadline, drop_before))
             if self._feed is not None:
                 wake = min(wake, self._feed.next_wake(decision.queued - queue.count, wake, drop_before))
             self._wakeup = trio.Event()
@@ -199,6 +199,18 @@ async def open_batcher(
         await nursery.start(batcher.run)
         yield batcher
         nursery.cancel_scope.cancel()
+
+
+def _drop_time(deadline: float, drop_before: float) -> float:
+    """The first clock reading ``now`` at which ``now + drop_before >= deadline`` holds in floats.
+
+    ``deadline - drop_before`` can round one step too early, and a loop that woke there would
+    find nothing to expire and wake again at once, for ever.
+    """
+    time = deadline - drop_before
+    while time + drop_before < deadline:
+        time = math.nextafter(time, math.inf)
+    return time
 
 
 class _Observed:

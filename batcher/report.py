@@ -95,6 +95,16 @@ def _no_nan(value):
     return value
 
 
+@dataclasses.dataclass(frozen=True)
+class Samples:
+    """Arrival (s), tier index, latency (s, NaN if dropped) and served flag of each request."""
+
+    arrival: np.ndarray
+    tier: np.ndarray
+    latency: np.ndarray
+    served: np.ndarray
+
+
 class Recorder:
     """Collects outcomes as requests end, into arrays: a run of millions keeps no Request alive.
 
@@ -104,6 +114,7 @@ class Recorder:
     def __init__(self, capacity: int) -> None:
         self.ended = 0
         self._latency = np.full(capacity, np.nan)
+        self._arrival = np.zeros(capacity)
         self._tier = np.zeros(capacity, dtype=np.int16)
         self._served = np.zeros(capacity, dtype=bool)
         self.errors: collections.Counter[str] = collections.Counter()
@@ -114,7 +125,7 @@ class Recorder:
         index = self.ended
         self.ended += 1
         self._tier[index] = request.tier
-        arrival = request.arrival
+        arrival = self._arrival[index] = request.arrival
         if not arrival >= self.first_arrival:  # also true while it is NaN
             self.first_arrival = arrival
         if not arrival <= self.last_arrival:
@@ -126,6 +137,11 @@ class Recorder:
                 self.last_output = request.finished_at
         else:
             self.errors[type(request.error).__name__ if request.error else request.state.value] += 1
+
+    def samples(self) -> Samples:
+        """Per request, in the order they ended: for plots over time."""
+        n = self.ended
+        return Samples(self._arrival[:n], self._tier[:n], self._latency[:n], self._served[:n])
 
     def report(self, tiers: Sequence[str], stats: Stats, workers: int | None = None, driver_lag: float = 0.0) -> Report:
         """Summarise the requests recorded so far (all of a run, once every one has ended)."""

@@ -34,7 +34,7 @@ from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import open_batcher
 from batcher.load import Replay
 from batcher.policy import POLICIES, make_policy
-from batcher.report import Recorder, Report
+from batcher.report import Recorder, Report, Samples
 from batcher.stats import Stats
 from workers.faults import FaultPlan
 from workers.simulated import SimulatedWorker, linear
@@ -78,6 +78,7 @@ class Simulation:
     virtual_seconds: float
     cpu_seconds: float
     wall_seconds: float
+    samples: Samples
 
     @property
     def requests_per_cpu_second(self) -> float:
@@ -143,7 +144,7 @@ def simulate(
     stats, virtual = trio.run(_run, scenario, recorder, progress, every, clock=clock)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     report = recorder.report(scenario.queue.tiers, stats, scenario.workers)
-    return Simulation(scenario, report, virtual, cpu, wall)
+    return Simulation(scenario, report, virtual, cpu, wall, recorder.samples())
 
 
 def _seed_trio_scheduler(seed: int) -> None:

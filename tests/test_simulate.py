@@ -189,3 +189,20 @@ def test_linear_service_time_with_jitter_stays_within_its_bounds():
     assert linear(0.1, 0.002)(10) == pytest.approx(0.12)
     with pytest.raises(ValueError, match="jitter"):
         linear(0.1, jitter=1.5)
+
+
+async def test_a_drop_time_that_rounds_early_still_drops(autojump_clock):
+    # 0.9 - 0.2 + 0.2 < 0.9 in floats: a loop waking at 0.9 - 0.2 would find nothing to drop, forever
+    fleet = Fleet(service=5.0)
+    async with open_batcher(fleet, PoolConfig(workers=1), SlackDriven(50, service_time=0.2)) as batcher:
+        await _ended_after_start(batcher)
+        (late,) = await _ended(batcher, ["late"], timeout=0.9)
+    assert isinstance(late.error, DeadlineUnreachable)
+    assert late.finished_at == pytest.approx(0.7) and late.finished_at + 0.2 >= 0.9
+
+
+async def _ended_after_start(batcher) -> None:
+    """Keep the only worker busy (50 requests make a full batch at once)."""
+    for text in map(str, range(50)):
+        batcher.enqueue(batcher.request(text, "paid"))
+    await trio.sleep(0)
