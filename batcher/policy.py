@@ -219,9 +219,11 @@ class SlackDriven:
 class AIMD:
     """Clipper's adaptive batch size: additive increase, multiplicative decrease.
 
-    The batch limit starts at ``start``; each full batch whose call took at most ``target``
-    seconds raises it by ``step`` (up to ``max_batch``), each call that took longer cuts it to
-    ``backoff`` times its size. Batches leave like :class:`SizeOrTimeout` with the current limit
+    The batch limit starts at ``start``; each call that took at most ``target`` seconds raises
+    it by ``step`` (up to ``max_batch``), each call that took longer cuts it to ``backoff``
+    times its size. (Every call counts, full or not: with several workers a wave of calls of
+    the same size ends together, and counting only calls as large as the limit would raise it
+    once per wave.) Batches leave like :class:`SizeOrTimeout` with the current limit
     as their size (with the default ``max_wait`` of 0: whatever waits, as soon as a worker is
     idle). With a service time that grows with the batch, the limit settles just under the size
     whose call takes ``target``; with a constant one it climbs to ``max_batch``.
@@ -253,7 +255,7 @@ class AIMD:
         """Learn from one worker call of ``size`` inputs that took ``seconds``."""
         if seconds > self.target:
             self.limit = max(1, int(self.limit * self.backoff))
-        elif size >= self.limit:
+        else:
             self.limit = min(self.max_batch, self.limit + self.step)
 
 

@@ -134,15 +134,14 @@ def test_slack_driven_drops_work_with_less_than_one_service_time_left():
     assert not hasattr(SizeOrTimeout(), "drop_before")
 
 
-def test_aimd_grows_by_a_step_per_full_batch_under_target_and_backs_off_above_it():
+def test_aimd_grows_by_a_step_per_call_under_target_and_backs_off_above_it():
     policy = AIMD(max_batch=8, target=0.25, step=2, backoff=0.5, start=1)
     assert policy.decide(state(queued=5, idle=1)) == Flush(1, "size")
     limits = []
     for size, seconds in [(1, 0.2), (3, 0.2), (2, 0.2), (3, 0.2), (5, 0.2), (7, 0.2), (8, 0.2), (8, 0.3), (1, 0.3)]:
         policy.observe(size, seconds)
         limits.append(policy.limit)
-    # a batch smaller than the limit says nothing about a bigger one; the limit never leaves 1..8
-    assert limits == [3, 5, 5, 5, 7, 8, 8, 4, 2]
+    assert limits == [3, 5, 7, 8, 8, 8, 8, 4, 2]  # never outside 1..max_batch
     assert policy.decide(state(queued=5, idle=1)) == Flush(2, "size")
     assert policy.decide(state(queued=1, idle=1)) == Flush(1, "timeout")  # max_wait 0: no waiting
     for _ in range(5):
