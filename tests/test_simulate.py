@@ -4,6 +4,7 @@ feed against on-time enqueueing, and conservation (every request ends once, with
 from __future__ import annotations
 
 import collections
+import json
 
 import numpy as np
 import pytest
@@ -206,3 +207,25 @@ async def _ended_after_start(batcher) -> None:
     for text in map(str, range(50)):
         batcher.enqueue(batcher.request(text, "paid"))
     await trio.sleep(0)
+
+
+def test_ferry_simulate_replays_a_csv_trace_and_writes_json(tmp_path, capsys):
+    from gateway.cli import main
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp,tier,deadline\n" + "".join(f"{i / 100:.2f},{'paid' if i % 2 else 'free'},\n" for i in range(300)))
+    out = tmp_path / "run.json"
+    argv = ["simulate", "--trace", str(trace), "--policy", "idle_aware", "--param", "reserve=2", "--workers", "4"]
+    assert main([*argv, "--quiet", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "300 arrivals" in printed and "latency paid" in printed and "GPU busy" in printed
+    run = json.loads(out.read_text())
+    assert run["scenario"]["params"] == {"reserve": 2} and run["report"]["offered"] == 300
+    assert run["report"]["completed"] == 300 and run["report"]["flushes"]["idle"] > 0
+
+
+def test_ferry_simulate_refuses_a_bad_parameter_by_name(capsys):
+    from gateway.cli import main
+
+    assert main(["simulate", "--policy", "aimd", "--param", "backof=0.5", "--duration", "1", "--quiet"]) == 2
+    assert "backof" in capsys.readouterr().err
