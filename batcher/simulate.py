@@ -5,8 +5,10 @@ flush policy by name and parameters (as a config file gives it), the workers, th
 time model and fault rates, and the queue settings. :func:`simulate` runs it under
 ``trio.testing.MockClock(autojump_threshold=0)`` through the very ``Batcher`` and ``WorkerPool``
 that serve real traffic, with in-process :class:`~workers.simulated.SimulatedWorker` s in place
-of GPU processes: an hour of traffic takes minutes of CPU, and the same seed gives the same
-answer every time.
+of GPU processes: an hour of traffic takes a minute of CPU, and the same seed gives the same
+answer in a fresh process. (Not always twice in one process: trio breaks ties between timers
+that expire at the very same virtual instant by object identity, so a later run may order two
+such wake-ups the other way; the numbers then differ a little, as between two seeds.)
 
 The trace is handed to the batcher as a :class:`~batcher.load.Replay` feed and every outcome is
 recorded into arrays (:class:`~batcher.report.Recorder`), so neither the clock nor the memory
@@ -19,6 +21,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import logging
 import math
 import sys
 import time
@@ -139,9 +142,15 @@ def simulate(
         raise ValueError("simulate: the trace has no arrival")
     recorder = Recorder(len(scenario.trace))
     _seed_trio_scheduler(scenario.seed)
+    pool_log = logging.getLogger("ferry.pool")
+    level = pool_log.level
+    pool_log.setLevel(logging.ERROR)  # faults by the thousand: the report counts them
     cpu, wall = time.process_time(), time.perf_counter()
-    clock = trio.testing.MockClock(autojump_threshold=0)
-    stats, virtual = trio.run(_run, scenario, recorder, progress, every, clock=clock)
+    try:
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        stats, virtual = trio.run(_run, scenario, recorder, progress, every, clock=clock)
+    finally:
+        pool_log.setLevel(level)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     report = recorder.report(scenario.queue.tiers, stats, scenario.workers)
     return Simulation(scenario, report, virtual, cpu, wall, recorder.samples())
