@@ -67,7 +67,8 @@ Poisson arrivals, half paid and half free, {args.duration:g} s per point (Static
   (batches of {at('size_or_timeout', flat_out, 'mean batch'):.1f} and {at('idle_aware', flat_out, 'mean batch'):.1f});
   at 2,000 req/s their p95 is {at('size_or_timeout', 2000, 'p95 ms'):.0f} and {at('idle_aware', 2000, 'p95 ms'):.0f} ms.
 - **NoBatching** is as fast as IdleAware at low load but serves only {at('no_batching', flat_out, 'achieved/s'):,} req/s
-  flat out (10 workers x 5 calls/s): its p95 explodes from 100 req/s up.
+  flat out (10 workers x 5 calls/s): at 50 req/s it is at capacity (p95 {at('no_batching', 50, 'p95 ms'):,.0f} ms),
+  beyond it requests wait until the 30 s queue timeout refuses them.
 - **Static** (wait for 50) costs {at('static', 5, 'p95 ms') / 1000:,.1f} s at 5 req/s: the reason a timeout exists.
 - **SlackDriven** holds each batch as long as the tightest deadline allows: p95 {at('slack_driven', 20, 'p95 ms'):.0f} ms at
   20 req/s, just under the 500 ms budget by design; it drops what cannot make it
