@@ -26,6 +26,7 @@ class QueueConfig:
     queue_timeout: float = 30.0  # a request not dispatched this long after arrival: Overloaded
     age_limit: float = 1.0  # a lower-tier request this old is aged...
     aged_share: float = 0.1  # ...and aged requests may take this share of dispatched slots
+    wait_budgets: tuple[float, ...] | None = None  # seconds per tier; set: shed over-budget arrivals
 
     def __post_init__(self) -> None:
         _require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
@@ -33,6 +34,10 @@ class QueueConfig:
         _require(self.queue_timeout > 0, "queue_timeout", "seconds > 0", self.queue_timeout)
         _require(self.age_limit > 0, "age_limit", "seconds > 0", self.age_limit)
         _require(0.0 <= self.aged_share <= 1.0, "aged_share", "a share in 0..1", self.aged_share)
+        if self.wait_budgets is not None:
+            budgets = self.wait_budgets
+            _require(len(budgets) == len(self.tiers), "wait_budgets", f"one per tier ({len(self.tiers)})", budgets)
+            _require(all(b > 0 for b in budgets), "wait_budgets", "seconds > 0", budgets)
 
     def tier_index(self, name: str) -> int:
         """Position of a tier by name: 0 is served first."""
@@ -234,8 +239,11 @@ class FerryConfig:
                 seen[name] = model.name
 
     def queue(self) -> QueueConfig:
-        """The batchers' queue settings: these tiers, in this priority order."""
-        return QueueConfig(tiers=tuple(tier.name for tier in self.tiers))
+        """The batchers' queue settings: these tiers, in this priority order, with their budgets."""
+        return QueueConfig(
+            tiers=tuple(tier.name for tier in self.tiers),
+            wait_budgets=tuple(tier.wait_budget_ms / 1000 for tier in self.tiers),
+        )
 
 
 _TABLES = {"server": ServerConfig, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig}

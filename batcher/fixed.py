@@ -30,6 +30,7 @@ from typing import Protocol
 
 import trio
 
+from batcher.admission import Load, admit
 from batcher.config import PoolConfig, QueueConfig
 from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
 from batcher.pool import Spawn, Worker, WorkerPool
@@ -94,7 +95,20 @@ class Batcher:
         return Request(next(self._ids), input, index, now, now + wait, on_done)
 
     def enqueue(self, request: Request) -> None:
-        """Queue a request (trio thread, no await); its outcome arrives through ``on_done``."""
+        """Queue a request (trio thread, no await); its outcome arrives through ``on_done``.
+
+        With wait budgets configured, a request whose estimated wait exceeds its tier's budget
+        is shed at once (:class:`~batcher.types.Overloaded`, with ``retry_after``).
+        """
+        budgets = self.config.wait_budgets
+        if budgets is not None:
+            load = self.load()
+            verdict = admit(load, request.tier, budgets)
+            if not verdict.admitted:
+                self.stats.shed[request.tier] += 1
+                message = f"estimated wait {verdict.wait:.3f}s is over the budget of {verdict.budget:.3f}s"
+                request.fail(Overloaded(message, verdict.retry_after), request.arrival)
+                return
         self.queue.push(request)
         if self.queue.count >= self._wake_at_count or request.deadline - self._drop_before < self._wake_at_time:
             self._wakeup.set()
@@ -158,16 +172,31 @@ class Batcher:
             with trio.move_on_at(wake):
                 await self._wakeup.wait()
 
+    def load(self) -> Load:
+        """Queued requests per tier, and how fast full batches drain them (DESIGN §8).
+
+        The drain rate is what the fleet clears while backlogged: live workers x the policy's
+        batch size / the recent call time; 0 until a call has been answered.
+        """
+        queued = tuple(self.queue.queued(tier) for tier in range(len(self.config.tiers)))
+        seconds = self.pool.call_seconds
+        batch = getattr(self.policy, "limit", None) or getattr(self.policy, "max_batch", 1)
+        return Load(queued, self.pool.live_workers * batch / seconds if seconds else 0.0)
+
     def _expire(self, now: float) -> None:
         """Fail the queued requests past their deadline, or too near it for the policy."""
-        for request in self.queue.expire(now + self._drop_before):
+        expired = self.queue.expire(now + self._drop_before)
+        load = self.load() if expired else None
+        for request in expired:
             self.stats.expired += 1
             waited = now - request.arrival
+            retry_after = max(load.wait(request.tier), 1.0 / load.drain_rate if load.drain_rate else 1.0)
             if self._drop_before:
                 left = request.deadline - now
-                error: Overloaded = DeadlineUnreachable(f"{left:.3f}s left before its deadline after {waited:.3f}s")
+                message = f"{left:.3f}s left before its deadline after {waited:.3f}s"
+                error: Overloaded = DeadlineUnreachable(message, retry_after)
             else:
-                error = Overloaded(f"not dispatched within {waited:.3f}s of arrival")
+                error = Overloaded(f"not dispatched within {waited:.3f}s of arrival", retry_after)
             request.fail(error, now)
 
     def _worker_idle(self) -> None:

@@ -51,6 +51,7 @@ class Stats:
     flushes: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     flushed_requests: int = 0  # sum of the sizes of new batches (retries not counted again)
     expired: int = 0  # queued past their deadline: Overloaded
+    shed: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)  # by tier
     cancelled: int = 0  # callers gone, before or after dispatch
     calls: int = 0  # run_batch calls sent to workers, retries included
     busy_seconds: float = 0.0  # summed over workers: time spent inside calls

@@ -269,3 +269,39 @@ async def test_the_pool_reports_every_answered_call_and_its_recent_duration(auto
     assert answered == [(50, pytest.approx(SERVICE))]  # the crashed call is not an answer
     assert batcher.pool.call_seconds == pytest.approx(SERVICE)
     assert live == 2
+
+
+async def test_over_budget_arrivals_are_shed_free_first_with_the_real_drain_time(autojump_clock):
+    fleet = Fleet()
+    pool = PoolConfig(workers=1, hang_timeout=HANG)
+    queue = QueueConfig(wait_budgets=(1.0, 0.3))
+    async with open_batcher(fleet, pool, SizeOrTimeout(50, T), queue) as batcher:
+        outcomes = Outcomes(batcher)
+        await batcher.submit("warm-up", "paid")  # one answered call: the fleet drains 50 / 0.2 s
+        assert batcher.load().drain_rate == pytest.approx(250.0)
+        outcomes.add(texts("busy", 50))  # the only worker is busy until t + 0.2
+        await trio.sleep(0.01)
+        start = trio.current_time()
+        paid = outcomes.add(texts("paid", 100), tier="paid")  # waits up to 0.4 s of a 1 s budget
+        free = outcomes.add(texts("free", 100), tier="free")  # free's budget shrinks to 0.18 s
+        await outcomes.wait(250)
+    assert [r.state for r in paid] == [State.DONE] * 100
+    assert [r.state for r in free] == [State.FAILED] * 100
+    assert free[0].error.retry_after == pytest.approx(0.4)  # 100 paid ahead at 250/s...
+    drained = max(r.dispatched_at for r in paid) - start
+    assert drained == pytest.approx(0.4 - 0.01, abs=0.011)  # ...were all dispatched 0.39 s later
+    assert batcher.stats.shed == {1: 100}
+    assert all(r.finished_at == pytest.approx(start) for r in free)  # shed at once
+
+
+async def test_a_request_past_its_deadline_is_told_when_to_retry(autojump_clock):
+    fleet = Fleet()
+    async with running(fleet, workers=1) as batcher:
+        await batcher.submit("warm-up", "paid")
+        outcomes = Outcomes(batcher)
+        outcomes.add(texts("busy", 50))
+        await trio.sleep(0.01)
+        outcomes.add(texts("waiting", 100))
+        with pytest.raises(Overloaded) as shed:
+            await batcher.submit("late", "free", timeout=0.05)
+    assert shed.value.retry_after == pytest.approx(100 / 250)  # the 100 queued ahead, at 250/s

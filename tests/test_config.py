@@ -25,7 +25,7 @@ def test_the_example_file_loads_with_every_field():
     config = load_config(EXAMPLE)
     assert (config.server.host, config.server.port, config.server.max_body_bytes) == ("127.0.0.1", 8080, 4 << 20)
     assert [(t.name, t.wait_budget_ms) for t in config.tiers] == [("paid", 1000), ("free", 300)]
-    assert config.queue() == QueueConfig(tiers=("paid", "free"))
+    assert config.queue() == QueueConfig(tiers=("paid", "free"), wait_budgets=(1.0, 0.3))
     acme, hobbyist = config.keys
     assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
     assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()
