@@ -46,6 +46,14 @@ class Unavailable(ApiError):
     """The scheduling core is not running (starting, stopped, or crashed)."""
 
 
+class RateLimited(ApiError):
+    """The key's per-minute budget cannot cover this request now; ``retry_after`` says when."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ErrorKind:
     status: int
@@ -59,12 +67,12 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (AuthenticationFailed, ErrorKind(401, "authentication_error")),
     (NotFound, ErrorKind(404, "not_found_error")),
     (RequestTooLarge, ErrorKind(413, "request_too_large")),
+    (RateLimited, ErrorKind(429, "rate_limit_error", retry_after=True)),
     (Overloaded, ErrorKind(529, "overloaded_error", retry_after=True)),
     (RequestFailed, ErrorKind(500, "api_error")),
     (Unavailable, ErrorKind(500, "api_error")),
 )
 INTERNAL = ErrorKind(500, "api_error")
-RETRY_AFTER_S = 1  # until admission (DESIGN §8) estimates a drain time
 
 
 def error_kind(error: BaseException) -> ErrorKind:
@@ -90,8 +98,14 @@ def error_response(error: BaseException) -> tuple[int, bytes, dict[str, str]]:
     """Status, JSON body and headers for an error; unknown errors say no more than that."""
     kind = error_kind(error)
     message = str(error) if kind is not INTERNAL else "internal error"
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if kind.retry_after else {}
+    headers = retry_after_headers(getattr(error, "retry_after", 1.0)) if kind.retry_after else {}
     return kind.status, dumps(error_body(kind, message)), headers
+
+
+def retry_after_headers(seconds: float) -> dict[str, str]:
+    """``Retry-After`` in whole seconds (HTTP allows no fraction; rounded up, at least 1) and
+    ``retry-after-ms`` with the estimate itself, which the Anthropic SDKs read first."""
+    return {"Retry-After": str(max(1, math.ceil(seconds))), "retry-after-ms": str(max(1, round(seconds * 1000)))}
 
 
 def dumps(value: Any) -> bytes:

@@ -166,7 +166,9 @@ def test_an_empty_answer_streams_no_delta_and_an_error_event_has_the_error_body(
         (api.AuthenticationFailed("x"), 401, "authentication_error", {}),
         (api.NotFound("x"), 404, "not_found_error", {}),
         (api.RequestTooLarge("x"), 413, "request_too_large", {}),
-        (Overloaded("x"), 529, "overloaded_error", {"Retry-After": "1"}),
+        (Overloaded("x"), 529, "overloaded_error", {"Retry-After": "1", "retry-after-ms": "1000"}),
+        (Overloaded("x", retry_after=0.31), 529, "overloaded_error", {"Retry-After": "1", "retry-after-ms": "310"}),
+        (api.RateLimited("x", 2.5), 429, "rate_limit_error", {"Retry-After": "3", "retry-after-ms": "2500"}),
         (RequestFailed("x"), 500, "api_error", {}),
     ],
 )
