@@ -100,18 +100,24 @@ class Batcher:
         With wait budgets configured, a request whose estimated wait exceeds its tier's budget
         is shed at once (:class:`~batcher.types.Overloaded`, with ``retry_after``).
         """
-        budgets = self.config.wait_budgets
-        if budgets is not None:
-            load = self.load()
-            verdict = admit(load, request.tier, budgets)
-            if not verdict.admitted:
-                self.stats.shed[request.tier] += 1
-                message = f"estimated wait {verdict.wait:.3f}s is over the budget of {verdict.budget:.3f}s"
-                request.fail(Overloaded(message, verdict.retry_after), request.arrival)
-                return
+        if not self._admitted(request):
+            return
         self.queue.push(request)
         if self.queue.count >= self._wake_at_count or request.deadline - self._drop_before < self._wake_at_time:
             self._wakeup.set()
+
+    def _admitted(self, request: Request) -> bool:
+        """Admission by load (DESIGN §8), for enqueued and fed arrivals alike: False if shed."""
+        budgets = self.config.wait_budgets
+        if budgets is None:
+            return True
+        verdict = admit(self.load(), request.tier, budgets)
+        if verdict.admitted:
+            return True
+        self.stats.shed[request.tier] += 1
+        message = f"estimated wait {verdict.wait:.3f}s is over the budget of {verdict.budget:.3f}s"
+        request.fail(Overloaded(message, verdict.retry_after), request.arrival)
+        return False
 
     def feed(self, feed: Feed) -> None:
         """Admit arrivals from ``feed`` from now on, each when it is due (see the module doc)."""
@@ -153,7 +159,8 @@ class Batcher:
             now = trio.current_time()
             if self._feed is not None:
                 for request in self._feed.due(now):
-                    queue.push(request)
+                    if self._admitted(request):
+                        queue.push(request)
             if queue.count:
                 self._expire(now)
             deadline = queue.next_deadline()

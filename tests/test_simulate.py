@@ -92,26 +92,41 @@ def _trace(rate: float, seconds: float, seed: int = 3, budget: float | None = No
     return Trace.of(poisson(rate, seconds, seed), {"paid": 0.3, "free": 0.7}, seed, budget)
 
 
-@pytest.mark.parametrize("policy", [SizeOrTimeout(50, 0.15), IdleAware(50, 0.15), SlackDriven(50, 0.2, 0.02)])
-async def test_a_replayed_trace_is_scheduled_exactly_as_on_time_arrivals_are(autojump_clock, policy):
+@pytest.mark.parametrize(
+    ("policy", "queue"),
+    [
+        (SizeOrTimeout(50, 0.15), QueueConfig()),
+        (IdleAware(50, 0.15), QueueConfig()),
+        (SlackDriven(50, 0.2, 0.02), QueueConfig()),
+        (SizeOrTimeout(50, 0.15), QueueConfig(wait_budgets=(1.0, 0.1))),  # admission sheds free
+    ],
+)
+def test_a_replayed_trace_is_scheduled_exactly_as_on_time_arrivals_are(policy, queue):
+    """Each run in its own trio.run from virtual time 0, so both see the very same float times."""
     trace = _trace(1400.0, 3.0, budget=0.5)  # over the capacity of 4 workers: some drops
-    tiers = [trace.tiers[i] for i in trace.tier]
     pool = PoolConfig(workers=4)
-    async with open_batcher(Fleet(), pool, policy) as batcher:
-        on_time, _ = await drive(batcher, trace.times, tiers, timeout=0.5)
-    start = trio.current_time()
-    replayed: list[Request] = []
-    async with open_batcher(Fleet(), pool, policy) as batcher:
-        batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, trace.deadlines + start, replayed.append))
-        while len(replayed) < len(trace):
-            await trio.sleep(1.0)
 
-    def timeline(requests, zero):
+    async def on_time() -> list[Request]:
+        async with open_batcher(Fleet(), pool, policy, queue) as batcher:
+            requests, _ = await drive(batcher, trace.times, [trace.tiers[i] for i in trace.tier], timeout=0.5)
+        return requests
+
+    async def replayed() -> list[Request]:
+        ended: list[Request] = []
+        async with open_batcher(Fleet(), pool, policy, queue) as batcher:
+            batcher.feed(Replay(batcher, trace.times, trace.tier, trace.tiers, trace.deadlines, ended.append))
+            while len(ended) < len(trace):
+                await trio.sleep(1.0)
+        return ended
+
+    def timeline(run) -> list[tuple]:
+        requests = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
         ordered = sorted(requests, key=lambda r: (r.arrival, r.id))
-        return [(r.state, round(r.arrival - zero, 9), r.tier, round((r.finished_at or 0) - zero, 9)) for r in ordered]
+        return [(r.state, r.arrival, r.tier, r.dispatched_at, r.finished_at) for r in ordered]
 
-    assert timeline(replayed, start) == timeline(on_time, 0.0)
-    assert {r.state for r in on_time} == {State.DONE, State.FAILED}
+    expected = timeline(on_time)
+    assert timeline(replayed) == expected
+    assert {outcome[0] for outcome in expected} == {State.DONE, State.FAILED}
 
 
 def test_every_request_is_answered_or_dropped_with_a_reason_exactly_once():
