@@ -12,6 +12,8 @@ import math
 import os
 import tomllib
 
+from batcher.policy import POLICIES, Policy, make_policy
+
 
 def _require(condition: bool, field: str, expected: str, value: object) -> None:
     if not condition:
@@ -159,7 +161,8 @@ class KeyConfig:
     tier: str
     key: str | None = None
     key_sha256: str | None = None
-    tokens_per_minute: int | None = None  # enforced by admission (DESIGN §8), not yet here
+    tokens_per_minute: int | None = None  # per-key limits, charged at admission (DESIGN §8)
+    requests_per_minute: int | None = None
 
     def __post_init__(self) -> None:
         _require((self.key is None) != (self.key_sha256 is None), "key", "exactly one of key, key_sha256",
@@ -171,8 +174,9 @@ class KeyConfig:
             _require(len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
                      "key_sha256", "64 lowercase hex digits", digest)
         _require(bool(self.tenant), "tenant", "a tenant name", self.tenant)
-        if self.tokens_per_minute is not None:
-            _require(self.tokens_per_minute > 0, "tokens_per_minute", "> 0", self.tokens_per_minute)
+        for name in ("tokens_per_minute", "requests_per_minute"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, name, "> 0", value)
 
     @property
     def digest(self) -> str:
@@ -197,6 +201,8 @@ class ModelConfig:
     max_attempts: int = 3
     context_window: int = 8192
     tokenizer: str = "bytes"
+    policy: str = "size_or_timeout"  # a name in batcher.policy.POLICIES
+    policy_options: dict[str, float] = dataclasses.field(default_factory=dict)  # its own parameters
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "name", "a model name", self.name)
@@ -208,10 +214,52 @@ class ModelConfig:
         _require(self.tokenizer in TOKENIZERS, "tokenizer", f"one of {list(TOKENIZERS)}", self.tokenizer)
         _require(0 < self.hang_timeout_ms < math.inf, "hang_timeout_ms", "milliseconds > 0", self.hang_timeout_ms)
         self.pool()  # checks workers and max_attempts with the pool's own rules
+        self.batch_policy()  # checks the policy's name and options with its own rules
 
     def pool(self) -> PoolConfig:
         """The pool settings of this model's fleet."""
         return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts)
+
+    def batch_policy(self) -> Policy:
+        """A fresh flush policy: ``max_batch`` and ``max_wait_ms`` where it takes them, then its options."""
+        implied = {"max_batch": self.max_batch, "max_wait": self.max_wait_ms / 1000}
+        factory = POLICIES.get(self.policy)
+        takes = {f.name for f in dataclasses.fields(factory) if f.init} if dataclasses.is_dataclass(factory) else set()
+        params = {name: value for name, value in implied.items() if name in takes}
+        return make_policy(self.policy, **params, **self.policy_options)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Where per-key limits live: ``memory`` (one gateway) or ``redis`` (shared by gateways)."""
+
+    store: str = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    lease_share: float = 0.0  # > 0: each gateway serves a hot key from this share of its budget
+
+    def __post_init__(self) -> None:
+        _require(self.store in ("memory", "redis"), "store", "'memory' or 'redis'", self.store)
+        _require(0.0 <= self.lease_share <= 1.0, "lease_share", "a share in 0..1", self.lease_share)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StateConfig:
+    """Where the gateway keeps what must outlive it: usage records and idempotent answers."""
+
+    dir: str = "~/.local/state/ferry"
+
+    def path(self, name: str) -> str:
+        directory = os.path.expanduser(self.dir)
+        os.makedirs(directory, exist_ok=True)
+        return os.path.join(directory, name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SafetyConfig:
+    """The default safety stage: inputs with a listed term are refused, outputs replaced."""
+
+    blocklist: tuple[str, ...] = ()
+    refusal: str = "I can't help with that."
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -222,6 +270,9 @@ class FerryConfig:
     tiers: tuple[TierConfig, ...]
     keys: tuple[KeyConfig, ...]
     models: tuple[ModelConfig, ...]
+    limits: LimitsConfig = LimitsConfig()
+    state: StateConfig = StateConfig()
+    safety: SafetyConfig = SafetyConfig()
 
     def __post_init__(self) -> None:
         _require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
@@ -246,7 +297,8 @@ class FerryConfig:
         )
 
 
-_TABLES = {"server": ServerConfig, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig}
+_SINGLE = {"server": ServerConfig, "limits": LimitsConfig, "state": StateConfig, "safety": SafetyConfig}
+_TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig}
 
 
 def _build(cls: type, table: object, where: str) -> object:
@@ -260,7 +312,10 @@ def _build(cls: type, table: object, where: str) -> object:
         if name not in fields:
             raise ValueError(f"{where}: unknown field {name!r}; expected one of {sorted(fields)}")
         expected = str(fields[name].type)
-        if expected.startswith("tuple"):
+        if expected.startswith("dict"):
+            ok = isinstance(value, dict) and all(_fits(v, "float") and not isinstance(v, bool) for v in value.values())
+            _require(ok, f"{where}.{name}", "a table of numbers", value)
+        elif expected.startswith("tuple"):
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
             _require(ok, f"{where}.{name}", "a list of strings", value)
             value = tuple(value)
@@ -293,13 +348,13 @@ def parse_config(text: str, source: str = "<config>") -> FerryConfig:
         unknown = sorted(set(document) - set(_TABLES))
         if unknown:
             raise ValueError(f"unknown table {unknown[0]!r}; expected one of {sorted(_TABLES)}")
-        server = _build(ServerConfig, document.get("server", {}), "server")
+        single = {name: _build(cls, document.get(name, {}), name) for name, cls in _SINGLE.items()}
         lists = {}
         for name in ("tiers", "keys", "models"):
             tables = document.get(name, [])
             _require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
             lists[name] = tuple(_build(_TABLES[name], t, f"{name}[{i}]") for i, t in enumerate(tables))
-        return FerryConfig(server, **lists)  # type: ignore[arg-type]
+        return FerryConfig(**single, **lists)  # type: ignore[arg-type]
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not valid TOML: {exc}") from None
     except ValueError as exc:

@@ -32,7 +32,6 @@ import trio
 
 from batcher.config import FerryConfig
 from batcher.fixed import Batcher, open_batcher
-from batcher.policy import SizeOrTimeout
 from batcher.process_worker import process_workers
 from batcher.types import Request
 from gateway.api import Unavailable
@@ -71,8 +70,9 @@ async def open_batchers(config: FerryConfig) -> AsyncIterator[dict[str, Batcher]
         batchers = {}
         for model in config.models:
             spawn = process_workers(model.worker, model.workers)
-            policy = SizeOrTimeout(model.max_batch, model.max_wait_ms / 1000)
-            batchers[model.name] = await stack.enter_async_context(open_batcher(spawn, model.pool(), policy, queue))
+            batchers[model.name] = await stack.enter_async_context(
+                open_batcher(spawn, model.pool(), model.batch_policy(), queue)
+            )
         yield batchers
 
 
