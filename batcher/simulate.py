@@ -266,10 +266,13 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         trace = Trace.of(bursty(args.rate, peak, on, off, args.duration, args.seed), shares, args.seed, budget)
     else:
         trace = Trace.of(poisson(args.rate, args.duration, args.seed), shares, args.seed, budget)
+    params = dict(_param(text) for text in args.param)
+    if args.policy == "slack_driven":  # unless told otherwise, it plans with the simulated call's cost
+        params.setdefault("service_time", (args.service_ms + args.per_input_ms * params.get("max_batch", 50)) / 1000)
     return Scenario(
         trace,
         policy=args.policy,
-        params=dict(_param(text) for text in args.param),
+        params=params,
         workers=args.workers,
         service=Service(args.service_ms / 1000, args.per_input_ms / 1000, args.jitter),
         faults=FaultPlan(crash_prob=args.crash_prob, hang_prob=args.hang_prob, seed=args.seed),
