@@ -15,6 +15,7 @@ Labels are model and tier names, statuses and reasons: never an API key or promp
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -57,48 +58,60 @@ class Metrics:
             "ferry_safety_blocks", "Inputs refused or outputs replaced by the safety stage.", ["model", "stage"],
             registry=self.registry,
         )
+        self._core = _CoreCollector()
+        self.registry.register(self._core)
 
     def track(self, model: str, tiers: Sequence[str], stats: Stats, load: Callable[[], Load]) -> None:
         """Export one backend's core counters, read from ``stats`` and ``load()`` at each scrape."""
-        self.registry.register(_CoreCollector(model, tiers, stats, load))
+        self._core.backends.append(_Backend(model, list(tiers), stats, load))
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every family."""
         return generate_latest(self.registry)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Backend:
+    model: str
+    tiers: list[str]
+    stats: Stats
+    load: Callable[[], Load]
+
+
 class _CoreCollector(Collector):
-    def __init__(self, model: str, tiers: Sequence[str], stats: Stats, load: Callable[[], Load]) -> None:
-        self._model, self._tiers, self._stats, self._load = model, list(tiers), stats, load
+    """Every tracked backend's counters, one family per name, a sample per model (and tier)."""
+
+    def __init__(self) -> None:
+        self.backends: list[_Backend] = []
 
     def collect(self) -> Iterator:
-        model, stats = self._model, self._stats
         flushes = CounterMetricFamily("ferry_flushes", "Batches flushed, by reason.", labels=["model", "reason"])
-        for reason, count in sorted(stats.flushes.items()):
-            flushes.add_metric([model, reason], count)
-        yield flushes
-        for name, help_text, value in (
-            ("ferry_worker_restarts", "Workers killed (crash, hang, protocol fault) and restarted.", stats.restarts),
-            ("ferry_batch_retries", "Batches re-dispatched whole after a failed call.", stats.retries),
-            ("ferry_bisections", "Failed batches split in two to isolate a bad input.", stats.bisections),
-        ):
-            family = CounterMetricFamily(name, help_text, labels=["model"])
-            family.add_metric([model], value)
-            yield family
+        counters = [
+            (CounterMetricFamily(name, help_text, labels=["model"]), field)
+            for name, help_text, field in (
+                ("ferry_worker_restarts", "Workers killed (crash, hang, protocol fault) and restarted.", "restarts"),
+                ("ferry_batch_retries", "Batches re-dispatched whole after a failed call.", "retries"),
+                ("ferry_bisections", "Failed batches split in two to isolate a bad input.", "bisections"),
+            )
+        ]
         sizes = HistogramMetricFamily("ferry_batch_size", "Requests per flushed batch.", labels=["model"])
-        sizes.add_metric([model], stats.batch_sizes.cumulative(), stats.batch_sizes.total)
-        yield sizes
         wait = HistogramMetricFamily("ferry_queue_wait_seconds", "Arrival to dispatch.", labels=["model", "tier"])
-        for index, histogram in sorted(stats.queue_wait.items()):
-            wait.add_metric([model, self._tiers[index]], histogram.cumulative(), histogram.total)
-        yield wait
-        load = self._load()
         queued = GaugeMetricFamily("ferry_queued_work", "Work waiting in the queues.", labels=["model", "tier"])
         estimate = GaugeMetricFamily(
             "ferry_estimated_wait_seconds", "Estimated wait of a new request.", labels=["model", "tier"]
         )
-        for index, tier in enumerate(self._tiers):
-            queued.add_metric([model, tier], load.queued[index])
-            estimate.add_metric([model, tier], load.wait(index))
-        yield queued
-        yield estimate
+        for backend in self.backends:
+            model, stats, load = backend.model, backend.stats, backend.load()
+            for reason, count in sorted(stats.flushes.items()):
+                flushes.add_metric([model, reason], count)
+            for family, field in counters:
+                family.add_metric([model], getattr(stats, field))
+            sizes.add_metric([model], stats.batch_sizes.cumulative(), stats.batch_sizes.total)
+            for index, histogram in sorted(stats.queue_wait.items()):
+                wait.add_metric([model, backend.tiers[index]], histogram.cumulative(), histogram.total)
+            for index, tier in enumerate(backend.tiers):
+                queued.add_metric([model, tier], load.queued[index])
+                estimate.add_metric([model, tier], load.wait(index))
+        yield flushes
+        yield from (family for family, _ in counters)
+        yield from (sizes, wait, queued, estimate)

@@ -1,13 +1,16 @@
 """The aiohttp application: routes, and the path a request takes to the core and back.
 
-    POST /v1/messages  key ─> body ─> checked request ─> model ─> context window ─> admit ─> core
+    POST /v1/messages  key ─> body ─> checked request ─> model ─> safety ─> context window
+                       ─> [Idempotency-Key: replay or wait] ─> admit: key's limit (429) ─> core (529)
+                       ─> output safety ─> answer; the ledger refunds, bills and counts it
     GET  /v1/models    the served versions        GET /healthz   the process answers
     GET  /readyz       every model has a worker up (JSON detail per model)
+    GET  /metrics      Prometheus text format
 
 Handlers are thin: rules live in :mod:`gateway.api` (pure), identities in :mod:`gateway.auth`,
-model names in :mod:`gateway.models`, and the core behind :class:`gateway.bridge.Bridge`.
-:meth:`Gateway.admit` is the one place a checked request passes to the core, where per-key
-limits (DESIGN §8) will sit. Every error, whoever raises it (aiohttp included), leaves through
+model names in :mod:`gateway.models`, charges and bills in :mod:`gateway.ledger`, and the core
+behind :class:`gateway.bridge.Bridge`. :meth:`Gateway.admit` is the one place a checked request
+passes to the core. Every error, whoever raises it (aiohttp included), leaves through
 :func:`errors_as_json` with the body and status of :data:`gateway.api.ERRORS`.
 """
 
@@ -18,88 +21,157 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.config import FerryConfig
+from batcher.metrics import Metrics
 from batcher.pool import SlotState
 from batcher.types import Request, State
 from gateway import api
-from gateway.auth import KeyRing, Principal
+from gateway.auth import KeyRing
 from gateway.bridge import Bridge, Handle
+from gateway.idempotency import IdempotencyStore
+from gateway.ledger import Entry, Ledger
+from gateway.limiter import Limiter, open_limiter
 from gateway.models import Catalog, ServedModel
+from gateway.safety import Blocklist, SafetyCheck
+from gateway.usage import UsageLog
 
 log = logging.getLogger("ferry.gateway")
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+CLIENT_CLOSED = 499  # the client went away before its answer (as nginx logs it)
+T = TypeVar("T")
 
 
 class Gateway:
-    """The state the handlers share: config, keys, models, and the bridge to the core."""
+    """The state the handlers share: config, keys, models, the ledger, and the bridge to the core."""
 
-    def __init__(self, config: FerryConfig, bridge: Bridge) -> None:
+    def __init__(self, config: FerryConfig, bridge: Bridge, limiter: Limiter, metrics: Metrics) -> None:
         self.config = config
         self.bridge = bridge
         self.keys = KeyRing(config.keys)
         self.catalog = Catalog(config.models)
+        self.metrics = metrics
+        self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
+        self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"))
+        self.safety: SafetyCheck = Blocklist(config.safety.blocklist, config.safety.refusal)
         self.wait_budget = {tier.name: tier.wait_budget_ms / 1000 for tier in config.tiers}
         self.ping_interval = config.server.ping_interval_ms / 1000
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._ids = itertools.count(1)
         self._id_prefix = f"msg_{os.getpid():x}{int(time.time()):x}_"
 
-    def admit(self, principal: Principal, model: ServedModel, prompt: str) -> Handle:
-        """Hand a checked request to the core. Admission by per-key limits goes here."""
-        return self.bridge.submit(model.name, prompt, principal.tier, self.wait_budget[principal.tier])
+    async def close(self) -> None:
+        """Flush the usage records and close the stores (the server is shutting down)."""
+        self.ledger.usage.close()
+        self.idempotency.close()
+        await self.ledger.limiter.aclose()
+
+    async def admit(self, entry: Entry, model: ServedModel, prompt: str) -> Handle:
+        """The one place a checked request passes to the core: charge its key (429), then queue
+        it; the core sheds it at once (529) if its tier's wait budget cannot be met."""
+        await self.ledger.charge(entry)
+        return self.bridge.submit(model.name, prompt, entry.tier, self.wait_budget[entry.tier])
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
         principal = self.keys.authenticate(request.headers)
-        call = api.parse_message_request(await request.read())
+        body = await request.read()
+        call = api.parse_message_request(body)
         model = self.catalog.resolve(call.model)
         prompt = api.render_prompt(call)
+        if rule := self.safety.screen_input(prompt):
+            self.metrics.safety_blocks.labels(model.name, "input").inc()
+            raise api.InvalidRequest(f"messages: the input is refused by the safety policy ({rule})")
         input_tokens = model.tokenizer.count(prompt)
         if error := api.context_overflow(input_tokens, call.max_tokens, model.config.context_window):
             raise error
-        handle = self.admit(principal, model, prompt)
-        message_id = f"{self._id_prefix}{next(self._ids)}"
+        entry = Entry(
+            f"{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id, principal.tier,
+            model.name, principal.limits, input_tokens, call.max_tokens, started,
+        )
+        key = request.headers.get("Idempotency-Key")
+        if key and not call.stream:
+            status, payload = await self.idempotency.run(
+                principal.key_id, key, body, lambda: self._settled(entry, self._whole(entry, call, model, prompt))
+            )
+            return web.Response(status=status, body=payload, content_type="application/json")
         if call.stream:
-            return await self._stream(request, handle, call, model, message_id, input_tokens)
-        done = await _outcome(self.bridge, handle)
-        completion = api.complete(_output(done), call, model.tokenizer)
-        body = api.message_body(message_id, model.name, completion, input_tokens)
-        return web.Response(body=api.dumps(body), content_type="application/json")
+            return await self._settled(entry, self._stream(request, entry, call, model, prompt))
+        status, payload = await self._settled(entry, self._whole(entry, call, model, prompt))
+        return web.Response(status=status, body=payload, content_type="application/json")
+
+    async def _settled(self, entry: Entry, work: Awaitable[T]) -> T:
+        """Run a request's work and close its ledger entry whatever happens: refund, usage, metrics."""
+        try:
+            return await work
+        except asyncio.CancelledError:
+            entry.status = CLIENT_CLOSED
+            raise
+        except Exception as exc:
+            entry.status = api.error_kind(exc).status
+            raise
+        finally:
+            await asyncio.shield(self.ledger.close(entry))
+
+    async def _whole(self, entry: Entry, call: api.MessageRequest, model: ServedModel, prompt: str) -> tuple[int, bytes]:
+        done = await _outcome(self.bridge, await self.admit(entry, model, prompt))
+        completion = self._complete(entry, _output(done), call, model)
+        return 200, api.dumps(api.message_body(entry.request_id, model.name, completion, entry.input_tokens))
+
+    def _complete(self, entry: Entry, output: str, call: api.MessageRequest, model: ServedModel) -> api.Completion:
+        """The client's view of an output: screened by the safety stage, cut by the request's rules."""
+        output, rule = self.safety.screen_output(output)
+        if rule is not None:
+            self.metrics.safety_blocks.labels(model.name, "output").inc()
+        completion = api.complete(output, call, model.tokenizer)
+        entry.delivered(completion.output_tokens)
+        entry.status, entry.stop_reason = 200, completion.stop_reason
+        return completion
 
     async def _stream(
-        self, request: web.Request, handle: Handle, call: api.MessageRequest, model: ServedModel,
-        message_id: str, input_tokens: int,
+        self, request: web.Request, entry: Entry, call: api.MessageRequest, model: ServedModel, prompt: str
     ) -> web.StreamResponse:
         """SSE. Headers go out only once the wait outlasts a ping interval, so a request that
-        fails fast still gets a real status (a 529 the SDK can retry); after that, a failure
-        is an ``error`` event, and each further interval of waiting sends a ``ping``."""
+        fails fast still gets a real status (a 429 or 529 the SDK can retry); after that, a
+        failure is an ``error`` event, and each further interval of waiting sends a ``ping``."""
+        handle = await self.admit(entry, model, prompt)
+        start = api.stream_start(entry.request_id, model.name, entry.input_tokens)
         response: web.StreamResponse | None = None
         try:
             while not (await asyncio.wait((handle.future,), timeout=self.ping_interval))[0]:
                 if response is None:
-                    response = await _open_stream(request, api.stream_start(message_id, model.name, input_tokens))
+                    response = await _open_stream(request, start)
                 await response.write(api.PING)
             try:
-                completion = api.complete(_output(handle.future.result()), call, model.tokenizer)
+                completion = self._complete(entry, _output(handle.future.result()), call, model)
             except Exception as exc:  # noqa: BLE001 - once the stream is open, an error event ends it
                 if response is None:
                     raise
+                entry.status = api.error_kind(exc).status
                 await response.write(api.stream_error(exc))
                 return response
             if response is None:
-                response = await _open_stream(request, api.stream_start(message_id, model.name, input_tokens))
+                response = await _open_stream(request, start)
             await response.write(api.stream_end(completion))
             await response.write_eof()
             return response
         except ConnectionResetError:  # the client left mid-stream; nothing more to tell it
+            entry.status = CLIENT_CLOSED
             if response is None:
                 raise
             return response
         finally:
             self.bridge.cancel(handle)  # a no-op once finished; else the client has gone
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        """Prometheus text format: every ferry_* family (DESIGN §9)."""
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
         self.keys.authenticate(request.headers)
@@ -193,10 +265,17 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
 
 
 def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
-    gateway = Gateway(config, bridge)
+    """The application over a started bridge: its batchers' counters are exported at /metrics."""
+    metrics = Metrics()
+    for model in config.models:
+        batcher = bridge.batcher(model.name)
+        metrics.track(model.name, config.queue().tiers, batcher.stats, batcher.load)
+    gateway = Gateway(config, bridge, open_limiter(config.limits), metrics)
     app = web.Application(middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes)
     app["ferry"] = gateway
+    app.on_cleanup.append(lambda _: gateway.close())
     app.router.add_post("/v1/messages", gateway.messages)
+    app.router.add_get("/metrics", gateway.metrics_text)
     app.router.add_get("/v1/models", gateway.models)
     app.router.add_get("/healthz", gateway.healthz)
     app.router.add_get("/readyz", gateway.readyz)

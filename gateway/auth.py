@@ -3,8 +3,8 @@
 Keys are held only as sha256 digests, whether the config file gave the key or its digest, so a
 config (or a memory dump) need not hold a usable secret; a presented key is hashed and looked
 up. A key arrives in ``x-api-key`` (what the Anthropic SDK sends) or ``Authorization: Bearer``.
-Per-key limits (``tokens_per_minute``) ride along on the :class:`Principal` for admission
-(DESIGN §8) to enforce; this module only says who is calling.
+Per-key limits ride along on the :class:`Principal` for the ledger (DESIGN §8) to charge;
+this module only says who is calling.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from batcher.config import KeyConfig
 from gateway.api import AuthenticationFailed
+from gateway.ratelimit import Limits
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -24,13 +25,16 @@ class Principal:
     tenant: str
     tier: str
     key_id: str  # the digest's first 12 hex digits: names the key in logs, reveals nothing
-    tokens_per_minute: int | None
+    limits: Limits
 
 
 class KeyRing:
     def __init__(self, keys: Sequence[KeyConfig]) -> None:
         self._by_digest = {
-            key.digest: Principal(key.tenant, key.tier, key.digest[:12], key.tokens_per_minute) for key in keys
+            key.digest: Principal(
+                key.tenant, key.tier, key.digest[:12], Limits(key.tokens_per_minute, key.requests_per_minute)
+            )
+            for key in keys
         }
 
     def authenticate(self, headers: Mapping[str, str]) -> Principal:

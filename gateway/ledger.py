@@ -2,7 +2,7 @@
 
 Seed 000 §6.7 and §6.3, DESIGN §8-9. Per request, in the gateway's asyncio thread:
 
-    open(...)   charge input_tokens + max_tokens to the key's limit, all or nothing
+    charge(...) charge input_tokens + max_tokens to the key's limit, all or nothing
                   over the limit  -> RateLimited (429, Retry-After when it would fit)
                   can never fit   -> InvalidRequest (400: bigger than a minute of the plan)
     ... the request runs; the handler notes the first token and what it delivered ...
@@ -42,6 +42,8 @@ class Entry:
     charged: bool = False
     first_token_at: float | None = None
     output_tokens: int = 0  # delivered to the client
+    status: int = 500  # the HTTP status the client got (set as the request ends)
+    stop_reason: str | None = None
 
     def delivered(self, tokens: int, now: float | None = None) -> None:
         """Note output tokens sent to the client (the first call marks the first token)."""
@@ -72,9 +74,9 @@ class Ledger:
         raise RateLimited(f"this key's per-minute limit is used up; retry in {verdict.retry_after:.3f}s",
                           verdict.retry_after)
 
-    async def close(self, entry: Entry, status: int, stop_reason: str | None) -> None:
+    async def close(self, entry: Entry) -> None:
         """Refund the unused part, record usage, observe the request's metrics; call once."""
-        now = time.monotonic()
+        now, status = time.monotonic(), entry.status
         if entry.charged:
             unused = entry.max_tokens - min(entry.output_tokens, entry.max_tokens)
             if entry.first_token_at is None and status != 200:
@@ -85,7 +87,7 @@ class Ledger:
         ttft = None if entry.first_token_at is None else entry.first_token_at - entry.started
         self.usage.record(UsageRecord(
             entry.request_id, time.time(), entry.tenant, entry.key_id, entry.model, entry.input_tokens,
-            entry.output_tokens, ttft, total, status, stop_reason,
+            entry.output_tokens, ttft, total, status, entry.stop_reason,
         ))
         metrics, labels = self.metrics, (entry.model, entry.tier)
         metrics.requests.labels(*labels, str(status)).inc()

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from batcher.config import LimitsConfig
 from gateway.ratelimit import Bucket, Limits, Verdict, charge, full, refund
 
 Clock = Callable[[], float]
@@ -29,6 +30,17 @@ class Limiter(Protocol):
 
     async def refund(self, key: str, limits: Limits, tokens: float, requests: float = 0) -> None:
         """Give back what a request did not use."""
+
+    async def aclose(self) -> None:
+        """Let go of connections and return leased budget (the gateway is stopping)."""
+
+
+def open_limiter(config: LimitsConfig) -> Limiter:
+    """The store a configuration names, leased when it asks for a lease share."""
+    if config.store == "memory":
+        return MemoryLimiter()
+    shared = RedisLimiter.from_url(config.redis_url)
+    return LeasedLimiter(shared, config.lease_share) if config.lease_share > 0 else shared
 
 
 class MemoryLimiter:
@@ -52,6 +64,9 @@ class MemoryLimiter:
         self._buckets[key] = tuple(
             refund(bucket, capacity, amount, now) for bucket, capacity, amount in zip(state, capacities, (tokens, requests))
         )
+
+    async def aclose(self) -> None:
+        pass
 
 
 # The same arithmetic as gateway.ratelimit.charge/refund, atomically inside Redis. An unlimited
@@ -151,6 +166,7 @@ class LeasedLimiter:
         self._ttl = ttl
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
+        self._limits: dict[str, Limits] = {}  # each leased key's plan, to return its lease
 
     async def acquire(self, key: str, limits: Limits, tokens: float, requests: float = 1) -> Verdict:
         now = self._clock()
@@ -167,6 +183,7 @@ class LeasedLimiter:
         verdict = await self._shared.acquire(key, limits, slice_tokens, slice_requests)
         if verdict.admitted:
             self._leases[key] = _Lease(slice_tokens - tokens, slice_requests - requests, now + self._ttl)
+            self._limits[key] = limits
             return verdict
         return await self._shared.acquire(key, limits, tokens, requests)  # no slice: just this one
 
@@ -177,6 +194,11 @@ class LeasedLimiter:
             lease.requests += requests
         else:
             await self._shared.refund(key, limits, tokens, requests)
+
+    async def aclose(self) -> None:
+        for key in list(self._leases):
+            await self._return(key, self._limits[key])
+        await self._shared.aclose()
 
     async def _return(self, key: str, limits: Limits) -> None:
         lease = self._leases.pop(key, None)

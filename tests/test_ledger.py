@@ -43,7 +43,8 @@ def test_delivered_tokens_are_billed_and_the_rest_refunded(ledger):
         await ledger.charge(first)  # 500 of 1000
         first.delivered(1)
         first.delivered(29)
-        await ledger.close(first, 200, "end_turn")  # 370 unused come back: 130 stay charged
+        first.status, first.stop_reason = 200, "end_turn"
+        await ledger.close(first)  # 370 unused come back: 130 stay charged
         second = entry("r2", input_tokens=470, max_tokens=400)  # 870 <= 1000 - 130
         await ledger.charge(second)
         with pytest.raises(RateLimited) as limited:
@@ -67,7 +68,8 @@ def test_a_request_that_never_reached_a_model_gets_everything_back(ledger):
     async def scenario():
         shed = entry("r1", input_tokens=500, max_tokens=500)
         await ledger.charge(shed)
-        await ledger.close(shed, 529, None)
+        shed.status = 529
+        await ledger.close(shed)
         await ledger.charge(entry("r2", input_tokens=500, max_tokens=500))  # the whole minute again
 
     asyncio.run(scenario())

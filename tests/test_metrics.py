@@ -38,3 +38,13 @@ def test_gateway_families_are_exported_with_model_and_tier_labels():
     assert {"ferry_requests", "ferry_ttft_seconds", "ferry_time_per_output_token_seconds",
             "ferry_request_latency_seconds", "ferry_admission_rejects", "ferry_safety_blocks"} <= set(found)
     assert found["ferry_requests"].samples[0].labels == {"model": "m@1", "tier": "paid", "status": "200"}
+
+
+def test_several_backends_share_each_family_with_a_sample_per_model():
+    metrics = Metrics()
+    for model in ("a@1", "b@1"):
+        stats = Stats()
+        stats.retries = 3 if model == "a@1" else 4
+        metrics.track(model, ["paid"], stats, lambda: Load((0,), 0.0))
+    retries = families(metrics)["ferry_batch_retries"]
+    assert {s.labels["model"]: s.value for s in retries.samples if s.name.endswith("_total")} == {"a@1": 3, "b@1": 4}
