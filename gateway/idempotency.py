@@ -20,6 +20,8 @@ import hashlib
 import sqlite3
 from collections.abc import Awaitable, Callable
 
+from gateway.api import InvalidRequest
+
 Answer = tuple[int, bytes]  # HTTP status and body
 
 _SCHEMA = """
@@ -34,8 +36,8 @@ CREATE TABLE IF NOT EXISTS idempotency (
 """
 
 
-class KeyReused(Exception):
-    """The Idempotency-Key was used before with a different request body."""
+class KeyReused(InvalidRequest):
+    """The Idempotency-Key was used before with a different request body (400)."""
 
 
 def fingerprint(body: bytes) -> str:
@@ -91,4 +93,4 @@ class IdempotencyStore:
 
 def _check(stored: str, digest: str, idem_key: str) -> None:
     if stored != digest:
-        raise KeyReused(f"Idempotency-Key {idem_key!r} was already used with a different request body")
+        raise KeyReused(f"Idempotency-Key: {idem_key!r} was already used with a different request body")
