@@ -117,7 +117,7 @@ class Gateway:
             entry.status = api.error_kind(exc).status
             raise
         finally:
-            await asyncio.shield(self.ledger.close(entry))
+            await self.ledger.close(entry)
 
     async def _whole(self, entry: Entry, call: api.MessageRequest, model: ServedModel, prompt: str) -> tuple[int, bytes]:
         done = await _outcome(self.bridge, await self.admit(entry, model, prompt))

@@ -57,6 +57,7 @@ class Ledger:
         self.limiter = limiter
         self.usage = usage
         self.metrics = metrics
+        self._series: dict[tuple[str, str, int], tuple] = {}
 
     async def charge(self, entry: Entry) -> None:
         """Charge the request's worst case to its key, or raise the 429 / 400 that says why not."""
@@ -89,13 +90,26 @@ class Ledger:
             entry.request_id, time.time(), entry.tenant, entry.key_id, entry.model, entry.input_tokens,
             entry.output_tokens, ttft, total, status, entry.stop_reason,
         ))
-        metrics, labels = self.metrics, (entry.model, entry.tier)
-        metrics.requests.labels(*labels, str(status)).inc()
-        metrics.latency.labels(*labels).observe(total)
+        series = self._series.get((entry.model, entry.tier, status))
+        if series is None:
+            series = self._series[entry.model, entry.tier, status] = self._labelled(entry.model, entry.tier, status)
+        requests, latency, first_token, per_token, overloaded = series
+        requests.inc()
+        latency.observe(total)
         if ttft is not None:
-            metrics.ttft.labels(*labels).observe(ttft)
+            first_token.observe(ttft)
             if entry.output_tokens > 1:
-                per_token = (total - ttft) / (entry.output_tokens - 1)
-                metrics.time_per_output_token.labels(*labels).observe(per_token)
-        if status == 529:
-            metrics.admission_rejects.labels(*labels, "overloaded").inc()
+                per_token.observe((total - ttft) / (entry.output_tokens - 1))
+        if overloaded is not None:
+            overloaded.inc()
+
+    def _labelled(self, model: str, tier: str, status: int) -> tuple:
+        """The metric series one (model, tier, status) writes to: looked up once, not per request."""
+        metrics = self.metrics
+        return (
+            metrics.requests.labels(model, tier, str(status)),
+            metrics.latency.labels(model, tier),
+            metrics.ttft.labels(model, tier),
+            metrics.time_per_output_token.labels(model, tier),
+            metrics.admission_rejects.labels(model, tier, "overloaded") if status == 529 else None,
+        )

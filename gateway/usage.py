@@ -13,6 +13,7 @@ API keys never reach this table: a record names the key by ``key_id`` (a short d
 from __future__ import annotations
 
 import dataclasses
+import operator
 import queue
 import sqlite3
 import threading
@@ -53,6 +54,7 @@ class UsageRecord:
 
 
 _FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]
+_ROW = operator.attrgetter(*_FIELDS)  # a record's values in column order (astuple deep-copies: slow)
 _INSERT = f"INSERT OR IGNORE INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
 _STOP = object()
 
@@ -88,7 +90,7 @@ class UsageLog:
             while not self._queue.empty():
                 batch.append(self._queue.get())
             stopping = any(item is _STOP for item in batch)
-            rows = [dataclasses.astuple(item) for item in batch if isinstance(item, UsageRecord)]
+            rows = [_ROW(item) for item in batch if isinstance(item, UsageRecord)]
             with connection:
                 connection.executemany(_INSERT, rows)
         connection.close()

@@ -1,0 +1,193 @@
+"""A burst over HTTP: paid and free traffic at several times capacity against ``ferry serve``.
+
+    .venv/bin/python -m experiments.burst --workers 2 --rate 1500 --paid-share 0.25 --duration 20
+
+runs the embedded default (``--workers 8``: 2,000 requests/s) or the same with fewer workers
+(2 workers: 500/s), so that "3x capacity" fits what one machine can generate and serve.
+
+Open loop (Poisson arrivals, each request sent on schedule whatever the server does), two API
+keys (the embedded default's paid and free demo keys), loopback only, bounded in count and time.
+It checks what admission control promises (DESIGN §8, seed 000 §6.2):
+
+- paid: p95 within 500 ms, no 529 while its own rate is under capacity;
+- free: shed with 529 as the queue grows, each with a ``Retry-After``;
+- each 529's Retry-After against the time the queue really took to drain: until every request
+  admitted before the 529 had left the queue (dispatched: its answer time less one 200 ms call;
+  or expired at its deadline: its own 529), less the 529's time;
+- no admitted request waits longer than its tier's budget plus one service time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import dataclasses
+import gc
+import json
+import sys
+import tempfile
+
+import aiohttp
+import numpy as np
+
+from batcher.arrivals import poisson, tier_mix
+from batcher.config import DEFAULT_TOML
+from experiments.http_load import process_cpu, start_gateway
+
+KEYS = {"paid": "sk-ferry-demo-paid", "free": "sk-ferry-demo-free"}
+BUDGET = {"paid": 1.0, "free": 0.3}  # the embedded default's wait_budget_ms
+SERVICE = 0.2
+
+
+@dataclasses.dataclass(slots=True)
+class Shot:
+    tier: str
+    scheduled: float
+    sent: float = 0.0
+    answered: float = 0.0
+    status: int = 0
+    retry_after: float = 0.0  # seconds, from retry-after-ms
+    expired: bool = False  # a 529 for a request that was queued, then passed its deadline
+
+
+async def fire(session: aiohttp.ClientSession, url: str, body: bytes, shots: list[Shot], timeout: float) -> float:
+    """Send every shot at its time; return the generator's worst lag behind the schedule."""
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.1
+    pending: set[asyncio.Task] = set()
+    lag = 0.0
+
+    async def one(shot: Shot) -> None:
+        shot.sent = loop.time()
+        try:
+            async with session.post(url, data=body, headers={"x-api-key": KEYS[shot.tier]}) as reply:
+                answer = await reply.read()
+                shot.status = reply.status
+                shot.retry_after = int(reply.headers.get("retry-after-ms", 0)) / 1000
+                shot.expired = reply.status == 529 and b"not dispatched within" in answer
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            shot.status = -1
+        shot.answered = loop.time()
+
+    for shot in shots:
+        shot.scheduled += start
+        delay = shot.scheduled - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        lag = max(lag, loop.time() - shot.scheduled)
+        task = asyncio.ensure_future(one(shot))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
+    return lag
+
+
+def left_queue(shot: Shot) -> float | None:
+    """When an admitted request left the queue: dispatched (its answer less one call) or expired."""
+    if shot.status == 200:
+        return shot.answered - SERVICE
+    return shot.answered if shot.expired else None
+
+
+def drain_errors(shots: list[Shot]) -> np.ndarray:
+    """For each 529 at admission: Retry-After / (the time the queue then really took to drain,
+    i.e. until every request admitted before it had left the queue)."""
+    served = sorted((s.sent, left) for s in shots if (left := left_queue(s)) is not None)
+    sent = [t for t, _ in served]
+    last_dispatch = np.maximum.accumulate([d for _, d in served]) if served else np.array([])
+    ratios = []
+    for shot in shots:
+        if shot.status != 529 or shot.expired:
+            continue
+        ahead = bisect.bisect_left(sent, shot.answered)  # admitted before this refusal
+        if ahead == 0:
+            continue
+        drained = last_dispatch[ahead - 1] - shot.answered
+        if drained > 0.01:
+            ratios.append(shot.retry_after / drained)
+    return np.array(ratios)
+
+
+def summarize(shots: list[Shot], lag: float, cpu: float | None) -> dict:
+    report: dict = {"offered": len(shots), "generator_lag_ms": round(lag * 1000, 1)}
+    for tier in ("paid", "free"):
+        mine = [s for s in shots if s.tier == tier]
+        ok = [s.answered - s.scheduled for s in mine if s.status == 200]
+        statuses: dict[str, int] = {}
+        for s in mine:
+            label = "529 expired" if s.expired else str(s.status)
+            statuses[label] = statuses.get(label, 0) + 1
+        report[tier] = {
+            "offered": len(mine),
+            "statuses": statuses,
+            "p50_ms": round(float(np.percentile(ok, 50)) * 1000) if ok else None,
+            "p95_ms": round(float(np.percentile(ok, 95)) * 1000) if ok else None,
+            "max_ms": round(max(ok) * 1000) if ok else None,
+            "budget_plus_service_ms": round((BUDGET[tier] + SERVICE) * 1000),
+        }
+    ratios = drain_errors(shots)
+    if len(ratios):
+        report["retry_after_vs_drain"] = {
+            "529s_compared": len(ratios),
+            "median_ratio": round(float(np.median(ratios)), 3),
+            "within_25_percent": round(float(np.mean(np.abs(ratios - 1) <= 0.25)), 3),
+            "p10_p90_ratio": [round(float(q), 3) for q in np.percentile(ratios, [10, 90])],
+        }
+    if cpu is not None:
+        report["gateway_cpu_ms_per_request"] = round(cpu * 1000 / len(shots), 3)
+    return report
+
+
+async def main(args: argparse.Namespace) -> dict:
+    times = poisson(args.rate, args.duration, args.seed)
+    tiers = tier_mix(len(times), {"paid": args.paid_share, "free": 1 - args.paid_share}, args.seed)
+    shots = [Shot(tier, float(t)) for t, tier in zip(times, tiers)]
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as config:
+        config.write(DEFAULT_TOML.replace("workers = 8", f"workers = {args.workers}"))
+    process, url = start_gateway(config.name)
+    body = json.dumps({"model": "ferry-fixed", "max_tokens": 64,
+                       "messages": [{"role": "user", "content": "the quick brown fox"}]}).encode()
+    try:
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                         headers={"content-type": "application/json"}) as session:
+            # warm up: the drain rate is learnt from answered calls
+            for _ in range(3):
+                async with session.post(f"{url}/v1/messages", data=body, headers={"x-api-key": KEYS["paid"]}) as r:
+                    await r.read()
+            cpu_before = process_cpu(process.pid)
+            gc.collect()
+            gc.disable()
+            try:
+                lag = await fire(session, f"{url}/v1/messages", body, shots, timeout=35)
+            finally:
+                gc.enable()
+            cpu = process_cpu(process.pid) - cpu_before
+    finally:
+        process.terminate()
+        process.wait(60)
+    return summarize(shots, lag, cpu)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=8, help="sleep workers of 200 ms (capacity 250/s each)")
+    parser.add_argument("--rate", type=float, default=6000.0, help="offered requests/s, both tiers")
+    parser.add_argument("--paid-share", type=float, default=0.5)
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the report here")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    result = asyncio.run(main(arguments))
+    print(json.dumps(result, indent=2))
+    if arguments.json:
+        with open(arguments.json, "w") as out:
+            json.dump(result, out, indent=2)
+    sys.exit(0)
