@@ -4,13 +4,10 @@ Seed 000 §5.6, §6.2: a burst arrives faster than capacity can grow, so the sch
 no early and clearly rather than let every queue grow. The estimate is fluid and cheap: the work
 queued ahead of a new request divided by the rate the backend drains work while backlogged.
 
-    wait(tier)   = (work queued in this tier and every tier above it)
-                   / (drain_rate - arrival rate of every tier above it)
+    wait(tier)   = (work queued in this tier and every tier above it) / drain_rate
     budget(tier) = wait_budget(tier) x  product over higher tiers h of  max(0, 1 - wait(h) / wait_budget(h))
 
-The divisor is what higher tiers leave: paid arrivals keep passing a queued free request, so a
-free queue drains only as fast as the capacity paid does not take (and never, if paid takes it
-all). The product is the tiering: as the paid queue fills its own budget, the free budget shrinks in
+The product is the tiering: as the paid queue fills its own budget, the free budget shrinks in
 proportion and reaches zero when paid's wait reaches paid's budget, so free traffic is shed first
 and paid is touched only when paid alone overloads the fleet. A refusal carries ``retry_after``:
 how long the work now ahead of the request takes to drain at the measured rate, which is when
@@ -22,7 +19,6 @@ Pure: the trio shell passes a :class:`Load` snapshot in and acts on the :class:`
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 
@@ -37,15 +33,12 @@ class Load:
 
     queued: tuple[int, ...]
     drain_rate: float
-    arrivals: tuple[float, ...] = ()  # recent admitted arrivals per second, per tier (none: 0)
 
     def wait(self, tier: int) -> float:
-        """Seconds until the work queued in ``tier`` and above has drained (inf: never)."""
+        """Seconds until the work queued in ``tier`` and above has drained."""
         if self.drain_rate <= 0:
             return 0.0
-        spare = self.drain_rate - sum(self.arrivals[:tier])
-        ahead = sum(self.queued[: tier + 1])
-        return ahead / spare if spare > 0 else (math.inf if ahead else 0.0)
+        return sum(self.queued[: tier + 1]) / self.drain_rate
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,29 +67,4 @@ def admit(load: Load, tier: int, budgets: Sequence[float]) -> Admission:
     allowed = budget(load, tier, budgets)
     if wait <= allowed and allowed > 0:
         return Admission(True, wait, allowed)
-    if math.isinf(wait):  # higher tiers take everything: say when today's queue would be gone
-        wait = sum(load.queued[: tier + 1]) / load.drain_rate
     return Admission(False, wait, allowed, retry_after=max(wait, 1.0 / load.drain_rate))
-
-
-class Rate:
-    """Events per second, decayed exponentially with time constant ``tau``: cheap, and current.
-
-    At a steady rate r it reads r; after a pause it falls back towards 0 within a few ``tau``.
-    """
-
-    __slots__ = ("tau", "_value", "_updated")
-
-    def __init__(self, tau: float = 1.0) -> None:
-        self.tau = tau
-        self._value = 0.0
-        self._updated = -math.inf
-
-    def add(self, now: float) -> None:
-        self._value = self.at(now) + 1.0 / self.tau
-        self._updated = now
-
-    def at(self, now: float) -> float:
-        if now <= self._updated:
-            return self._value
-        return self._value * math.exp((self._updated - now) / self.tau)

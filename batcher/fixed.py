@@ -30,7 +30,7 @@ from typing import Protocol
 
 import trio
 
-from batcher.admission import Load, Rate, admit
+from batcher.admission import Load, admit
 from batcher.config import PoolConfig, QueueConfig
 from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
 from batcher.pool import Spawn, Worker, WorkerPool
@@ -75,8 +75,6 @@ class Batcher:
         self._wake_at_time = math.inf
         self._drop_before: float = getattr(policy, "drop_before", 0.0)
         self._feed: Feed | None = None
-        self._arrivals = [Rate() for _ in queue.tiers]  # admitted per second, by tier
-        self._latest_arrival = 0.0
         pool.on_idle = self._worker_idle
 
     def request(
@@ -104,14 +102,9 @@ class Batcher:
         """
         if not self._admitted(request):
             return
-        self._push(request)
+        self.queue.push(request)
         if self.queue.count >= self._wake_at_count or request.deadline - self._drop_before < self._wake_at_time:
             self._wakeup.set()
-
-    def _push(self, request: Request) -> None:
-        self.queue.push(request)
-        self._arrivals[request.tier].add(request.arrival)
-        self._latest_arrival = request.arrival
 
     def _admitted(self, request: Request) -> bool:
         """Admission by load (DESIGN §8), for enqueued and fed arrivals alike: False if shed."""
@@ -167,7 +160,7 @@ class Batcher:
             if self._feed is not None:
                 for request in self._feed.due(now):
                     if self._admitted(request):
-                        self._push(request)
+                        queue.push(request)
             if queue.count:
                 self._expire(now)
             deadline = queue.next_deadline()
@@ -190,15 +183,12 @@ class Batcher:
         """Queued requests per tier, and how fast full batches drain them (DESIGN §8).
 
         The drain rate is what the fleet clears while backlogged: live workers x the policy's
-        batch size / the recent call time; 0 until a call has been answered. Arrival rates are
-        read as of the latest arrival, so the metrics thread may call this too.
+        batch size / the recent call time; 0 until a call has been answered.
         """
-        tiers = range(len(self.config.tiers))
-        queued = tuple(self.queue.queued(tier) for tier in tiers)
+        queued = tuple(self.queue.queued(tier) for tier in range(len(self.config.tiers)))
         seconds = self.pool.call_seconds
         batch = getattr(self.policy, "limit", None) or getattr(self.policy, "max_batch", 1)
-        arrivals = tuple(rate.at(self._latest_arrival) for rate in self._arrivals)
-        return Load(queued, self.pool.live_workers * batch / seconds if seconds else 0.0, arrivals)
+        return Load(queued, self.pool.live_workers * batch / seconds if seconds else 0.0)
 
     def _expire(self, now: float) -> None:
         """Fail the queued requests past their deadline, or too near it for the policy."""

@@ -1,10 +1,8 @@
 """Overload admission decisions on hand-made loads: paid budget, free shed first, Retry-After."""
 
-import math
-
 import pytest
 
-from batcher.admission import Admission, Load, Rate, admit, budget
+from batcher.admission import Admission, Load, admit, budget
 
 BUDGETS = (1.0, 0.3)  # paid may wait 1 s, free 300 ms
 PAID, FREE = 0, 1
@@ -43,20 +41,3 @@ def test_a_backend_that_has_not_measured_its_drain_rate_admits_everything():
 def test_an_unknown_tier_is_refused():
     with pytest.raises(ValueError, match="tier 2 of 2 budgets"):
         admit(Load((0, 0), 1000.0), 2, BUDGETS)
-
-
-def test_a_lower_tier_drains_only_as_fast_as_higher_tiers_leave_capacity():
-    load = Load((100, 50), drain_rate=1000.0, arrivals=(600.0, 300.0))
-    assert load.wait(PAID) == pytest.approx(0.1)  # paid ahead of paid only, at the full rate
-    assert load.wait(FREE) == pytest.approx(150 / 400)  # paid keeps 600/s of the 1000/s
-    saturated = Load((10, 5), drain_rate=1000.0, arrivals=(1000.0, 0.0))
-    verdict = admit(saturated, FREE, BUDGETS)
-    assert not verdict.admitted and verdict.retry_after == pytest.approx(15 / 1000)
-
-
-def test_a_rate_reads_its_steady_rate_and_decays_after_a_pause():
-    rate = Rate(tau=1.0)
-    for i in range(2000):
-        rate.add(i / 200)  # 200 per second for 10 s
-    assert rate.at(10.0) == pytest.approx(200, rel=0.01)
-    assert rate.at(13.0) == pytest.approx(200 * math.exp(-3), rel=0.01)
