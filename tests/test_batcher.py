@@ -55,12 +55,18 @@ def texts(prefix: str, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(count)]
 
 
+async def serve_at_once(fleet: Fleet, inputs: list[str], workers: int = 2):
+    """Enqueue every input (paid) at once, wait until all have ended; the batcher and requests."""
+    async with running(fleet, workers) as batcher:
+        outcomes = Outcomes(batcher)
+        requests = outcomes.add(inputs)
+        await outcomes.wait(len(inputs))
+    return batcher, requests
+
+
 async def test_fifty_arrivals_flush_at_once(autojump_clock):
     fleet = Fleet()
-    async with running(fleet) as batcher:
-        outcomes = Outcomes(batcher)
-        requests = outcomes.add(texts("r", 50))
-        await outcomes.wait(50)
+    batcher, requests = await serve_at_once(fleet, texts("r", 50))
     assert fleet.calls() == [texts("r", 50)]
     assert {(r.dispatched_at, r.finished_at) for r in requests} == {(0.0, SERVICE)}
     assert [r.result() for r in requests] == [t[::-1] for t in texts("r", 50)]
@@ -69,10 +75,7 @@ async def test_fifty_arrivals_flush_at_once(autojump_clock):
 
 async def test_forty_nine_arrivals_flush_at_exactly_t(autojump_clock):
     fleet = Fleet()
-    async with running(fleet) as batcher:
-        outcomes = Outcomes(batcher)
-        requests = outcomes.add(texts("r", 49))
-        await outcomes.wait(49)
+    batcher, requests = await serve_at_once(fleet, texts("r", 49))
     assert fleet.calls() == [texts("r", 49)]
     assert [r.dispatched_at for r in requests] == [pytest.approx(T, abs=1e-12)] * 49
     assert [r.finished_at for r in requests] == [pytest.approx(T + SERVICE, abs=1e-12)] * 49
@@ -91,13 +94,19 @@ async def test_a_late_arrival_completing_the_batch_flushes_it_by_size(autojump_c
     assert batcher.stats.flushes == {"size": 1}
 
 
-async def test_paid_requests_go_before_free_ones_queued_earlier(autojump_clock):
-    fleet = Fleet()
+async def forty_free_then_forty_paid(fleet: Fleet):
+    """One worker; 40 free requests, then 40 paid ones, all at t=0. Returns the batcher."""
     async with running(fleet, workers=1) as batcher:
         outcomes = Outcomes(batcher)
         outcomes.add(texts("free", 40), tier="free")
         outcomes.add(texts("paid", 40), tier="paid")
         await outcomes.wait(80)
+    return batcher
+
+
+async def test_paid_requests_go_before_free_ones_queued_earlier(autojump_clock):
+    fleet = Fleet()
+    await forty_free_then_forty_paid(fleet)
     assert fleet.calls() == [texts("paid", 40) + texts("free", 10), texts("free", 40)[10:]]
 
 
@@ -144,10 +153,7 @@ async def test_one_poison_input_among_fifty_fails_alone(autojump_clock):
     fleet = Fleet(plans={0: poison, 1: poison})
     inputs = texts("r", 50)
     inputs[37] = "r37 ☠"
-    async with running(fleet) as batcher:
-        outcomes = Outcomes(batcher)
-        requests = outcomes.add(inputs)
-        await outcomes.wait(50)
+    batcher, requests = await serve_at_once(fleet, inputs)
     failed = [r for r in requests if r.state is State.FAILED]
     assert [r.input for r in failed] == ["r37 ☠"]
     assert isinstance(failed[0].error, RequestFailed)
@@ -162,10 +168,7 @@ async def test_one_poison_input_among_fifty_fails_alone(autojump_clock):
 
 async def test_a_wrong_number_of_outputs_fails_the_call_and_the_batch_is_retried(autojump_clock):
     fleet = Fleet(plans={0: FaultPlan(wrong_count_on_call=1)})
-    async with running(fleet) as batcher:
-        outcomes = Outcomes(batcher)
-        requests = outcomes.add(texts("r", 10))
-        await outcomes.wait(10)
+    batcher, requests = await serve_at_once(fleet, texts("r", 10))
     assert [r.result() for r in requests] == [t[::-1] for t in texts("r", 10)]
     assert (batcher.stats.retries, batcher.stats.restarts) == (1, 0)
     assert len(fleet.calls(1)) == 1
@@ -244,13 +247,7 @@ async def test_unknown_tier_is_refused_by_name(autojump_clock):
 
 
 async def test_batch_sizes_and_queue_waits_by_tier_are_counted_for_metrics(autojump_clock):
-    fleet = Fleet()
-    async with running(fleet, workers=1) as batcher:
-        outcomes = Outcomes(batcher)
-        outcomes.add(texts("free", 40), tier="free")
-        outcomes.add(texts("paid", 40), tier="paid")
-        await outcomes.wait(80)
-    stats = batcher.stats
+    stats = (await forty_free_then_forty_paid(Fleet())).stats
     assert dict(stats.batch_sizes.cumulative())["32"] == 1 and stats.batch_sizes.count == 2  # 50 and 30
     assert stats.batch_sizes.total == 80
     assert (stats.queue_wait[0].count, stats.queue_wait[1].count) == (40, 40)
