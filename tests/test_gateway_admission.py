@@ -11,51 +11,25 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.usage import read_usage
-from tests.gateway_process import PAID, Gateway, message
+from tests.gateway_process import CONFIG, PAID, Gateway, message
 
 LIMITED = "sk-test-limited-0003"
 
 
 def config(state_dir, limits: str = "", tokens_per_minute: int = 1000) -> str:
-    return f"""
-[server]
-host = "127.0.0.1"
-port = 0
+    """The gateway tests' config, with a state directory, a blocklist and a rate-limited key."""
+    return CONFIG + f"""
 [state]
 dir = "{state_dir}"
 [safety]
 blocklist = ["forbidden", "sacred"]
 {limits}
 
-[[tiers]]
-name = "paid"
-[[tiers]]
-name = "free"
-wait_budget_ms = 300
-
-[[keys]]
-key = "{PAID}"
-tenant = "tests"
-tier = "paid"
 [[keys]]
 key = "{LIMITED}"
 tenant = "small"
 tier = "paid"
 tokens_per_minute = {tokens_per_minute}
-
-[[models]]
-name = "sleepy@1"
-aliases = ["sleepy"]
-workers = 2
-worker = ["sleep", "--latency-ms", "50"]
-max_wait_ms = 5
-
-[[models]]
-name = "echo@1"
-aliases = ["echo"]
-workers = 2
-worker = ["echo"]
-max_wait_ms = 1
 """
 
 
@@ -74,17 +48,20 @@ def gateway(tmp_path, state):
 
 
 def test_a_key_over_its_token_limit_gets_429_with_when_to_retry(gateway):
-    status, _, first = gateway.request("POST", "/v1/messages", message("x" * 90, max_tokens=500), key=LIMITED)
+    first_body = message("x" * 90, model="sleepy", max_tokens=500)
+    began = time.monotonic()
+    status, _, first = gateway.request("POST", "/v1/messages", first_body, key=LIMITED)
     assert status == 200
     usage = first["usage"]  # charged input + 500, then refunded the 500 - output it did not use
     left = 1000 - usage["input_tokens"] - usage["output_tokens"]
-    second = message("y" * 90, max_tokens=900)
+    second = message("y" * 90, model="sleepy", max_tokens=900)
     status, headers, answer = gateway.request("POST", "/v1/messages", second, key=LIMITED)
+    elapsed_ms = (time.monotonic() - began) * 1000
     assert status == 429 and answer["error"]["type"] == "rate_limit_error"
-    missing = usage["input_tokens"] + 900 - left
-    assert int(headers["retry-after-ms"]) == pytest.approx(missing / (1000 / 60) * 1000, abs=150)
+    missing_ms = (usage["input_tokens"] + 900 - left) / (1000 / 60) * 1000  # at 1000/60 tokens a second...
+    assert missing_ms - elapsed_ms - 1 <= int(headers["retry-after-ms"]) <= missing_ms + 1  # ...less the refill
     assert int(headers["Retry-After"]) == -(-int(headers["retry-after-ms"]) // 1000)
-    status, _, answer = gateway.request("POST", "/v1/messages", message("z", max_tokens=5000), key=LIMITED)
+    status, _, answer = gateway.request("POST", "/v1/messages", message("z", model="sleepy", max_tokens=5000), key=LIMITED)
     assert status == 400 and "more than this key's 1000 tokens per minute" in answer["error"]["message"]
 
 
@@ -143,7 +120,7 @@ def test_the_safety_stage_refuses_inputs_and_replaces_outputs(gateway):
 def test_metrics_parse_and_show_every_family_with_no_key_or_prompt(gateway):
     for text in ("secret prompt text", "forbidden"):
         gateway.request("POST", "/v1/messages", message(text, model="sleepy"))
-    gateway.request("POST", "/v1/messages", message("x", max_tokens=5000), key=LIMITED)
+    gateway.request("POST", "/v1/messages", message("x", model="sleepy", max_tokens=5000), key=LIMITED)
     status, headers, body = gateway.request("GET", "/metrics", key=None)
     text = body["raw"].decode()
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
