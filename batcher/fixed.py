@@ -33,11 +33,10 @@ import trio
 from batcher.admission import Load, admit
 from batcher.config import PoolConfig, QueueConfig
 from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
-from batcher.pool import Spawn, Worker, WorkerPool
+from batcher.pool import Spawn, WorkerPool
 from batcher.stats import Stats
 from batcher.tier_queue import TierQueues
 from batcher.types import Overloaded, Request, State
-from workers.protocol import Error, Result, RunBatch
 
 
 class DeadlineUnreachable(Overloaded):
@@ -225,11 +224,11 @@ async def open_batcher(
     ...     await batcher.submit("hello", tier="paid")
     'olleh'
     """
-    observe = getattr(policy, "observe", None)
-    if observe is not None:
-        spawn = _observed(spawn, observe)
     async with trio.open_nursery() as nursery:
         workers = WorkerPool(pool, spawn, stats)
+        observe = getattr(policy, "observe", None)
+        if observe is not None:  # a policy that learns from calls (AIMD) hears every answer
+            workers.on_answer = observe
         await nursery.start(workers.run)
         batcher = Batcher(workers, policy, queue)
         await nursery.start(batcher.run)
@@ -247,31 +246,3 @@ def _drop_time(deadline: float, drop_before: float) -> float:
     while time + drop_before < deadline:
         time = math.nextafter(time, math.inf)
     return time
-
-
-class _Observed:
-    """A worker whose every answered call is reported to the policy's ``observe(size, seconds)``."""
-
-    def __init__(self, worker: Worker, observe: Callable[[int, float], None]) -> None:
-        self._worker = worker
-        self._observe = observe
-
-    @property
-    def pid(self) -> int | None:
-        return self._worker.pid
-
-    async def start(self) -> None:
-        await self._worker.start()
-
-    async def call(self, request: RunBatch) -> Result | Error:
-        started = trio.current_time()
-        reply = await self._worker.call(request)
-        self._observe(len(request.inputs), trio.current_time() - started)
-        return reply
-
-    async def stop(self) -> None:
-        await self._worker.stop()
-
-
-def _observed(spawn: Spawn, observe: Callable[[int, float], None]) -> Spawn:
-    return lambda slot: _Observed(spawn(slot), observe)
