@@ -36,6 +36,11 @@ class Limits:
                 raise ValueError(f"{name}: expected a whole number >= 1, got {value!r}")
 
     @property
+    def unlimited(self) -> bool:
+        """No limit in either dimension: there is nothing to charge."""
+        return self.tokens_per_minute is None and self.requests_per_minute is None
+
+    @property
     def capacities(self) -> tuple[float, float]:
         """The bucket sizes, tokens first; an unlimited dimension is an infinite bucket."""
         return (

@@ -17,6 +17,7 @@ import operator
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 
 _SCHEMA = """
@@ -57,6 +58,7 @@ _FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]
 _ROW = operator.attrgetter(*_FIELDS)  # a record's values in column order (astuple deep-copies: slow)
 _INSERT = f"INSERT OR IGNORE INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
 _STOP = object()
+FLUSH_INTERVAL = 0.05  # seconds a record may wait for the next commit
 
 
 class UsageLog:
@@ -84,9 +86,12 @@ class UsageLog:
     def _write(self) -> None:
         connection = sqlite3.connect(self.path)
         connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")  # WAL: a crash loses no committed row
         stopping = False
         while not stopping:
             batch = [self._queue.get()]
+            if batch[0] is not _STOP:
+                time.sleep(FLUSH_INTERVAL)  # let a batch gather: one commit, not one per request
             while not self._queue.empty():
                 batch.append(self._queue.get())
             stopping = any(item is _STOP for item in batch)

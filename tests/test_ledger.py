@@ -80,3 +80,12 @@ def test_a_request_that_never_reached_a_model_gets_everything_back(ledger):
 def test_a_charge_bigger_than_the_plan_is_a_400_naming_the_limit(ledger):
     with pytest.raises(InvalidRequest, match="1001 is more than this key's 1000 tokens per minute"):
         asyncio.run(ledger.charge(entry("r1", input_tokens=1, max_tokens=1000)))
+
+
+def test_a_key_without_limits_is_never_charged(ledger):
+    async def scenario():
+        free_for_all = Entry("r1", "acme", "k-9", "paid", "m@1", Limits(), 10**9, 10**9, time.monotonic())
+        await ledger.charge(free_for_all)
+        return free_for_all.charged
+
+    assert asyncio.run(scenario()) is False
