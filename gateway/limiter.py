@@ -149,6 +149,7 @@ class _Lease:
     tokens: float
     requests: float
     expires: float
+    limits: Limits  # the key's plan, to give back what is left
 
 
 class LeasedLimiter:
@@ -166,7 +167,6 @@ class LeasedLimiter:
         self._ttl = ttl
         self._clock = clock
         self._leases: dict[str, _Lease] = {}
-        self._limits: dict[str, Limits] = {}  # each leased key's plan, to return its lease
 
     async def acquire(self, key: str, limits: Limits, tokens: float, requests: float = 1) -> Verdict:
         now = self._clock()
@@ -175,15 +175,14 @@ class LeasedLimiter:
             lease.tokens -= tokens
             lease.requests -= requests
             return Verdict(True)
-        await self._return(key, limits)
+        await self._return(key)
         slice_tokens, slice_requests = (
             amount if math.isinf(capacity) else max(amount, capacity * self._share)
             for amount, capacity in zip((tokens, requests), limits.capacities)
         )
         verdict = await self._shared.acquire(key, limits, slice_tokens, slice_requests)
         if verdict.admitted:
-            self._leases[key] = _Lease(slice_tokens - tokens, slice_requests - requests, now + self._ttl)
-            self._limits[key] = limits
+            self._leases[key] = _Lease(slice_tokens - tokens, slice_requests - requests, now + self._ttl, limits)
             return verdict
         return await self._shared.acquire(key, limits, tokens, requests)  # no slice: just this one
 
@@ -197,10 +196,10 @@ class LeasedLimiter:
 
     async def aclose(self) -> None:
         for key in list(self._leases):
-            await self._return(key, self._limits[key])
+            await self._return(key)
         await self._shared.aclose()
 
-    async def _return(self, key: str, limits: Limits) -> None:
+    async def _return(self, key: str) -> None:
         lease = self._leases.pop(key, None)
         if lease is not None and (lease.tokens > 0 or lease.requests > 0):
-            await self._shared.refund(key, limits, lease.tokens, lease.requests)
+            await self._shared.refund(key, lease.limits, lease.tokens, lease.requests)
