@@ -41,6 +41,10 @@ class QueueConfig:
             _require(len(budgets) == len(self.tiers), "wait_budgets", f"one per tier ({len(self.tiers)})", budgets)
             _require(all(b > 0 for b in budgets), "wait_budgets", "seconds > 0", budgets)
 
+    def deadline(self, tier: int) -> float:
+        """Seconds a request of this tier may wait for dispatch: its budget, else the timeout."""
+        return self.queue_timeout if self.wait_budgets is None else self.wait_budgets[tier]
+
     def tier_index(self, name: str) -> int:
         """Position of a tier by name: 0 is served first."""
         try:

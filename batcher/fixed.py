@@ -86,11 +86,13 @@ class Batcher:
     ) -> Request:
         """A new request arriving now (or at ``arrival``, for a :class:`Feed` replaying a trace).
 
-        ``tier`` defaults to the lowest, ``timeout`` (seconds after arrival) to the config's.
+        ``tier`` defaults to the lowest; ``timeout`` (seconds after arrival) to the tier's wait
+        budget where the config has budgets (the same budget admission judges by), else to its
+        ``queue_timeout``.
         """
         now = trio.current_time() if arrival is None else arrival
         index = len(self.config.tiers) - 1 if tier is None else self.config.tier_index(tier)
-        wait = self.config.queue_timeout if timeout is None else timeout
+        wait = timeout if timeout is not None else self.config.deadline(index)
         return Request(next(self._ids), input, index, now, now + wait, on_done)
 
     def enqueue(self, request: Request) -> None:

@@ -60,7 +60,6 @@ class Gateway:
         self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
         self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"))
         self.safety: SafetyCheck = Blocklist(config.safety.blocklist, config.safety.refusal)
-        self.wait_budget = {tier.name: tier.wait_budget_ms / 1000 for tier in config.tiers}
         self.ping_interval = config.server.ping_interval_ms / 1000
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self._ids = itertools.count(1)
@@ -76,7 +75,7 @@ class Gateway:
         """The one place a checked request passes to the core: charge its key (429), then queue
         it; the core sheds it at once (529) if its tier's wait budget cannot be met."""
         await self.ledger.charge(entry)
-        return self.bridge.submit(model.name, prompt, entry.tier, self.wait_budget[entry.tier])
+        return self.bridge.submit(model.name, prompt, entry.tier)  # the tier's budget is its deadline
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()

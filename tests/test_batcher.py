@@ -302,3 +302,10 @@ async def test_a_request_past_its_deadline_is_told_when_to_retry(autojump_clock)
         with pytest.raises(Overloaded) as shed:
             await batcher.submit("late", "free", timeout=0.05)
     assert shed.value.retry_after == pytest.approx(100 / 250)  # the 100 queued ahead, at 250/s
+
+
+async def test_with_wait_budgets_a_request_must_be_dispatched_within_its_tiers_budget(autojump_clock):
+    queue = QueueConfig(wait_budgets=(1.0, 0.3))
+    async with open_batcher(Fleet(), PoolConfig(workers=1), SizeOrTimeout(50, T), queue) as batcher:
+        paid, free = batcher.request("p", "paid"), batcher.request("f", "free")
+    assert (paid.deadline - paid.arrival, free.deadline - free.arrival) == (1.0, 0.3)
