@@ -30,7 +30,7 @@ from typing import Protocol
 
 import trio
 
-from batcher.admission import Load, admit
+from batcher.admission import AdmissionControl, Load
 from batcher.config import PoolConfig, QueueConfig
 from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
 from batcher.pool import Spawn, WorkerPool
@@ -74,6 +74,9 @@ class Batcher:
         self._wake_at_time = math.inf
         self._drop_before: float = getattr(policy, "drop_before", 0.0)
         self._feed: Feed | None = None
+        budgets = queue.wait_budgets
+        self.admission = AdmissionControl(budgets) if budgets is not None else None
+        self._clock = trio.lowlevel.current_clock()  # load() may be read from the metrics thread
         pool.on_idle = self._worker_idle
 
     def request(
@@ -109,10 +112,9 @@ class Batcher:
 
     def _admitted(self, request: Request) -> bool:
         """Admission by load (DESIGN §8), for enqueued and fed arrivals alike: False if shed."""
-        budgets = self.config.wait_budgets
-        if budgets is None:
+        if self.admission is None:
             return True
-        verdict = admit(self.load(), request.tier, budgets)
+        verdict = self.admission.judge(self.load(), request.tier, request.arrival)
         if verdict.admitted:
             return True
         self.stats.shed[request.tier] += 1
@@ -175,21 +177,29 @@ class Batcher:
             self._wake_at_count = decision.queued
             self._wake_at_time = wake = min(decision.until, _drop_time(deadline, drop_before))
             if self._feed is not None:
-                wake = min(wake, self._feed.next_wake(decision.queued - queue.count, wake, drop_before))
+                more = 1 if self.admission is not None else decision.queued - queue.count  # judged on time
+                wake = min(wake, self._feed.next_wake(more, wake, drop_before))
             self._wakeup = trio.Event()
             with trio.move_on_at(wake):
                 await self._wakeup.wait()
 
     def load(self) -> Load:
-        """Queued requests per tier, and how fast full batches drain them (DESIGN §8).
+        """Queued requests per tier and when each live worker takes its next batch (DESIGN §8).
 
-        The drain rate is what the fleet clears while backlogged: live workers x the policy's
-        batch size / the recent call time; 0 until a call has been answered.
+        A batch is the policy's size limit; a call lasts the recent call time (0 until one has
+        been answered). Safe to read from the metrics thread: it only reads.
         """
+        now = self._clock.current_time()
         queued = tuple(self.queue.queued(tier) for tier in range(len(self.config.tiers)))
-        seconds = self.pool.call_seconds
         batch = getattr(self.policy, "limit", None) or getattr(self.policy, "max_batch", 1)
-        return Load(queued, self.pool.live_workers * batch / seconds if seconds else 0.0)
+        arrivals = self.admission.arrivals(now) if self.admission is not None else ()
+        return Load(queued, tuple(self.pool.free_in(now)), batch, self.pool.call_seconds, arrivals)
+
+    def _retry_after(self, load: Load, tier: int, now: float) -> float:
+        """When the queue ahead of a request of ``tier`` should have drained (its 529's Retry-After)."""
+        if self.admission is not None:
+            return self.admission.retry_after(load, tier, now)
+        return max(load.dispatch_in(tier), 1.0 / load.drain_rate if load.drain_rate else 1.0)
 
     def _expire(self, now: float) -> None:
         """Fail the queued requests past their deadline, or too near it for the policy."""
@@ -198,7 +208,7 @@ class Batcher:
         for request in expired:
             self.stats.expired += 1
             waited = now - request.arrival
-            retry_after = max(load.wait(request.tier), 1.0 / load.drain_rate if load.drain_rate else 1.0)
+            retry_after = self._retry_after(load, request.tier, now)
             if self._drop_before:
                 left = request.deadline - now
                 message = f"{left:.3f}s left before its deadline after {waited:.3f}s"

@@ -83,13 +83,14 @@ class WorkerInfo:
 
 
 class _Slot:
-    __slots__ = ("index", "state", "worker", "restarts", "inbox", "outbox")
+    __slots__ = ("index", "state", "worker", "restarts", "inbox", "outbox", "busy_since")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.state = SlotState.STARTING
         self.worker: Worker | None = None
         self.restarts = 0
+        self.busy_since = 0.0  # when its current call was sent
         self.outbox, self.inbox = trio.open_memory_channel[Batch](1)
 
 
@@ -121,6 +122,16 @@ class WorkerPool:
     def live_workers(self) -> int:
         """Workers up and able to take a call (idle or busy), not starting or restarting."""
         return sum(slot.state is not SlotState.STARTING for slot in self._slots)
+
+    def free_in(self, now: float) -> list[float]:
+        """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
+        call at the recent call time (0 once overdue). Admission plans with it (DESIGN §8)."""
+        seconds = self.call_seconds
+        return [
+            max(0.0, slot.busy_since + seconds - now) if slot.state is SlotState.BUSY else 0.0
+            for slot in self._slots
+            if slot.state is not SlotState.STARTING
+        ]
 
     def workers(self) -> list[WorkerInfo]:
         return [
@@ -274,4 +285,5 @@ class WorkerPool:
 
     def _send(self, slot: _Slot, batch: Batch) -> None:
         slot.state = SlotState.BUSY
+        slot.busy_since = trio.current_time()
         slot.outbox.send_nowait(batch)

@@ -4,6 +4,9 @@
 
 runs the embedded default (``--workers 8``: 2,000 requests/s) or the same with fewer workers
 (2 workers: 500/s), so that "3x capacity" fits what one machine can generate and serve.
+``--virtual`` runs the same arrivals through the same batcher and admission in virtual time
+(simulated 200 ms workers under trio's MockClock, no HTTP): the scheduler's own answer in
+seconds, without the noise of a 2-core machine serving and generating at once.
 
 Open loop (Poisson arrivals, each request sent on schedule whatever the server does), two API
 keys (the embedded default's paid and free demo keys), loopback only, bounded in count and time.
@@ -30,10 +33,16 @@ import tempfile
 
 import aiohttp
 import numpy as np
+import trio
+import trio.testing
 
 from batcher.arrivals import poisson, tier_mix
-from batcher.config import DEFAULT_TOML
+from batcher.config import DEFAULT_TOML, parse_config
+from batcher.fixed import open_batcher
+from batcher.load import Replay
+from batcher.types import Overloaded, Request, State
 from experiments.http_load import process_cpu, start_gateway
+from workers.simulated import SimulatedWorker, constant
 
 KEYS = {"paid": "sk-ferry-demo-paid", "free": "sk-ferry-demo-free"}
 BUDGET = {"paid": 1.0, "free": 0.3}  # the embedded default's wait_budget_ms
@@ -140,12 +149,55 @@ def summarize(shots: list[Shot], lag: float, cpu: float | None) -> dict:
     return report
 
 
-async def main(args: argparse.Namespace) -> dict:
+def schedule(args: argparse.Namespace) -> list[Shot]:
     times = poisson(args.rate, args.duration, args.seed)
     tiers = tier_mix(len(times), {"paid": args.paid_share, "free": 1 - args.paid_share}, args.seed)
-    shots = [Shot(tier, float(t)) for t, tier in zip(times, tiers)]
+    return [Shot(tier, float(t)) for t, tier in zip(times, tiers)]
+
+
+def configured(workers: int) -> str:
+    return DEFAULT_TOML.replace("workers = 8", f"workers = {workers}")
+
+
+def virtual(args: argparse.Namespace) -> dict:
+    """The same burst through the embedded default's batcher in virtual time (no HTTP)."""
+    config = parse_config(configured(args.workers), "<burst>")
+    model = config.models[0]
+    shots = schedule(args)
+    names = [tier.name for tier in config.tiers]
+    queue = config.queue()
+    by_arrival: dict[float, Shot] = {}
+
+    def ended(request: Request) -> None:
+        shot = by_arrival[request.arrival]
+        shot.scheduled = shot.sent = request.arrival
+        shot.answered = request.finished_at
+        shot.status = 200 if request.state is State.DONE else 529
+        if isinstance(request.error, Overloaded):
+            shot.retry_after = request.error.retry_after
+            shot.expired = request.dispatched_at is None and request.finished_at > request.arrival
+
+    async def run() -> None:
+        start = trio.current_time() + 1.0
+        times = np.array([s.scheduled for s in shots]) + start
+        by_arrival.update(zip(times.tolist(), shots))
+        tier = np.array([names.index(s.tier) for s in shots])
+        deadlines = times + np.array([queue.deadline(i) for i in tier])
+        spawn = lambda slot: SimulatedWorker(constant(SERVICE), record=False)
+        async with open_batcher(spawn, model.pool(), model.batch_policy(), queue) as batcher:
+            await batcher.submit("warm up", "paid")  # the drain rate is learnt from answered calls
+            batcher.feed(Replay(batcher, times, tier, names, deadlines, ended))
+            while sum(1 for s in shots if s.status) < len(shots):
+                await trio.sleep(1.0)
+
+    trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    return summarize(shots, 0.0, None)
+
+
+async def main(args: argparse.Namespace) -> dict:
+    shots = schedule(args)
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as config:
-        config.write(DEFAULT_TOML.replace("workers = 8", f"workers = {args.workers}"))
+        config.write(configured(args.workers))
     process, url = start_gateway(config.name)
     body = json.dumps({"model": "ferry-fixed", "max_tokens": 64,
                        "messages": [{"role": "user", "content": "the quick brown fox"}]}).encode()
@@ -179,13 +231,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--paid-share", type=float, default=0.5)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--virtual", action="store_true", help="virtual time, no HTTP (see above)")
     parser.add_argument("--json", help="also write the report here")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     arguments = parse_args()
-    result = asyncio.run(main(arguments))
+    result = virtual(arguments) if arguments.virtual else asyncio.run(main(arguments))
     print(json.dumps(result, indent=2))
     if arguments.json:
         with open(arguments.json, "w") as out:

@@ -284,9 +284,9 @@ async def test_over_budget_arrivals_are_shed_free_first_with_the_real_drain_time
         await outcomes.wait(250)
     assert [r.state for r in paid] == [State.DONE] * 100
     assert [r.state for r in free] == [State.FAILED] * 100
-    assert free[0].error.retry_after == pytest.approx(0.4)  # 100 paid ahead at 250/s...
-    drained = max(r.dispatched_at for r in paid) - start
-    assert drained == pytest.approx(0.4 - 0.01, abs=0.011)  # ...were all dispatched 0.39 s later
+    drained = max(r.dispatched_at for r in paid) - start  # the 100 paid ahead of the free ones...
+    assert drained == pytest.approx(0.39)  # ...left in the batches at 0.19 and 0.39 s
+    assert [r.error.retry_after for r in free] == pytest.approx([drained] * 100)  # as the 529s said
     assert batcher.stats.shed == {1: 100}
     assert all(r.finished_at == pytest.approx(start) for r in free)  # shed at once
 
@@ -298,10 +298,14 @@ async def test_a_request_past_its_deadline_is_told_when_to_retry(autojump_clock)
         outcomes = Outcomes(batcher)
         outcomes.add(texts("busy", 50))
         await trio.sleep(0.01)
-        outcomes.add(texts("waiting", 100))
+        waiting = outcomes.add(texts("waiting", 100))
         with pytest.raises(Overloaded) as shed:
             await batcher.submit("late", "free", timeout=0.05)
-    assert shed.value.retry_after == pytest.approx(100 / 250)  # the 100 queued ahead, at 250/s
+        expired_at = trio.current_time()
+        await outcomes.wait(150)
+    drained = max(r.dispatched_at for r in waiting) - expired_at  # the 100 queued ahead of it
+    assert drained == pytest.approx(0.34)  # left in the batches 0.14 and 0.34 s after it expired
+    assert shed.value.retry_after == pytest.approx(drained)
 
 
 async def test_with_wait_budgets_a_request_must_be_dispatched_within_its_tiers_budget(autojump_clock):

@@ -14,7 +14,7 @@ def families(metrics: Metrics) -> dict:
 def test_core_counters_are_read_from_stats_at_scrape_time():
     stats = Stats()
     metrics = Metrics()
-    metrics.track("m@1", ["paid", "free"], stats, lambda: Load((120, 30), drain_rate=400.0))
+    metrics.track("m@1", ["paid", "free"], stats, lambda: Load((120, 30), (0.0,), 50, 0.25))
     stats.flushes["size"] += 3
     stats.restarts += 2
     stats.batch_sizes.observe(50)
@@ -26,7 +26,8 @@ def test_core_counters_are_read_from_stats_at_scrape_time():
     assert samples[("ferry_batch_size_count", (("model", "m@1"),))] == 1
     assert samples[("ferry_queue_wait_seconds_sum", (("model", "m@1"), ("tier", "free")))] == 0.12
     assert samples[("ferry_queued_work", (("model", "m@1"), ("tier", "paid")))] == 120
-    assert samples[("ferry_estimated_wait_seconds", (("model", "m@1"), ("tier", "free")))] == (120 + 30) / 400
+    # the 151st request of a worker taking 50 every 250 ms goes in its 4th batch
+    assert samples[("ferry_estimated_wait_seconds", (("model", "m@1"), ("tier", "free")))] == 0.75
 
 
 def test_gateway_families_are_exported_with_model_and_tier_labels():
@@ -45,6 +46,6 @@ def test_several_backends_share_each_family_with_a_sample_per_model():
     for model in ("a@1", "b@1"):
         stats = Stats()
         stats.retries = 3 if model == "a@1" else 4
-        metrics.track(model, ["paid"], stats, lambda: Load((0,), 0.0))
+        metrics.track(model, ["paid"], stats, lambda: Load((0,), (), 1, 0.0))
     retries = families(metrics)["ferry_batch_retries"]
     assert {s.labels["model"]: s.value for s in retries.samples if s.name.endswith("_total")} == {"a@1": 3, "b@1": 4}
