@@ -94,6 +94,7 @@ class Gateway:
             f"{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id, principal.tier,
             model.name, principal.limits, input_tokens, call.max_tokens, started,
         )
+        request["request_id"] = entry.request_id  # every answer names it (the request-id header)
         key = request.headers.get("Idempotency-Key")
         if key and not call.stream:
             status, payload = await self.idempotency.run(
@@ -205,6 +206,7 @@ class Gateway:
             "cancelled": stats.cancelled,
             "expired": stats.expired,
             "calls": stats.calls,
+            "call_seconds": batcher.pool.call_seconds,  # recent call time: what admission plans with
             "retries": stats.retries,
         }
 
@@ -263,6 +265,14 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
     return web.Response(status=status, body=body, headers=headers, content_type="application/json")
 
 
+async def name_the_request(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer to an admitted request, whole, streamed or an error, carries ``request-id``
+    (as Anthropic's API does): the id its usage record and logs are filed under."""
+    request_id = request.get("request_id")
+    if request_id is not None:
+        response.headers["request-id"] = request_id
+
+
 def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     """The application over a started bridge: its batchers' counters are exported at /metrics."""
     metrics = Metrics()
@@ -272,6 +282,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     gateway = Gateway(config, bridge, open_limiter(config.limits), metrics)
     app = web.Application(middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes)
     app["ferry"] = gateway
+    app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
     app.router.add_post("/v1/messages", gateway.messages)
     app.router.add_get("/metrics", gateway.metrics_text)

@@ -110,6 +110,25 @@ def test_usage_records_survive_a_restart_without_duplicates(tmp_path, state):
     assert all(r.key_id == hashlib.sha256(PAID.encode()).hexdigest()[:12] for r in records)
 
 
+def test_every_answer_names_the_request_its_usage_record_is_filed_under(tmp_path, state):
+    server = Gateway(tmp_path, config(state))
+    try:
+        answers = [
+            server.request("POST", "/v1/messages", message("x" * 90, model="sleepy", max_tokens=500), key=LIMITED),
+            server.request("POST", "/v1/messages", message("streamed", stream=True)),
+            server.request("POST", "/v1/messages", message("y" * 90, model="sleepy", max_tokens=900), key=LIMITED),
+        ]
+        unknown = server.request("POST", "/v1/messages", message("x", model="nope"))
+    finally:
+        server.stop()
+    assert [status for status, _, _ in answers] == [200, 200, 429]
+    ids = [headers["request-id"] for _, headers, _ in answers]
+    assert ids[0] == answers[0][2]["id"] and len(set(ids)) == 3
+    assert "request-id" not in unknown[1]  # refused before it became a request: nothing filed
+    statuses = {r.request_id: r.status for r in read_usage(str(state / "usage.sqlite"))}
+    assert statuses == dict(zip(ids, [200, 200, 429]))
+
+
 def test_the_safety_stage_refuses_inputs_and_replaces_outputs(gateway):
     status, _, answer = gateway.request("POST", "/v1/messages", message("a FORBIDDEN question"))
     assert status == 400 and "refused by the safety policy" in answer["error"]["message"]
