@@ -40,6 +40,7 @@ import tempfile
 
 import aiohttp
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 import trio
 import trio.testing
 
@@ -259,11 +260,32 @@ async def main(args: argparse.Namespace) -> dict:
             cpu = process_cpu(process.pid) - cpu_before
             async with session.get(f"{url}/readyz") as ready:
                 call = (await ready.json())["models"]["ferry-fixed@1"]["call_seconds"]
+            async with session.get(f"{url}/metrics") as scraped:
+                over = waits_over_budget(await scraped.text())
     finally:
         process.terminate()
         process.wait(60)  # SIGTERM: the gateway flushes its usage records before it exits
     records = read_usage(os.path.join(state, "usage.sqlite"))
-    return summarize(shots, lag, cpu, on_server_clock(shots, records), call)
+    report = summarize(shots, lag, cpu, on_server_clock(shots, records), call)
+    for tier, count in over.items():
+        report[tier]["queue_waits_over_budget"] = count
+    return report
+
+
+def waits_over_budget(metrics: str) -> dict[str, int]:
+    """Per tier, the requests the gateway's own queue-wait histogram counts as dispatched after
+    their tier's wait budget (its buckets have a bound at each budget of the default)."""
+    over = {}
+    for family in text_string_to_metric_families(metrics):
+        if family.name != "ferry_queue_wait_seconds":
+            continue
+        for tier, limit in BUDGET.items():
+            within = [s.value for s in family.samples if s.labels.get("tier") == tier
+                      and s.name.endswith("_bucket") and float(s.labels["le"]) == limit]
+            total = [s.value for s in family.samples if s.labels.get("tier") == tier and s.name.endswith("_count")]
+            if within and total:
+                over[tier] = int(total[0] - within[0])
+    return over
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
