@@ -172,7 +172,7 @@ class Batcher:
                 batch = queue.take(decision.size, now)
                 self.stats.flushes[decision.reason] += 1
                 self.stats.flushed_requests += len(batch)
-                pool.dispatch(batch, decision.reason)
+                pool.dispatch(batch, decision.reason, now)
                 continue
             self._wake_at_count = decision.queued
             self._wake_at_time = wake = min(decision.until, _drop_time(deadline, drop_before))

@@ -139,11 +139,14 @@ class WorkerPool:
             for slot in self._slots
         ]
 
-    def dispatch(self, requests: list[Request], reason: str) -> Batch:
-        """Hand a new batch to an idle worker; the caller has checked :attr:`idle_count`."""
+    def dispatch(self, requests: list[Request], reason: str, now: float) -> Batch:
+        """Hand a new batch to an idle worker; the caller has checked :attr:`idle_count`.
+
+        ``now`` is the clock reading the batcher formed the batch at: its requests' deadlines
+        were checked against it, so their dispatch time and queue wait are counted from it too
+        (a loop busy failing expired requests may read the clock again milliseconds later)."""
         if not self._idle:
             raise RuntimeError("dispatch needs an idle worker")
-        now = trio.current_time()
         waits = self.stats.queue_wait
         for request in requests:
             request.dispatched_at = now
