@@ -20,7 +20,8 @@ at once, so a free request waits 20 ms or 220 ms depending on which side of that
 falls, and paid requests queued now take places in the next batches but not in the ones after.
 The fluid estimate (with or without the paid arrival rate) was measured to be wrong by 1.2x to
 2.5x in the burst experiment (``experiments/burst.py --virtual``); this one predicts the
-dispatch time of most admitted requests to the millisecond in virtual time.
+dispatch time of most admitted requests to the millisecond in virtual time (README, "Measured:
+a burst at 3x capacity").
 
 The product is the tiering. ``pressure(h)`` is how far tier h's queue reaches past the next
 dispatch (the part of its wait that is backlog, not the phase of the calls); as the paid queue
@@ -47,9 +48,10 @@ from collections.abc import Sequence
 MARGIN = 2.0
 """Standard deviations of higher tiers' Poisson arrivals a lower tier's estimate allows for.
 
-In the 3x burst at a quarter paid, 2 cut the free requests admitted and then expired at their
-deadline from 2,059 to 993 (of 90,000 free) and raised the Retry-After answers within 25 % of
-the real drain from 75 % to 93 %, for 0.4 % fewer free requests served."""
+In the 3x burst at a quarter paid (``experiments/burst.py --virtual --workers 8 --rate 6000
+--paid-share 0.25``), 2 rather than 0 cuts the free requests admitted and then expired at their
+deadline from 2,131 to 1,045 (of 90,000 free) and raises the 529s whose Retry-After is within
+25 % of the real drain from 78 % to 93 %, for 0.4 % fewer free requests served."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,7 +182,8 @@ class AdmissionControl:
 
     def retry_after(self, load: Load, tier: int, now: float) -> float:
         """When the work ahead of a request of ``tier`` is due to have left the queue, as
-        predicted for the newest of it when it was admitted; at least one batch's worth of time."""
+        predicted for the newest of it when it was admitted; never less than one request's
+        share of the fleet's drain rate."""
         due = max(self._due[: tier + 1]) - now
         rate = load.drain_rate
         return max(due, 1.0 / rate if rate > 0 else 1.0)

@@ -224,7 +224,7 @@ def virtual(args: argparse.Namespace) -> dict:
         deadlines = times + np.array([queue.deadline(i) for i in tier])
         spawn = lambda slot: SimulatedWorker(constant(SERVICE), record=False)
         async with open_batcher(spawn, model.pool(), model.batch_policy(), queue) as batcher:
-            await batcher.submit("warm up", "paid")  # the drain rate is learnt from answered calls
+            await batcher.submit("warm up", "paid")  # admission plans with the call time of answered calls
             batcher.feed(Replay(batcher, times, tier, names, deadlines, ended))
             while sum(1 for s in shots if s.status) < len(shots):
                 await trio.sleep(1.0)
