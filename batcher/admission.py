@@ -95,19 +95,20 @@ class Load:
         passing = sum(self.arrivals[:tier])
         per_round = self.batch * len(self.free_in)
         net = per_round / self.call - passing  # places per second left to this tier and below
-        for index, start in enumerate(sorted(self.free_in), 1):  # each worker's next batch
+        starts = sorted(self.free_in)
+        for index, start in enumerate(starts, 1):  # each worker's next batch
             places = self.batch * index  # in the batches up to and including this worker's next
             if ahead + passing * start + margin * math.sqrt(passing * start) <= places:
                 return start  # the first dispatch with room; every later one is later still
         if net <= 0:
             return math.inf  # higher tiers take every place
+        noise = margin * math.sqrt(passing)
         best = math.inf
-        for index, start in enumerate(sorted(self.free_in), 1):
+        for index, start in enumerate(starts, 1):
             # this worker's batch r rounds on, at x = start + r x call, has room when
             #   net x x - margin x sqrt(passing x x) >= ahead - places + start x per_round / call,
             # a quadratic in sqrt(x); its batch at the first round at or after that x
             short = ahead - self.batch * index + start * per_round / self.call
-            noise = margin * math.sqrt(passing)
             root = (noise + math.sqrt(max(0.0, noise * noise + 4 * net * short))) / (2 * net)
             rounds = max(1, math.ceil((root * root - start) / self.call - 1e-9))
             best = min(best, start + rounds * self.call)
