@@ -141,7 +141,7 @@ def simulate(
     if not len(scenario.trace):
         raise ValueError("simulate: the trace has no arrival")
     recorder = Recorder(len(scenario.trace))
-    _seed_trio_scheduler(scenario.seed)
+    seed_trio_scheduler(scenario.seed)
     pool_log = logging.getLogger("ferry.pool")
     level = pool_log.level
     pool_log.setLevel(logging.ERROR)  # faults by the thousand: the report counts them
@@ -156,7 +156,7 @@ def simulate(
     return Simulation(scenario, report, virtual, cpu, wall, recorder.samples())
 
 
-def _seed_trio_scheduler(seed: int) -> None:
+def seed_trio_scheduler(seed: int) -> None:
     """Make the run a function of the seed: trio reverses each batch of tasks that became
     runnable at the same moment with probability 1/2, drawn from a module-level generator
     (``trio._core._run._r``, private: if it moves, runs stay correct but may differ in ties)."""

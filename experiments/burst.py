@@ -48,6 +48,7 @@ from batcher.arrivals import poisson, tier_mix
 from batcher.config import DEFAULT_TOML, parse_config
 from batcher.fixed import open_batcher
 from batcher.load import Replay
+from batcher.simulate import seed_trio_scheduler
 from batcher.types import Overloaded, Request, State
 from experiments.http_load import process_cpu, start_gateway
 from gateway.usage import UsageRecord, read_usage
@@ -229,6 +230,7 @@ def virtual(args: argparse.Namespace) -> dict:
             while sum(1 for s in shots if s.status) < len(shots):
                 await trio.sleep(1.0)
 
+    seed_trio_scheduler(args.seed)
     trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
     return summarize(shots, 0.0, None)
 
