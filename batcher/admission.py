@@ -51,15 +51,7 @@ MARGIN = 2.0
 In the 3x burst at a quarter paid (``experiments/burst.py --virtual --workers 8 --rate 6000
 --paid-share 0.25``), 2 rather than 0 cuts the free requests admitted and then expired at their
 deadline from 2,131 to 1,045 (of 90,000 free) and raises the 529s whose Retry-After is within
-25 % of the real drain from 78 % to 93 %, for 0.4 % fewer free requests served (both with the
-slow arrival rate only)."""
-
-
-FAST, SLOW = 0.2, 1.0
-"""Time constants (s) of the arrival rates admission reads (:meth:`AdmissionControl.arrivals`).
-
-Against the slow rate alone, in the burst below (8 workers), the fast one cuts the free
-requests admitted and then expired from 1,045 to 309 and serves as many."""
+25 % of the real drain from 78 % to 93 %, for 0.4 % fewer free requests served."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -170,16 +162,12 @@ class AdmissionControl:
 
     def __init__(self, budgets: Sequence[float]) -> None:
         self.budgets = tuple(budgets)
-        self._arrivals = [(Rate(FAST), Rate(SLOW)) for _ in self.budgets]
+        self._arrivals = [Rate() for _ in self.budgets]
         self._due = [-math.inf] * len(self.budgets)
 
     def arrivals(self, now: float) -> tuple[float, ...]:
-        """Admitted requests per second, per tier, as of ``now``: what :class:`Load` needs.
-
-        The larger of a fast and a slow decayed rate, so that a surge of a higher tier counts
-        against the tiers below it within a fifth of a second, and a lull only after a second:
-        a burst's first second otherwise let in free requests that paid then passed."""
-        return tuple(max(fast.at(now), slow.at(now)) for fast, slow in self._arrivals)
+        """Admitted requests per second, per tier, as of ``now``: what :class:`Load` needs."""
+        return tuple(rate.at(now) for rate in self._arrivals)
 
     def judge(self, load: Load, tier: int, now: float) -> Admission:
         """Admit or shed one new request of ``tier`` (0 is the highest) arriving at ``now``."""
@@ -188,8 +176,7 @@ class AdmissionControl:
         wait = load.wait(tier)
         allowed = budget(load, tier, self.budgets)
         if load.call <= 0 or (wait <= allowed and allowed > 0):
-            for rate in self._arrivals[tier]:
-                rate.add(now)
+            self._arrivals[tier].add(now)
             self._due[tier] = now + wait
             return Admission(True, wait, allowed)
         return Admission(False, wait, allowed, self.retry_after(load, tier, now))
