@@ -45,7 +45,7 @@ import trio
 import trio.testing
 
 from batcher.arrivals import poisson, tier_mix
-from batcher.config import DEFAULT_TOML, parse_config
+from batcher.config import DEFAULT_TOML, default_config, parse_config
 from batcher.fixed import open_batcher
 from batcher.load import Replay
 from batcher.simulate import seed_trio_scheduler
@@ -55,7 +55,7 @@ from gateway.usage import UsageRecord, read_usage
 from workers.simulated import SimulatedWorker, constant
 
 KEYS = {"paid": "sk-ferry-demo-paid", "free": "sk-ferry-demo-free"}
-BUDGET = {"paid": 1.0, "free": 0.3}  # the embedded default's wait_budget_ms
+BUDGET = {tier.name: tier.wait_budget_ms / 1000 for tier in default_config().tiers}  # seconds
 SERVICE = 0.2
 
 
@@ -207,8 +207,13 @@ def virtual(args: argparse.Namespace) -> dict:
     names = [tier.name for tier in config.tiers]
     queue = config.queue()
     by_arrival: dict[float, Shot] = {}
+    left = [len(shots)]
+    all_ended = trio.Event()
 
     def ended(request: Request) -> None:
+        left[0] -= 1
+        if not left[0]:
+            all_ended.set()
         shot = by_arrival[request.arrival]
         shot.scheduled = shot.sent = request.arrival
         shot.answered = request.finished_at
@@ -227,8 +232,7 @@ def virtual(args: argparse.Namespace) -> dict:
         async with open_batcher(spawn, model.pool(), model.batch_policy(), queue) as batcher:
             await batcher.submit("warm up", "paid")  # admission plans with the call time of answered calls
             batcher.feed(Replay(batcher, times, tier, names, deadlines, ended))
-            while sum(1 for s in shots if s.status) < len(shots):
-                await trio.sleep(1.0)
+            await all_ended.wait()
 
     seed_trio_scheduler(args.seed)
     trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -236,11 +240,16 @@ def virtual(args: argparse.Namespace) -> dict:
 
 
 async def main(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ferry-burst-") as scratch:  # its config and usage records
+        return await burst(args, scratch)
+
+
+async def burst(args: argparse.Namespace, scratch: str) -> dict:
     shots = schedule(args)
-    state = tempfile.mkdtemp(prefix="ferry-burst-")
-    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as config:
-        config.write(configured(args.workers, state))
-    process, url = start_gateway(config.name)
+    config = os.path.join(scratch, "ferry.toml")
+    with open(config, "w") as out:
+        out.write(configured(args.workers, scratch))
+    process, url = start_gateway(config)
     body = json.dumps({"model": "ferry-fixed", "max_tokens": 64,
                        "messages": [{"role": "user", "content": "the quick brown fox"}]}).encode()
     try:
@@ -248,7 +257,7 @@ async def main(args: argparse.Namespace) -> dict:
         timeout = aiohttp.ClientTimeout(total=30)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                          headers={"content-type": "application/json"}) as session:
-            # warm up: the drain rate is learnt from answered calls
+            # warm up: admission plans with the call time of answered calls
             for _ in range(3):
                 async with session.post(f"{url}/v1/messages", data=body, headers={"x-api-key": KEYS["paid"]}) as r:
                     await r.read()
@@ -267,7 +276,7 @@ async def main(args: argparse.Namespace) -> dict:
     finally:
         process.terminate()
         process.wait(60)  # SIGTERM: the gateway flushes its usage records before it exits
-    records = read_usage(os.path.join(state, "usage.sqlite"))
+    records = read_usage(os.path.join(scratch, "usage.sqlite"))
     report = summarize(shots, lag, cpu, on_server_clock(shots, records), call)
     for tier, count in over.items():
         report[tier]["queue_waits_over_budget"] = count
