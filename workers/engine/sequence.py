@@ -1,0 +1,110 @@
+"""A sequence: one request's tokens, how to sample them, and where it stands: a pure value.
+
+A sequence's tokens are its prompt followed by what it has generated. ``num_computed`` counts
+the tokens whose K and V are in the cache (reused from the prefix cache, or computed by earlier
+steps); the scheduler moves it forward, a preemption by recompute resets it to 0 and keeps the
+tokens, so the sequence resumes exactly where it was once its tokens are computed again::
+
+    token_ids       p0 p1 p2 p3 p4 p5 | g0 g1
+                    <-- prompt -----> | <- output
+    num_computed    ---------- 7 ---------->|      one token (g1) still to compute: a decode
+
+State moves WAITING -> RUNNING -> FINISHED, and RUNNING -> WAITING on a preemption.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    """Why a sequence ended; the gateway maps these to the API's ``stop_reason``."""
+
+    EOS = "eos"  # the model's end-of-sequence token
+    STOP_TOKEN = "stop_token"  # one of the request's stop_token_ids
+    MAX_TOKENS = "max_tokens"  # max_tokens generated
+    ABORTED = "aborted"  # the caller went away
+    TOO_LONG = "too_long"  # cannot fit the KV cache even alone: it would never run
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How a sequence picks its tokens. ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p``
+    1 switch those filters off; a ``seed`` makes a sampled answer reproducible whatever else
+    shares its batch."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens: expected >= 1, got {self.max_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature: expected a number >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k: expected >= 0 (0: off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Sequence:
+    """One request inside the engine. Times are readings of the engine's clock (seconds)."""
+
+    rid: int
+    prompt_ids: list[int]
+    sampling: SamplingParams = SamplingParams()
+    tier: int = 0  # 0 is served first
+    tenant: str = ""  # salts the prefix cache: two tenants never share a block
+    arrival: float = 0.0
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    num_computed: int = 0
+    num_cached: int = 0  # tokens the prefix cache supplied at the last admission
+    status: Status = Status.WAITING
+    finish_reason: FinishReason | None = None
+    block_table: list[int] = dataclasses.field(default_factory=list)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    preemptions: list[float] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"sequence {self.rid}: expected at least one prompt token")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to compute before the next one can be sampled (1 for a decode)."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
