@@ -18,7 +18,7 @@ so one poison input among 50 costs about 2·log2(50) extra calls, its own reques
 the other 49 succeed. Requests whose callers have gone are pruned before every (re)send.
 
 The pool speaks to workers through the :class:`Worker` protocol, so the same supervision runs
-real processes (:mod:`batcher.process_worker`) and simulated ones (``workers.simulated``) under
+real processes (:mod:`batcher.process_worker`) and simulated ones (``batcher.sim.workers``) under
 ``trio.testing.MockClock``.
 """
 

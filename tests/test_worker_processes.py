@@ -39,7 +39,7 @@ async def submit_all(batcher, inputs: list[str]) -> dict[str, str | Exception]:
 
     async def one(text: str) -> None:
         try:
-            results[text] = await batcher.submit(text, "paid")
+            results[text] = await batcher.answer(text, "paid")
         except RequestFailed as exc:
             results[text] = exc
 
