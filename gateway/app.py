@@ -96,7 +96,7 @@ class Gateway:
             f"{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id, principal.tier,
             model.name, principal.limits, len(prompt_tokens), call.max_tokens, started,
         )
-        request["request_id"] = entry.request_id  # every answer names it (the request-id header)
+        request[REQUEST_ID] = entry.request_id  # every answer names it (the request-id header)
         sampling = Sampling(call.temperature, call.top_p, call.top_k)
         job = Job(prompt, prompt_tokens, call.max_tokens, principal.tier, principal.tenant,
                   sampling=sampling, stop_sequences=call.stop_sequences)
@@ -121,7 +121,7 @@ class Gateway:
         status, payload = await self.idempotency.run(*scope, run_once)
         if entry.recorded:
             return await self._write_whole(request, entry, status, payload)
-        request["request_id"] = json.loads(payload)["id"]
+        request[REQUEST_ID] = json.loads(payload)["id"]
         return web.Response(status=status, body=payload, content_type="application/json")
 
     async def _settled(self, entry: Entry, work: Awaitable[T]) -> T:
@@ -243,6 +243,10 @@ class Gateway:
         return web.json_response(body, status=503, dumps=_dumps)
 
 
+GATEWAY = web.AppKey("ferry", Gateway)
+REQUEST_ID = web.RequestKey("request_id", str)  # the id an answer's usage record is filed under
+
+
 class _Stream:
     """One SSE response, opened at its first write: ``message_start``, then whatever follows."""
 
@@ -298,7 +302,7 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
         if exc.status != 413:
             message = f"{request.method} {request.path[:200]}: {exc.reason.lower()}"
             return _error(exc.status, api.kind_for_status(exc.status), message)
-        limit = request.app["ferry"].config.server.max_body_bytes
+        limit = request.app[GATEWAY].config.server.max_body_bytes
         error: BaseException = api.RequestTooLarge(f"body: over the limit of {limit} bytes")
     except (ConnectionResetError, asyncio.CancelledError):
         raise
@@ -313,7 +317,7 @@ async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
 async def name_the_request(request: web.Request, response: web.StreamResponse) -> None:
     """Every answer to an admitted request, whole, streamed or an error, carries ``request-id``
     (as Anthropic's API does): the id its usage record and logs are filed under."""
-    request_id = request.get("request_id")
+    request_id = request.get(REQUEST_ID)
     if request_id is not None:
         response.headers["request-id"] = request_id
 
@@ -325,7 +329,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
         metrics.track(model.name, config.queue().tiers)
     gateway = Gateway(config, bridge, open_limiter(config.limits), metrics)
     app = web.Application(middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes)
-    app["ferry"] = gateway
+    app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
     app.router.add_post("/v1/messages", gateway.messages)
