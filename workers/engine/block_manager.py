@@ -30,6 +30,7 @@ sequences' decodes may use them), unless no block is in use at all.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from array import array
 
 from workers.engine.sequence import Sequence
@@ -53,7 +54,7 @@ class FreeBlockQueue:
         order = [self._head, *range(num_blocks), self._tail]
         self._next = [-1] * (num_blocks + 2)
         self._prev = [-1] * (num_blocks + 2)
-        for a, b in zip(order, order[1:]):
+        for a, b in itertools.pairwise(order):
             self._next[a], self._prev[b] = b, a
         self._size = num_blocks
 

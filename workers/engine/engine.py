@@ -21,6 +21,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.scheduler import Schedule, Scheduler
 from workers.engine.sequence import FinishReason, SamplingParams, Sequence
 
+GREEDY = SamplingParams()
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Finished:
@@ -100,7 +101,7 @@ class Engine:
     def add(
         self,
         prompt_ids: list[int],
-        sampling: SamplingParams = SamplingParams(),
+        sampling: SamplingParams = GREEDY,
         *,
         tier: int = 0,
         tenant: str = "",
