@@ -21,7 +21,9 @@ def next_token(context: list[int]) -> int:
     return hash(tuple(context)) % VOCAB
 
 
-def reference(prompt: list[int], sampling: SamplingParams, eos: int | None = EOS) -> tuple[list[int], FinishReason]:
+def reference(
+    prompt: list[int], sampling: SamplingParams, eos: int | None = EOS
+) -> tuple[list[int], FinishReason]:
     """The answer and why it stops, by recomputing from the whole context at every token."""
     output: list[int] = []
     while True:
@@ -50,7 +52,9 @@ class PagedRunner:
         for slot, position, token in zip(batch.slot_mapping, batch.positions, batch.input_ids, strict=True):
             self.kv[slot] = (position, token)
         tokens: list[int | None] = []
-        for table, context_len, sample in zip(batch.block_tables, batch.context_lens, batch.samples, strict=True):
+        for table, context_len, sample in zip(
+            batch.block_tables, batch.context_lens, batch.samples, strict=True
+        ):
             if sample is None:
                 tokens.append(None)
                 continue

@@ -33,7 +33,9 @@ def test_a_decode_step_of_the_70b_reads_its_weights_in_5_2_ms_and_batching_multi
     batch = SEVENTY_B.step([1] * 256, [2_000] * 256)
     kv_read = 256 * 2_000 * 327_680
     assert kv_read == 167_772_160_000  # "≈ 168 GB"
-    assert batch.memory_seconds == (140e9 + kv_read) / 26.8e12 == pytest.approx(11.484e-3, rel=1e-3)  # ~11.5 ms
+    assert (
+        batch.memory_seconds == (140e9 + kv_read) / 26.8e12 == pytest.approx(11.484e-3, rel=1e-3)
+    )  # ~11.5 ms
     assert batch.compute_seconds < batch.memory_seconds  # decode is bandwidth-bound
     assert 256 / batch.seconds == pytest.approx(22_292, rel=1e-3)  # "≈ 22,000 tokens a second"
     assert (256 / batch.seconds) / (1 / alone.seconds) == pytest.approx(116.5, rel=1e-3)  # "117 times"
@@ -111,7 +113,9 @@ def test_the_simulated_runner_sizes_its_cache_from_blocks_or_memory():
         SimulatedRunner(smol, eos_prob=1.5)
 
 
-def run_all(runner: SimulatedRunner, prompts: list[list[int]], sampling: SamplingParams, num_blocks: int, **config):
+def run_all(
+    runner: SimulatedRunner, prompts: list[list[int]], sampling: SamplingParams, num_blocks: int, **config
+):
     engine = Engine(runner, EngineConfig(num_blocks=num_blocks, watermark=0.0, **config))
     rids = [engine.add(prompt, sampling) for prompt in prompts]
     outputs: dict[int, list[int]] = {rid: [] for rid in rids}
@@ -139,7 +143,9 @@ def test_simulated_answers_ignore_batch_mates_and_preemptions_and_never_end_unas
 def test_the_simulated_runner_ends_answers_with_eos_at_the_asked_rate():
     smol = PRESETS["smollm2-135m"]
     prompts = [[i + 3] * 5 for i in range(200)]
-    always, reasons, _ = run_all(SimulatedRunner(smol, eos_prob=1.0, num_blocks=512), prompts[:3], SamplingParams(), 512)
+    always, reasons, _ = run_all(
+        SimulatedRunner(smol, eos_prob=1.0, num_blocks=512), prompts[:3], SamplingParams(), 512
+    )
     assert always == [[2]] * 3 and reasons == [FinishReason.EOS] * 3
     answers, reasons, _ = run_all(
         SimulatedRunner(smol, eos_prob=0.1, num_blocks=512), prompts, SamplingParams(max_tokens=100), 512

@@ -23,7 +23,9 @@ class Clock:
         return self.now
 
 
-def engine(block_size: int, num_blocks: int, max_batch_tokens: int, max_seqs: int = 4) -> tuple[Engine, PagedRunner]:
+def engine(
+    block_size: int, num_blocks: int, max_batch_tokens: int, max_seqs: int = 4
+) -> tuple[Engine, PagedRunner]:
     runner = PagedRunner(block_size, num_blocks)
     config = EngineConfig(block_size, num_blocks, max_batch_tokens, max_seqs, watermark=0.0)
     return Engine(runner, config, clock=Clock()), runner
@@ -47,8 +49,18 @@ def test_the_first_steps_of_a_decode_and_a_chunked_prompt_are_exact():
     a0 = next_token([1, 2, 3])
     assert (first.tokens, first.finished, first.preempted, first.scheduled_tokens) == ({0: a0}, [], [], 8)
     assert first.stats == EngineStats(
-        step=1, running=2, waiting=0, queued_tokens=(3 + 3 - 1 - 3) + (6 + 3 - 1 - 5), free_blocks=13, used_blocks=3,
-        total_blocks=16, cached_blocks=0, preemptions=0, prefix_queries=9, prefix_hits=0, computed_tokens=8,
+        step=1,
+        running=2,
+        waiting=0,
+        queued_tokens=(3 + 3 - 1 - 3) + (6 + 3 - 1 - 5),
+        free_blocks=13,
+        used_blocks=3,
+        total_blocks=16,
+        cached_blocks=0,
+        preemptions=0,
+        prefix_queries=9,
+        prefix_hits=0,
+        computed_tokens=8,
         generated_tokens=1,
     )
     second = eng.step()
@@ -107,7 +119,9 @@ def test_answers_equal_full_recompute_under_preemption_prefix_hits_chunks_and_sl
 
     for _ in range(40):
         for _ in range(rng.randrange(0, 3)):
-            prompt = (system if rng.random() < 0.5 else []) + [rng.randrange(1, 40) for _ in range(rng.randrange(1, 48))]
+            prompt = (system if rng.random() < 0.5 else []) + [
+                rng.randrange(1, 40) for _ in range(rng.randrange(1, 48))
+            ]
             sampling = SamplingParams(max_tokens=rng.randrange(1, 30), ignore_eos=rng.random() < 0.5)
             rid = eng.add(prompt, sampling, tier=rng.randrange(2), tenant=rng.choice("ab"))
             requests[rid], outputs[rid] = (prompt, sampling), []

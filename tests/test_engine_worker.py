@@ -30,7 +30,17 @@ from workers.protocol import (
     encode,
 )
 
-ENGINE = ["engine", "--simulated", "llama-70b", "--num-blocks", "64", "--max-batch-tokens", "64", "--max-seqs", "16"]
+ENGINE = [
+    "engine",
+    "--simulated",
+    "llama-70b",
+    "--num-blocks",
+    "64",
+    "--max-batch-tokens",
+    "64",
+    "--max-seqs",
+    "16",
+]
 
 
 def add(rid: int, prompt_len: int, max_tokens: int, tier: int = 0) -> Add:
@@ -80,7 +90,13 @@ async def engine():
 async def test_the_worker_announces_itself_then_its_empty_cache(engine):
     ready, stats = engine.received[:2]
     assert isinstance(ready, Ready) and ready.model == "sim-llama-70b" and ready.pid == engine.process.pid
-    assert (stats.total_blocks, stats.free_blocks, stats.used_blocks, stats.running, stats.waiting) == (64, 64, 0, 0, 0)
+    assert (stats.total_blocks, stats.free_blocks, stats.used_blocks, stats.running, stats.waiting) == (
+        64,
+        64,
+        0,
+        0,
+        0,
+    )
 
 
 async def test_fifty_requests_stream_their_tokens_and_finish_with_their_usage(engine):
@@ -93,7 +109,9 @@ async def test_fifty_requests_stream_their_tokens_and_finish_with_their_usage(en
         done = finished[request.rid]
         assert done.reason == "max_tokens" and len(ids) == request.max_tokens == done.usage.output_tokens
         assert done.usage.prompt_tokens == len(request.prompt_tokens)
-        assert got.index(done) > max(i for i, m in enumerate(got) if isinstance(m, Tokens) and m.rid == request.rid)
+        assert got.index(done) > max(
+            i for i, m in enumerate(got) if isinstance(m, Tokens) and m.rid == request.rid
+        )
     await engine.until(lambda got: isinstance(got[-1], Stats) and got.index(finished[49]) < len(got) - 1)
     last = engine.of(Stats)[-1]
     assert (last.running, last.waiting, last.used_blocks, last.free_blocks) == (0, 0, 0, 64)

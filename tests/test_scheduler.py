@@ -17,7 +17,9 @@ def scheduler(**config) -> Scheduler:
     return Scheduler(EngineConfig(**{"watermark": 0.0, **config}), eos_token_ids=frozenset({EOS}))
 
 
-def add(s: Scheduler, rid: int, prompt_len: int, tier: int = 0, sampling: SamplingParams = FOREVER) -> Sequence:
+def add(
+    s: Scheduler, rid: int, prompt_len: int, tier: int = 0, sampling: SamplingParams = FOREVER
+) -> Sequence:
     seq = Sequence(rid, [100 + rid] * prompt_len, sampling, tier=tier, arrival=float(rid))
     s.add(seq)
     return seq
@@ -26,7 +28,10 @@ def add(s: Scheduler, rid: int, prompt_len: int, tier: int = 0, sampling: Sampli
 def step(s: Scheduler, now: float = 0.0, token: int = 7) -> Schedule:
     """One step in which every sequence that reaches its last token samples ``token``."""
     plan = s.schedule(now)
-    sampled = [token if seq.num_computed + n == seq.num_tokens else None for seq, n in zip(plan.seqs, plan.num_tokens)]
+    sampled = [
+        token if seq.num_computed + n == seq.num_tokens else None
+        for seq, n in zip(plan.seqs, plan.num_tokens)
+    ]
     s.postprocess(plan, sampled, now)
     return plan
 
@@ -155,7 +160,12 @@ def test_abort_frees_a_sequence_s_blocks_at_once_whether_running_or_waiting():
     ("sampling", "tokens", "reason", "kept"),
     [
         (SamplingParams(max_tokens=5), [7, 8, EOS], FinishReason.EOS, 3),
-        (SamplingParams(max_tokens=5, ignore_eos=True), [EOS, EOS, EOS, EOS, EOS], FinishReason.MAX_TOKENS, 5),
+        (
+            SamplingParams(max_tokens=5, ignore_eos=True),
+            [EOS, EOS, EOS, EOS, EOS],
+            FinishReason.MAX_TOKENS,
+            5,
+        ),
         (SamplingParams(max_tokens=5, stop_token_ids=(9,)), [7, 9], FinishReason.STOP_TOKEN, 2),
         (SamplingParams(max_tokens=2), [7, 7], FinishReason.MAX_TOKENS, 2),
     ],

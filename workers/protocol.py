@@ -201,7 +201,9 @@ def _check(value: object, hint: object) -> bool:
         return value is None
     if dataclasses.is_dataclass(hint):
         fields = _field_hints(hint)
-        return type(value) is dict and value.keys() == fields.keys() and all(_check(value[n], h) for n, h in fields.items())
+        if type(value) is not dict or value.keys() != fields.keys():
+            return False
+        return all(_check(value[name], field) for name, field in fields.items())
     raise TypeError(f"protocol field annotation not supported: {hint!r}")
 
 

@@ -45,7 +45,9 @@ class ModelShape:
     def params(self) -> int:
         if self.stated_params is not None:
             return self.stated_params
-        attention = self.hidden * self.heads * self.head_dim * 2 + self.hidden * self.kv_heads * self.head_dim * 2
+        attention = (
+            self.hidden * self.heads * self.head_dim * 2 + self.hidden * self.kv_heads * self.head_dim * 2
+        )
         layer = attention + 3 * self.hidden * self.ffn + 2 * self.hidden  # SwiGLU, two RMSNorms
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         return self.layers * layer + embeddings + self.hidden  # the final norm
@@ -105,12 +107,26 @@ class CostModel:
 H100 = Hardware("H100 SXM", bandwidth=3.35e12, flops=989e12)
 
 LLAMA_70B = ModelShape(
-    "llama-70b", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672, vocab=128256,
+    "llama-70b",
+    layers=80,
+    hidden=8192,
+    heads=64,
+    kv_heads=8,
+    head_dim=128,
+    ffn=28672,
+    vocab=128256,
     stated_params=70_000_000_000,
 )  # seed 000 §2.1-2.4: the shape of Llama 3 70B, priced as the seed's round 70B, 16-bit
 
 SMOLLM2_135M = ModelShape(
-    "smollm2-135m", layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=49152,
+    "smollm2-135m",
+    layers=30,
+    hidden=576,
+    heads=9,
+    kv_heads=3,
+    head_dim=64,
+    ffn=1536,
+    vocab=49152,
     tied_embeddings=True,
 )
 

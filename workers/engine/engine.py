@@ -23,6 +23,7 @@ from workers.engine.sequence import FinishReason, SamplingParams, Sequence
 
 GREEDY = SamplingParams()
 
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Finished:
     """A sequence that ended: why, and its usage in tokens (``detail`` says more for TOO_LONG)."""
@@ -83,11 +84,13 @@ def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
 class Engine:
     """The continuous engine over one runner (a model in a worker, or a simulation)."""
 
-    def __init__(self, runner: Runner, config: EngineConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, runner: Runner, config: EngineConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if config.block_size != runner.block_size or config.num_blocks > runner.num_blocks:
             raise ValueError(
-                f"EngineConfig: block_size {config.block_size} and num_blocks {config.num_blocks} must fit the "
-                f"runner's cache ({runner.num_blocks} blocks of {runner.block_size})"
+                f"EngineConfig: block_size {config.block_size} and num_blocks {config.num_blocks} must fit "
+                f"the runner's cache ({runner.num_blocks} blocks of {runner.block_size})"
             )
         self.runner, self.config, self.clock = runner, config, clock
         self.scheduler = Scheduler(config, runner.eos_token_ids)
@@ -137,7 +140,9 @@ class Engine:
 
     def stats(self) -> EngineStats:
         scheduler, blocks = self.scheduler, self.scheduler.blocks
-        queued = sum(s.num_prompt + s.sampling.max_tokens - 1 - s.num_computed for s in scheduler.sequences.values())
+        queued = sum(
+            s.num_prompt + s.sampling.max_tokens - 1 - s.num_computed for s in scheduler.sequences.values()
+        )
         return EngineStats(
             step=self.steps,
             running=len(scheduler.running),
@@ -157,4 +162,6 @@ class Engine:
     def _finished(self, seq: Sequence) -> Finished:
         assert seq.finish_reason is not None
         detail = self.scheduler.details.pop(seq.rid, "")
-        return Finished(seq.rid, seq.finish_reason, seq.num_prompt, seq.num_cached, len(seq.output_ids), detail)
+        return Finished(
+            seq.rid, seq.finish_reason, seq.num_prompt, seq.num_cached, len(seq.output_ids), detail
+        )

@@ -47,7 +47,9 @@ class Scheduler:
     def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.config = config
         self.eos_token_ids = eos_token_ids
-        self.blocks = BlockManager(config.num_blocks, config.block_size, config.watermark_blocks, config.model_version)
+        self.blocks = BlockManager(
+            config.num_blocks, config.block_size, config.watermark_blocks, config.model_version
+        )
         self.waiting: dict[int, deque[Sequence]] = {}  # tier -> FIFO
         self.running: list[Sequence] = []  # in priority order
         self.sequences: dict[int, Sequence] = {}  # every unfinished sequence, by rid
@@ -99,7 +101,8 @@ class Scheduler:
                     n = min(n, self.blocks.room(seq))  # nobody left to preempt: a smaller chunk
                 elif i == 0:  # alone, and still no room: it can never finish
                     self.running.pop()
-                    self._finish(seq, FinishReason.TOO_LONG, now, self._too_long(cdiv(seq.num_computed + n, self.config.block_size)))
+                    needed = cdiv(seq.num_computed + n, self.config.block_size)
+                    self._finish(seq, FinishReason.TOO_LONG, now, self._too_long(needed))
                     n = 0
                 else:
                     self.running.pop()
@@ -112,10 +115,11 @@ class Scheduler:
                 budget -= n
             i += 1
         if not preempted:
-            budget = self._admit(budget, now, seqs, counts)
+            self._admit(budget, now, seqs, counts)
         return Schedule(seqs, counts, preempted)
 
-    def _admit(self, budget: int, now: float, seqs: list[Sequence], counts: list[int]) -> int:
+    def _admit(self, budget: int, now: float, seqs: list[Sequence], counts: list[int]) -> None:
+        """Admit waiting sequences by tier, then FIFO, while budget, blocks and the cap allow."""
         for tier in sorted(self.waiting):
             queue = self.waiting[tier]
             while queue and budget > 0 and len(self.running) < self.config.max_seqs:
@@ -123,7 +127,7 @@ class Scheduler:
                 hits = self.blocks.lookup(seq)
                 n = min(seq.num_tokens - len(hits) * self.config.block_size, budget)
                 if not self.blocks.admit(seq, hits, n):
-                    return budget  # strict priority: nothing behind it jumps the queue
+                    return  # strict priority: nothing behind it jumps the queue
                 queue.popleft()
                 seq.status = Status.RUNNING
                 if seq.first_scheduled is None:
@@ -132,7 +136,6 @@ class Scheduler:
                 seqs.append(seq)
                 counts.append(n)
                 budget -= n
-        return budget
 
     def preempt(self, seq: Sequence, now: float) -> None:
         """Send a running ``seq`` (already out of ``running``) back to the head of its tier."""

@@ -47,7 +47,11 @@ class SimulatedRunner:
             num_blocks = int(kv_memory_gb * 2**30) // (cost.shape.kv_bytes_per_token * block_size)
         if not 0.0 <= eos_prob <= 1.0:
             raise ValueError(f"SimulatedRunner eos_prob: expected a probability in [0, 1], got {eos_prob}")
-        self.cost, self.block_size, self.num_blocks = cost, block_size, 1024 if num_blocks is None else num_blocks
+        self.cost, self.block_size, self.num_blocks = (
+            cost,
+            block_size,
+            1024 if num_blocks is None else num_blocks,
+        )
         self.eos_token_ids = frozenset({eos_token_id})
         self._eos, self._eos_prob, self._seed, self._wait = eos_token_id, eos_prob, seed, wait
         self.last_step_seconds = 0.0
@@ -61,7 +65,13 @@ class SimulatedRunner:
             if sample is None:
                 tokens.append(None)
                 continue
-            key = (self._seed, sample.params.seed or 0, sample.index, batch.input_ids[end - 1], batch.positions[end - 1])
+            key = (
+                self._seed,
+                sample.params.seed or 0,
+                sample.index,
+                batch.input_ids[end - 1],
+                batch.positions[end - 1],
+            )
             digest = hashlib.blake2b(_KEY.pack(*(value % 2**64 for value in key)), digest_size=16).digest()
             tokens.append(self._token(digest))
         self.last_step_seconds = self.cost.step(batch.query_lens, batch.context_lens).seconds
