@@ -45,12 +45,12 @@ def test_new_blocks_come_in_id_order_and_a_finished_tail_is_reused_first_its_pre
     assert (a.block_table, b.block_table) == ([0, 1, 2], [3, 4])
     bm.free_blocks(a)
     assert list(bm.free) == [2, 5, 6, 7, 1, 0]  # the partial tail first; the prefix, tail first, last
-    assert (bm.num_free, bm.num_used, bm.num_cached) == (6, 2, 2)
+    assert (bm.num_free, bm.num_used, bm.num_evictable) == (6, 2, 2)
     c = running(bm, 2, list(range(200, 205)))
     assert c.block_table == [2, 5]
     d = running(bm, 3, list(range(300, 313)))  # 4 blocks: the never used ones, then a's, tail first
     assert d.block_table == [6, 7, 1, 0]
-    assert bm.num_cached == 0 and list(bm.cached.values()) == [3, 2, 6, 7, 1]  # b, c and d: full blocks
+    assert bm.num_evictable == 0 and list(bm.cached.values()) == [3, 2, 6, 7, 1]  # b, c and d: full blocks
 
 
 def test_the_least_recently_freed_prefix_is_evicted_first():
@@ -227,7 +227,7 @@ class EngineWorkload(RuleBasedStateMachine):
                 holders[block] += 1
         assert holders == bm.ref  # every block freed exactly as often as it was taken
         assert all(bm.ref[block] == 0 for block in free)
-        assert bm.num_cached == sum(1 for block in free if bm.block_hash[block] is not None)
+        assert bm.num_evictable == sum(1 for block in free if bm.block_hash[block] is not None)
 
     @invariant()
     def every_cached_block_holds_its_tokens(self):

@@ -87,7 +87,7 @@ def test_a_preempted_sequence_resumes_from_its_cached_blocks_without_counting_a_
         add(s, rid, 4, tier)
     step(s)
     assert [seq.rid for seq in step(s).preempted] == [2]  # the last in line: it preempts itself
-    assert s.blocks.num_cached == 1  # its full prompt block stays cached
+    assert s.blocks.num_evictable == 1  # its full prompt block stays cached
     queries, hits = s.blocks.prefix_queries, s.blocks.prefix_hits
     s.abort(0, now=3.0)  # frees two blocks: room for 2 again
     plan = step(s)

@@ -107,7 +107,7 @@ class BlockManager:
         self.block_tokens: list[tuple[int, ...]] = [()] * num_blocks  # what a cached block holds
         self.cached: dict[bytes, int] = {}  # hash -> the block holding those tokens
         self.free = FreeBlockQueue(num_blocks)
-        self.num_cached = 0  # free blocks that still hold a prefix: evictable
+        self.num_evictable = 0  # free blocks that still hold a prefix: evictable
         self.prefix_queries = 0  # tokens looked up at first admissions
         self.prefix_hits = 0  # of those, tokens found in the cache
 
@@ -145,7 +145,7 @@ class BlockManager:
         for block in hits:
             if self.ref[block] == 0:
                 self.free.remove(block)
-                self.num_cached -= 1
+                self.num_evictable -= 1
             self.ref[block] += 1
         seq.block_table = hits + [self._allocate() for _ in range(new)]
         seq.num_computed = computed
@@ -191,7 +191,7 @@ class BlockManager:
                     self.free.appendleft(block)
                 else:
                     self.free.append(block)
-                    self.num_cached += 1
+                    self.num_evictable += 1
         seq.block_table = []
 
     def _allocate(self) -> int:
@@ -200,7 +200,7 @@ class BlockManager:
         if key is not None:  # evict the prefix it held
             del self.cached[key]
             self.block_hash[block], self.block_tokens[block] = None, ()
-            self.num_cached -= 1
+            self.num_evictable -= 1
         self.ref[block] = 1
         return block
 

@@ -151,7 +151,7 @@ class Engine:
             free_blocks=blocks.num_free,
             used_blocks=blocks.num_used,
             total_blocks=blocks.num_blocks,
-            cached_blocks=blocks.num_cached,
+            cached_blocks=blocks.num_evictable,
             preemptions=scheduler.preemptions,
             prefix_queries=blocks.prefix_queries,
             prefix_hits=blocks.prefix_hits,
