@@ -99,24 +99,35 @@ async def test_the_worker_announces_itself_then_its_empty_cache(engine):
     )
 
 
-async def test_fifty_requests_stream_their_tokens_and_finish_with_their_usage(engine):
-    requests = [add(rid, 10 + 7 * rid % 90, 20 + rid % 20, tier=rid % 2) for rid in range(50)]
+async def test_fifty_requests_stream_their_tokens_and_finish_with_their_usage_or_aborted(engine):
+    aborted = set(range(0, 50, 5))  # these would run for a minute; the rest ask for 20-39 tokens
+    requests = [
+        add(rid, 10 + 7 * rid % 90, 10_000 if rid in aborted else 20 + rid % 20, tier=rid % 2)
+        for rid in range(50)
+    ]
     await engine.send(*requests)
+    await engine.until(lambda got: any(isinstance(m, Tokens) for m in got))
+    await engine.send(*(Abort(rid) for rid in sorted(aborted)))
     got = await engine.until(lambda got: len([m for m in got if isinstance(m, Finished)]) == 50)
     finished = {m.rid: m for m in engine.of(Finished)}
     for request in requests:
         ids = [i for m in engine.of(Tokens) if m.rid == request.rid for i in m.ids]
         done = finished[request.rid]
-        assert done.reason == "max_tokens" and len(ids) == request.max_tokens == done.usage.output_tokens
+        if request.rid in aborted:
+            assert done.reason == "aborted" and len(ids) == done.usage.output_tokens < 100
+        else:
+            assert done.reason == "max_tokens" and len(ids) == request.max_tokens == done.usage.output_tokens
         assert done.usage.prompt_tokens == len(request.prompt_tokens)
-        assert got.index(done) > max(
-            i for i, m in enumerate(got) if isinstance(m, Tokens) and m.rid == request.rid
-        )
-    await engine.until(lambda got: isinstance(got[-1], Stats) and got.index(finished[49]) < len(got) - 1)
-    last = engine.of(Stats)[-1]
-    assert (last.running, last.waiting, last.used_blocks, last.free_blocks) == (0, 0, 0, 64)
-    assert last.generated_tokens == sum(r.max_tokens for r in requests) and last.queued_tokens == 0
-    assert last.preemptions > 0  # 16 running sequences want more than 64 blocks: some recompute
+        tokens_at = [i for i, m in enumerate(got) if isinstance(m, Tokens) and m.rid == request.rid]
+        assert all(at < got.index(done) for at in tokens_at)  # its last token before its end
+    ended = len(got)
+    await engine.until(lambda got: any(isinstance(m, Stats) for m in got[ended:]))
+    after = next(m for m in engine.received[ended:] if isinstance(m, Stats))
+    assert (after.running, after.waiting, after.used_blocks, after.free_blocks) == (0, 0, 0, 64)
+    assert after.queued_tokens == 0 and after.generated_tokens == sum(
+        m.usage.output_tokens for m in finished.values()
+    )
+    assert after.preemptions > 0  # 16 running sequences want more than 64 blocks: some recompute
 
 
 async def test_aborted_requests_finish_as_aborted_and_their_blocks_are_free_by_the_next_stats(engine):
