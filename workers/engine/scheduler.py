@@ -7,16 +7,17 @@ prompt advances ~500 tokens a step while every running decode still gets its tok
 what is left, waiting sequences are admitted by tier (0, paid, before 1, free), FIFO within a
 tier, each with a first chunk that fits the budget and the block manager's watermark::
 
-    budget 512   [ A decode 1 ][ B decode 1 ][ C chunk 400 of 50,000 ][ D admitted: first 110 ]
-                  running, tier then arrival order ..................   waiting, by tier
+    budget 512   [ A decode 1 ][ B last 400 of its prompt ][ C decode 1 ][ D admitted: first 110 ]
+                  running, tier then arrival order ...........................   waiting, by tier
 
 When a running sequence's next tokens find no free block, the scheduler preempts by recompute
 the lowest-tier, newest running sequence (the last in priority order; possibly the one asking):
 its blocks go back (its full blocks stay cached, so its recompute is mostly prefix hits), its
-tokens stay, and it returns to the head of its tier's queue. A step that preempted admits
-nothing: memory is short, a new sequence would only be preempted in turn. A sequence alone in
-the cache that still cannot grow would loop forever; it ends with ``TOO_LONG`` instead, as does
-a prompt longer than the whole cache, on arrival.
+tokens stay, and it returns to the head of its tier's queue. A prompt chunk with nobody left to
+preempt shrinks to the room there is instead. A step that preempted admits nothing: memory is
+short, a new sequence would only be preempted in turn. A sequence alone in the cache that still
+cannot grow would loop forever; it ends with ``TOO_LONG`` instead, as does a prompt longer than
+the whole cache, on arrival.
 """
 
 from __future__ import annotations
