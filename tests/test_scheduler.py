@@ -51,6 +51,17 @@ def test_running_sequences_go_first_then_waiting_ones_by_tier_and_arrival():
     assert [seq.rid for seq in s.running] == [1, 3, 5, 0, 2, 4]
 
 
+def test_a_prompt_chunk_leaves_a_token_for_every_decode_behind_it_and_admissions_take_the_rest():
+    s = scheduler(block_size=16, num_blocks=256, max_batch_tokens=512, max_seqs=8)
+    add(s, 0, 16, tier=0)
+    add(s, 1, 16, tier=1)
+    assert planned(step(s)) == [(0, 16), (1, 16)]
+    add(s, 2, 910, tier=0)
+    assert planned(step(s)) == [(0, 1), (1, 1), (2, 510)]
+    add(s, 3, 200, tier=1)
+    assert planned(step(s)) == [(0, 1), (2, 400), (1, 1), (3, 110)]  # the module's picture
+
+
 def test_a_50000_token_prompt_is_prefilled_in_chunks_beside_every_running_decode():
     s = scheduler(block_size=16, num_blocks=3400, max_batch_tokens=512, max_seqs=16)
     decodes = [add(s, rid, 20, tier=1) for rid in range(10)]
