@@ -7,6 +7,7 @@ and nothing asserts speed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ from batcher.policy import SizeOrTimeout
 from batcher.pool import SlotState, WorkerStartError
 from batcher.process_worker import ProcessWorker, process_workers
 from batcher.types import RequestFailed
-from workers.protocol import Result, RunBatch
+from workers.protocol import Result, RunBatch, WorkerLost
 
 LATENCY = ["sleep", "--latency-ms", "100"]
 
@@ -168,3 +169,24 @@ async def test_a_worker_stuck_in_a_call_exits_when_its_parent_dies(tmp_path):
     await trio.run_process([sys.executable, "-c", parent])
     worker_pid = int(pid_file.read_text())
     await wait_for(lambda: not alive(worker_pid), seconds=10)
+
+
+async def test_each_start_of_a_slot_draws_its_own_crash_schedule():
+    spawn = process_workers(["echo", "--crash-prob", "0.3", "--seed", "1"], workers=1)
+
+    async def calls_until_crash() -> int:
+        worker = spawn(0)
+        try:
+            await worker.start()
+            for call in itertools.count(1):
+                try:
+                    await worker.call(RunBatch(call, ["x"]))
+                except WorkerLost:
+                    return call
+        finally:
+            await worker.stop()
+
+    with trio.fail_after(60):
+        crashed_on = [await calls_until_crash() for _ in range(3)]
+    # the seed alone would crash every start on its first call, a 100 % rate for 30 % asked
+    assert crashed_on == [9, 3, 4]  # FaultInjector(plan, "0:1"), "0:2", "0:3": a rerun repeats them

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from workers.faults import Fault, FaultInjector, add_fault_arguments, plan_from_args
+from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
 from workers.models import Model, add_model_arguments, load_model
 from workers.protocol import Error, FrameDecoder, Ready, Result, RunBatch, encode
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     protocol_in, protocol_out = claim_protocol_fds()
     exit_with_parent()
-    injector = FaultInjector(plan_from_args(args))
+    injector = FaultInjector(plan_from_args(args), instance_from_env())
     model = load_model(args)
     with os.fdopen(protocol_out, "wb") as out:
         out.write(encode(Ready(pid=os.getpid(), model=model.name)))
