@@ -21,9 +21,11 @@ from batcher.pool import Spawn
 from workers.faults import INSTANCE_ENV
 from workers.protocol import (
     MAX_FRAME_BYTES,
+    Accepted,
     Error,
     FrameDecoder,
     Message,
+    NotDelivered,
     ProtocolError,
     Ready,
     Result,
@@ -61,11 +63,21 @@ class ProcessWorker:
         try:
             await self._process.stdin.send_all(encode(request, self._max_frame))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise WorkerLost(f"pid {self.pid}: pipe closed ({exc})") from None
+            raise NotDelivered(f"pid {self.pid}: pipe closed ({exc})") from None
+        try:
+            accepted = await self._receive()
+        except WorkerLost as exc:  # it died before reading the call (a kill racing the send)
+            raise NotDelivered(f"{exc} before accepting the call") from None
+        if accepted != Accepted(request.id):
+            raise ProtocolError(f"expected accepted {request.id} after run_batch {request.id}, got {accepted.kind}")
         reply = await self._receive()
         if not isinstance(reply, Result | Error):
             raise ProtocolError(f"expected result or error, got {reply.kind}")
         return reply
+
+    async def wait_exit(self) -> None:
+        assert self._process is not None, "wait_exit before start"
+        await self._process.wait()
 
     async def stop(self) -> None:
         process = self._process

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from workers.protocol import (
+    Accepted,
     Error,
     FrameDecoder,
     ProtocolError,
@@ -21,6 +22,7 @@ from workers.protocol import (
 EVERY_KIND = [
     Ready(pid=4242, model="sleep-200ms"),
     RunBatch(id=1, inputs=["a", "", "ünïcödé ✓", "x" * 10_000]),
+    Accepted(id=1),
     Result(id=1, outputs=["a", "", "✓"]),
     Error(id=9, message="ValueError: boom"),
 ]

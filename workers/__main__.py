@@ -20,7 +20,7 @@ import time
 
 from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
 from workers.models import Model, add_model_arguments, load_model
-from workers.protocol import Error, FrameDecoder, Ready, Result, RunBatch, encode
+from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, encode
 
 CRASH_EXIT_CODE = 3
 
@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not isinstance(message, RunBatch):
                     print(f"worker: unexpected {message.kind} frame", file=sys.stderr)
                     return 2
+                out.write(encode(Accepted(id=message.id)))  # before any fault: the call is ours now
+                out.flush()
                 out.write(encode(serve_call(model, injector, message)))
                 out.flush()
     return 0

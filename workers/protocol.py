@@ -15,8 +15,13 @@ Fixed mode::
 
     worker -> pool   ready   {pid, model}                 once, after the model has loaded
     pool -> worker   run_batch {id, inputs: [str]}
+    worker -> pool   accepted {id}                        at once, before the model runs
     worker -> pool   result  {id, outputs: [str]}         one output per input, in order
     worker -> pool   error   {id, message}                the call failed; the worker lives on
+
+``accepted`` tells the pool that the call reached a live worker: a worker that dies before
+accepting a call (its pipe closes first) died of something else, so the call is not held
+against its inputs (:class:`NotDelivered`).
 
 This is the only module that ``batcher`` and ``workers`` share.
 """
@@ -44,6 +49,12 @@ class WorkerLost(Exception):
     """The worker's end of the pipe closed: it exited, crashed or was killed."""
 
 
+class NotDelivered(WorkerLost):
+    """The worker was gone before it accepted a call (its pipe closed on send, or before the
+    ``accepted`` frame): the call cannot have caused its death, so it does not count against
+    the call's inputs."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ready:
     """The worker has loaded its model and takes calls from now on."""
@@ -60,6 +71,14 @@ class RunBatch:
     kind: ClassVar[str] = "run_batch"
     id: int
     inputs: list[str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Accepted:
+    """The worker has read call ``id`` and is running it; its answer follows."""
+
+    kind: ClassVar[str] = "accepted"
+    id: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,7 +99,7 @@ class Error:
     message: str
 
 
-Message = Ready | RunBatch | Result | Error
+Message = Ready | RunBatch | Accepted | Result | Error
 _KINDS: dict[str, type] = {cls.kind: cls for cls in typing.get_args(Message)}
 
 
