@@ -20,6 +20,13 @@ they take new work, preferring a worker it has not failed on:
 so one poison input among 50 costs about 2·log2(50) extra calls, its own request fails, and
 the other 49 succeed. Requests whose callers have gone are pruned before every (re)send.
 
+None of this runs forever. A dispatched request is due by its dispatch deadline plus one
+``hang_timeout``: past that it fails (:class:`~batcher.types.WorkersFailed`), wherever it is (in
+the retry backlog while every worker restarts, or in a retried call still running), so a fleet
+that crashes or hangs on every call answers each request with a clear error on time. And
+:attr:`WorkerPool.ready` stays false from the moment every slot has lost its worker until a
+call is answered again (:class:`~batcher.supervisor.Readiness`).
+
 What a caller is told names what went wrong (a worker crashed, hung, broke the protocol; the
 model raised ValueError), never a pid, a slot or a traceback; the log has the detail, and no
 input text.
@@ -37,16 +44,17 @@ import enum
 import functools
 import itertools
 import logging
+import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import trio
 
 from batcher.config import PoolConfig
 from batcher.stats import Stats
-from batcher.supervisor import Process, Supervisor, WorkerStartError
-from batcher.types import Batch, Request, RequestFailed
+from batcher.supervisor import Process, Readiness, Supervisor, WorkerStartError
+from batcher.types import Batch, Request, RequestFailed, WorkersFailed
 from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
 
 __all__ = ["SlotState", "Spawn", "Worker", "WorkerInfo", "WorkerPool", "WorkerStartError"]
@@ -83,13 +91,15 @@ class WorkerInfo:
 
 
 class _Slot:
-    __slots__ = ("index", "state", "supervisor", "inbox", "outbox", "busy_since", "idle_scope")
+    __slots__ = ("busy_since", "call", "call_ends", "idle_scope", "inbox", "index", "outbox", "state", "supervisor")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.state = SlotState.STARTING
         self.supervisor: Supervisor[Worker]
         self.busy_since = 0.0  # when its current call was sent
+        self.call: Batch | None = None  # the batch its worker is running...
+        self.call_ends = 0.0  # ...until its hang timeout
         self.idle_scope = trio.CancelScope()  # cancelled when the worker dies while idle
         self.outbox, self.inbox = trio.open_memory_channel[Batch](1)
 
@@ -113,6 +123,8 @@ class WorkerPool:
         self._idle: list[_Slot] = []  # by slot index: the lowest idle GPU takes the next batch
         self._retry: deque[Batch] = deque()
         self._batch_ids = itertools.count(1)
+        self._readiness = Readiness(config.workers)
+        self._overdue_changed = trio.Event()  # wakes the task that fails overdue requests
 
     @property
     def idle_count(self) -> int:
@@ -126,6 +138,12 @@ class WorkerPool:
     def live_workers(self) -> int:
         """Workers up and able to take a call (idle or busy), not starting or restarting."""
         return sum(slot.state is not SlotState.STARTING for slot in self._slots)
+
+    @property
+    def ready(self) -> bool:
+        """Whether this fleet should be sent traffic (``/readyz``): a worker is up, and a call
+        has been answered since every slot last lost its worker, if that ever happened."""
+        return self.live_workers > 0 and self._readiness.proven
 
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
@@ -164,6 +182,7 @@ class WorkerPool:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every worker, report started once all are ready, then supervise forever."""
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fail_overdue)
             async with trio.open_nursery() as starting:
                 for slot in self._slots:
                     starting.start_soon(nursery.start, slot.supervisor.run)
@@ -185,9 +204,13 @@ class WorkerPool:
                 self._undelivered(slot, batch, "it had exited")
                 return answered
             started = trio.current_time()
+            timeout = self.config.hang_timeout
+            slot.call, slot.call_ends = batch, started + timeout
+            if self._due(batch) < slot.call_ends:  # a retry that may outlast its requests' time
+                self._overdue_changed.set()
             fault = None
             try:
-                with trio.fail_after(self.config.hang_timeout):
+                with trio.fail_after(timeout):
                     reply = await worker.call(RunBatch(batch.id, [request.input for request in requests]))
                 if reply.id != batch.id:
                     raise ProtocolError(f"answer to call {reply.id} while call {batch.id} ran")
@@ -195,11 +218,13 @@ class WorkerPool:
                 self._undelivered(slot, batch, str(exc))
                 return answered
             except trio.TooSlowError:
-                fault, detail = "hung", f"no answer within {self.config.hang_timeout:g}s"
+                fault, detail = "hung", f"no answer within {timeout:g}s"
             except WorkerLost as exc:
                 fault, detail = "crashed", str(exc)
             except ProtocolError as exc:
                 fault, detail = "broke the protocol", str(exc)
+            finally:
+                slot.call = None
             self.stats.calls += 1
             self.stats.busy_seconds += trio.current_time() - started
             if fault is not None:
@@ -226,6 +251,7 @@ class WorkerPool:
 
     def _answered(self, size: int, seconds: float) -> None:
         self.call_seconds = seconds if not self.call_seconds else 0.8 * self.call_seconds + 0.2 * seconds
+        self._readiness.answered()
         self.on_answer(size, seconds)
 
     def _failed(self, batch: Batch, slot: _Slot, error: str) -> None:
@@ -235,7 +261,7 @@ class WorkerPool:
         batch.failures += 1
         batch.failed_on.add(slot.index)
         batch.last_error = error
-        live = batch.prune()
+        live = self._drop_overdue(batch, trio.current_time())
         if not live:
             return
         if len(live) == 1 and batch.failures >= self.config.max_attempts:
@@ -247,11 +273,12 @@ class WorkerPool:
             self.stats.bisections += 1
             half = len(live) // 2
             for part in (live[:half], live[half:]):
-                self._retry.append(Batch(next(self._batch_ids), part, "bisect", suspect=True))
+                self._retry.append(Batch(next(self._batch_ids), part, "bisect", suspect=True, last_error=error))
         else:
             self.stats.retries += 1
             batch.reason = "retry"
             self._retry.append(batch)
+        self._overdue_changed.set()
         self._offer_retries()
 
     def _undelivered(self, slot: _Slot, batch: Batch, detail: str) -> None:
@@ -261,6 +288,7 @@ class WorkerPool:
                     slot.index, batch.id, detail)
         self._down(slot)
         self._retry.appendleft(batch)
+        self._overdue_changed.set()
         self._offer_retries()
 
     def _offer_retries(self) -> None:
@@ -299,8 +327,44 @@ class WorkerPool:
     def _down(self, slot: _Slot) -> None:
         """The slot has no worker until its supervisor starts another: it takes no work."""
         slot.state = SlotState.STARTING
+        self._readiness.lost(slot.index)
         if slot in self._idle:
             self._idle.remove(slot)
+
+    def _due(self, batch: Batch) -> float:
+        """When the first of a batch's requests must have its answer: its dispatch deadline
+        plus one hang timeout (a request dispatched in time, whose call hangs, is failed then)."""
+        return min((request.deadline for request in batch.requests), default=math.inf) + self.config.hang_timeout
+
+    def _watched(self) -> Iterator[Batch]:
+        """The batches whose requests may run out of time before a call of theirs ends: those in
+        the retry backlog, and those in a call whose hang timeout falls after their due time."""
+        yield from self._retry
+        for slot in self._slots:
+            if slot.call is not None and self._due(slot.call) < slot.call_ends:
+                yield slot.call
+
+    async def _fail_overdue(self) -> None:
+        """Fail each watched request when it falls due, with a clear error (WorkersFailed)."""
+        while True:
+            self._overdue_changed = trio.Event()
+            with trio.move_on_at(min(map(self._due, self._watched()), default=math.inf)):
+                await self._overdue_changed.wait()
+            now = trio.current_time()
+            for batch in list(self._watched()):
+                if not self._drop_overdue(batch, now) and batch in self._retry:
+                    self._retry.remove(batch)
+
+    def _drop_overdue(self, batch: Batch, now: float) -> list[Request]:
+        """Fail the batch's requests that are due by ``now``; return the ones still waiting."""
+        hang = self.config.hang_timeout
+        for request in batch.prune():
+            if request.deadline + hang <= now:
+                self.stats.timed_out += 1
+                last = f"; last: {batch.last_error}" if batch.last_error else "; its call was still running"
+                message = f"no worker could serve it by its deadline ({request.deadline + hang - request.arrival:.3f}s after arrival){last}"
+                request.fail(WorkersFailed(message), now)
+        return batch.prune()
 
     def _send(self, slot: _Slot, batch: Batch) -> None:
         slot.state = SlotState.BUSY

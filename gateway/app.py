@@ -4,7 +4,7 @@
                        ─> [Idempotency-Key: replay or wait] ─> admit: key's limit (429) ─> core (529)
                        ─> output safety ─> answer; the ledger refunds, bills and counts it
     GET  /v1/models    the served versions        GET /healthz   the process answers
-    GET  /readyz       every model has a worker up (JSON detail per model)
+    GET  /readyz       every model's fleet is ready to serve (JSON detail per model)
     GET  /metrics      Prometheus text format
 
 Handlers are thin: rules live in :mod:`gateway.api` (pure), identities in :mod:`gateway.auth`,
@@ -29,7 +29,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.config import FerryConfig
 from batcher.metrics import Metrics
-from batcher.pool import SlotState
 from batcher.types import Request, State
 from gateway import api
 from gateway.auth import KeyRing
@@ -184,12 +183,13 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready: every model has at least one worker up. The body details each model."""
+        """Ready: every model's pool is ready (a worker up, and a call answered since every slot
+        last lost its worker). The body details each model."""
         models = {name: self._model_state(name) for name in self.catalog.names()} if self.bridge.running else {}
         waiting = [name for name, state in models.items() if not state["ready"]]
         if models and not waiting:
             return web.json_response({"ready": True, "models": models}, dumps=_dumps)
-        why = f"no worker up for {', '.join(waiting)}" if waiting else "the scheduling core is not running"
+        why = f"no worker serving {', '.join(waiting)}" if waiting else "the scheduling core is not running"
         body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
         return web.json_response(body, status=503, dumps=_dumps)
 
@@ -198,7 +198,7 @@ class Gateway:
         workers = batcher.pool.workers()
         stats = batcher.stats
         return {
-            "ready": any(w.state is not SlotState.STARTING for w in workers),
+            "ready": batcher.pool.ready,  # a worker up, and not a fleet that fails every call
             "workers": [{"slot": w.slot, "pid": w.pid, "state": w.state.value, "restarts": w.restarts}
                         for w in workers],
             "queued": batcher.queue.count,

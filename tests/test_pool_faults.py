@@ -13,8 +13,9 @@ import trio
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import open_batcher
 from batcher.policy import SizeOrTimeout
+from batcher.types import WorkersFailed
 from tests.conftest import Fleet
-from tests.test_batcher import HANG, SERVICE, T, Outcomes, running, texts
+from tests.test_batcher import HANG, SERVICE, Outcomes, T, running, texts
 from workers.faults import FaultPlan
 
 
@@ -56,3 +57,54 @@ async def test_a_batch_sent_to_a_worker_already_gone_costs_it_no_attempt(autojum
     assert [r.result() for r in b] == [t[::-1] for t in texts("b", 50)]
     assert (batcher.stats.retries, batcher.stats.bisections, batcher.stats.calls) == (1, 0, 3)
     assert first.calls == [texts("a", 50)]  # the gone worker received nothing more
+
+
+BUDGETS = QueueConfig(wait_budgets=(1.0, 0.3))  # paid, free: the embedded default's
+
+
+async def test_a_fleet_that_crashes_on_every_call_fails_each_request_by_its_budget_plus_one_hang_timeout(
+    autojump_clock,
+):
+    fleet = Fleet(every=FaultPlan(crash_on_call=1))
+    async with open_batcher(fleet, PoolConfig(workers=1, hang_timeout=HANG), SizeOrTimeout(50, T), BUDGETS) as batcher:
+        outcomes = Outcomes(batcher)
+        paid = outcomes.add(texts("paid", 20), tier="paid")
+        free = outcomes.add(texts("free", 20), tier="free")
+        await trio.sleep(0.2)
+        before = batcher.pool.ready  # the batch has gone out at 0.15; it crashes its worker at 0.25
+        await trio.sleep(0.2)
+        during = batcher.pool.ready, batcher.pool.live_workers  # the replacement (up at 0.35) crashes too
+        await outcomes.wait(40)
+        fleet.every = None  # the fix is deployed: the next worker, up at 2.05, is healthy
+        await trio.sleep(0.1)
+        fixed = batcher.pool.ready, batcher.pool.live_workers
+        assert await batcher.submit("after", "paid") == "retfa"
+        served = batcher.pool.ready
+    # retried, bisected, restarted with a growing backoff (0.1, 0.2, 0.4, 0.8 s), and given up
+    # on at the deadline + 1 s: in the backlog or in a call, wherever each request then was
+    assert [r.finished_at for r in paid] == [pytest.approx(1.0 + HANG)] * 20
+    assert [r.finished_at for r in free] == [pytest.approx(0.3 + HANG)] * 20
+    assert {str(r.error) for r in paid} == {
+        "no worker could serve it by its deadline (2.000s after arrival); last: a worker crashed"
+    }
+    assert all(isinstance(r.error, WorkersFailed) for r in paid + free)
+    assert (batcher.stats.timed_out, batcher.stats.restarts) == (40, 4)
+    # not ready from the first crash until a worker serves again, though one is up in between
+    assert (before, during, fixed, served) == (True, (False, 1), (False, 1), True)
+
+
+async def test_a_fleet_that_hangs_on_every_call_fails_each_request_while_its_retry_still_runs(autojump_clock):
+    fleet = Fleet(every=FaultPlan(hang_on_call=1))
+    async with open_batcher(fleet, PoolConfig(workers=1, hang_timeout=HANG), SizeOrTimeout(50, T), BUDGETS) as batcher:
+        outcomes = Outcomes(batcher)
+        paid = outcomes.add(texts("paid", 20), tier="paid")
+        free = outcomes.add(texts("free", 20), tier="free")
+        await outcomes.wait(40)
+        running_then = batcher.pool.busy_count, batcher.pool.ready
+    # hung at 0.15 + 1 s, killed; the retry on the replacement (sent at 1.25) hangs too
+    assert [r.finished_at for r in free] == [pytest.approx(0.3 + HANG)] * 20
+    assert [r.finished_at for r in paid] == [pytest.approx(1.0 + HANG)] * 20
+    assert {str(r.error) for r in free} == {
+        "no worker could serve it by its deadline (1.300s after arrival); last: a worker hung"
+    }
+    assert running_then == (1, False)

@@ -202,6 +202,9 @@ async def test_workers_killed_while_idle_are_replaced_before_any_traffic():
         replacements = [info.pid for info in batcher.pool.workers()]
         assert batcher.stats.calls == 0  # noticed by watching the processes, not by a call
         assert not set(replacements) & set(killed) and all(alive(pid) for pid in replacements)
+        assert not batcher.pool.ready  # every slot lost its worker: not ready until one serves
+        assert await batcher.submit("hello", "paid") == "olleh"
+        assert batcher.pool.ready
 
 
 async def test_a_request_after_the_lowest_idle_workers_were_killed_is_served_first_time():
