@@ -27,6 +27,13 @@ that crashes or hangs on every call answers each request with a clear error on t
 :attr:`WorkerPool.ready` stays false from the moment every slot has lost its worker until a
 call is answered again (:class:`~batcher.supervisor.Readiness`).
 
+A slow fleet is not a hung worker. A call's hang timeout is the larger of ``hang_timeout`` and
+:data:`SLOW_CALLS` recent call times (the EWMA of answered calls), doubled for each time this
+batch was already killed as hung, and never more than :data:`MAX_STRETCH` x ``hang_timeout``. A
+worker that hangs among healthy ones is killed at ``hang_timeout`` and its batch answered by
+the next; a fleet whose every call outlasts ``hang_timeout`` loses one worker, the retry of that
+batch gets twice the time and is answered, and from then on calls are judged by their own pace.
+
 What a caller is told names what went wrong (a worker crashed, hung, broke the protocol; the
 model raised ValueError), never a pid, a slot or a traceback; the log has the detail, and no
 input text.
@@ -60,6 +67,11 @@ from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatc
 __all__ = ["SlotState", "Spawn", "Worker", "WorkerInfo", "WorkerPool", "WorkerStartError"]
 
 log = logging.getLogger("ferry.pool")
+
+SLOW_CALLS = 3.0
+"""A call may run this many recent call times before it counts as hung (if over hang_timeout)."""
+MAX_STRETCH = 8.0
+"""However slow the fleet, a call that runs past this many hang_timeouts is hung."""
 
 
 class Worker(Process, Protocol):
@@ -204,7 +216,7 @@ class WorkerPool:
                 self._undelivered(slot, batch, "it had exited")
                 return answered
             started = trio.current_time()
-            timeout = self.config.hang_timeout
+            timeout = self._hang_timeout(batch)
             slot.call, slot.call_ends = batch, started + timeout
             if self._due(batch) < slot.call_ends:  # a retry that may outlast its requests' time
                 self._overdue_changed.set()
@@ -219,6 +231,7 @@ class WorkerPool:
                 return answered
             except trio.TooSlowError:
                 fault, detail = "hung", f"no answer within {timeout:g}s"
+                batch.hangs += 1
             except WorkerLost as exc:
                 fault, detail = "crashed", str(exc)
             except ProtocolError as exc:
@@ -249,6 +262,11 @@ class WorkerPool:
                     request.finish(output, now)
         return answered
 
+    def _hang_timeout(self, batch: Batch) -> float:
+        """How long this call may run before its worker counts as hung (see the module doc)."""
+        paced = max(self.config.hang_timeout, SLOW_CALLS * self.call_seconds)
+        return min(paced * 2**batch.hangs, MAX_STRETCH * self.config.hang_timeout)
+
     def _answered(self, size: int, seconds: float) -> None:
         self.call_seconds = seconds if not self.call_seconds else 0.8 * self.call_seconds + 0.2 * seconds
         self._readiness.answered()
@@ -273,7 +291,8 @@ class WorkerPool:
             self.stats.bisections += 1
             half = len(live) // 2
             for part in (live[:half], live[half:]):
-                self._retry.append(Batch(next(self._batch_ids), part, "bisect", suspect=True, last_error=error))
+                half = Batch(next(self._batch_ids), part, "bisect", suspect=True, last_error=error, hangs=batch.hangs)
+                self._retry.append(half)
         else:
             self.stats.retries += 1
             batch.reason = "retry"

@@ -120,7 +120,9 @@ class Batch:
 
     ``failures`` counts failed calls of this exact batch; ``failed_on`` names the worker slots
     they failed on, so a retry goes elsewhere when it can. A ``suspect`` batch is a half of a
-    batch that failed twice: it is split again at its first failure.
+    batch that failed twice: it is split again at its first failure. ``hangs`` counts its calls
+    (and its parent's) killed as hung: each doubles the time its next call may take.
+    ``last_error`` is what its requests are told if they fail: no pid, no slot.
     """
 
     id: int
@@ -130,6 +132,7 @@ class Batch:
     failed_on: set[int] = dataclasses.field(default_factory=set)
     suspect: bool = False
     last_error: str = ""
+    hangs: int = 0
 
     @property
     def inputs(self) -> list[str]:

@@ -108,3 +108,36 @@ async def test_a_fleet_that_hangs_on_every_call_fails_each_request_while_its_ret
         "no worker could serve it by its deadline (1.300s after arrival); last: a worker hung"
     }
     assert running_then == (1, False)
+
+
+async def test_a_fleet_slower_than_hang_timeout_loses_one_worker_then_serves_at_its_own_pace(autojump_clock):
+    fleet = Fleet(every=FaultPlan(slow_factor=5.5))  # every call takes 1.1 s against a 1 s hang_timeout
+    async with running(fleet) as batcher:
+        outcomes = Outcomes(batcher)
+        first = outcomes.add(texts("a", 50))
+        await outcomes.wait(50)
+        await trio.sleep_until(3.0)
+        second = outcomes.add(texts("b", 50))
+        await outcomes.wait(100)
+    # worker 0 is killed as hung at 1.0; the retry may take 2 s on worker 1 and is answered at
+    # 2.1; then a call may take 3 x 1.1 s, and worker 0's replacement answers the next in 1.1 s
+    assert [r.finished_at for r in first] == [pytest.approx(1.0 + 1.1)] * 50
+    assert [r.finished_at for r in second] == [pytest.approx(3.0 + 1.1)] * 50
+    assert [r.result() for r in second] == [t[::-1] for t in texts("b", 50)]
+    assert (batcher.stats.restarts, batcher.pool.call_seconds) == (1, pytest.approx(1.1))
+    assert fleet.calls(0)[-1] == texts("b", 50)
+
+
+async def test_a_hang_among_slowed_calls_is_detected_at_three_recent_call_times(autojump_clock):
+    slow = FaultPlan(slow_factor=2.0)  # 0.4 s calls: under hang_timeout, so nothing is killed...
+    fleet = Fleet(plans={0: FaultPlan(slow_factor=2.0, hang_on_call=3)}, every=slow)
+    async with running(fleet, workers=1) as batcher:
+        outcomes = Outcomes(batcher)
+        for start in (0.0, 0.5, 1.0):
+            await trio.sleep_until(start)
+            batch = outcomes.add(texts(f"{start}-", 50))
+        await outcomes.wait(150)
+    # ...but the calls are now judged against 3 x 0.4 s: the third call, sent at 1.0, is hung at
+    # 2.2 (not 2.0); the replacement is up at 2.3 and answers its retry at 2.7
+    assert [r.finished_at for r in batch] == [pytest.approx(1.0 + 1.2 + 0.1 + 0.4)] * 50
+    assert batcher.stats.restarts == 1
