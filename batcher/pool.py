@@ -39,7 +39,7 @@ model raised ValueError), never a pid, a slot or a traceback; the log has the de
 input text.
 
 The pool speaks to workers through the :class:`Worker` protocol, so the same supervision runs
-real processes (:mod:`batcher.process_worker`) and simulated ones (``workers.simulated``) under
+real processes (:mod:`batcher.process_worker`) and simulated ones (``batcher.sim.workers``) under
 ``trio.testing.MockClock``.
 """
 

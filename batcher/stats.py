@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import copy
 import dataclasses
 
 BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 50, 64, 128, 256, 512, 1024)
@@ -64,6 +65,10 @@ class Stats:
     queue_wait: collections.defaultdict[int, Histogram] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(lambda: Histogram(WAIT_BOUNDS))
     )  # seconds from arrival to dispatch, by tier index
+
+    def copy(self) -> Stats:
+        """A deep copy: what a snapshot hands the asyncio thread, which must not read live counters."""
+        return copy.deepcopy(self)
 
     @property
     def mean_batch(self) -> float:

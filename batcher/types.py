@@ -6,7 +6,7 @@ A :class:`Request` moves through one state machine and reaches exactly one termi
        |                 |  \\--input failed on max_attempts workers--> FAILED (RequestFailed)
        |                 |  \\--no answer by deadline + hang_timeout--> FAILED (WorkersFailed)
        |                 \\--caller went away--> CANCELLED (its output is dropped)
-       |--deadline passed before dispatch--> FAILED (Overloaded)
+       |--deadline passed before dispatch--> FAILED (Expired, an Overloaded)
        \\--caller went away--> CANCELLED (it leaves the queue at once)
 
 ``on_done`` is called exactly once, on the trio thread, when the request reaches a terminal
@@ -35,6 +35,14 @@ class Overloaded(FerryError):
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class Shed(Overloaded):
+    """Refused at admission: its estimated wait is over its tier's budget (it never queued)."""
+
+
+class Expired(Overloaded):
+    """Admitted, but not dispatched before its deadline: it left the queue without a GPU call."""
 
 
 class RequestFailed(FerryError):

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from batcher.config import FerryConfig, default_config, load_config
 from gateway.app import make_app
-from gateway.bridge import Bridge, OpenCore, open_batchers
+from gateway.bridge import Bridge, OpenCore, open_backends
 
 log = logging.getLogger("ferry.serve")
 
@@ -40,7 +40,7 @@ async def serve(
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    bridge = Bridge(open_core or functools.partial(open_batchers, config))
+    bridge = Bridge(open_core or functools.partial(open_backends, config))
     try:
         try:
             await bridge.start()

@@ -32,9 +32,11 @@ CREATE TABLE IF NOT EXISTS usage (
     ttft_s        REAL,
     total_s       REAL NOT NULL,
     status        INTEGER NOT NULL,
-    stop_reason   TEXT
+    stop_reason   TEXT,
+    outcome       TEXT
 )
 """
+_MIGRATIONS = {"outcome": "ALTER TABLE usage ADD COLUMN outcome TEXT"}  # columns added since the first release
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -52,6 +54,7 @@ class UsageRecord:
     total_s: float
     status: int  # the HTTP status the client got
     stop_reason: str | None
+    outcome: str | None = None  # what happened (gateway.ledger.Outcome); None in rows written before it existed
 
 
 _FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]
@@ -70,6 +73,10 @@ class UsageLog:
         connection = sqlite3.connect(path)  # create the table now: a bad path fails at start-up
         with connection:
             connection.execute(_SCHEMA)
+            columns = {row[1] for row in connection.execute("PRAGMA table_info(usage)")}
+            for column, statement in _MIGRATIONS.items():
+                if column not in columns:
+                    connection.execute(statement)
         connection.close()
         self._writer = threading.Thread(target=self._write, name="usage-writer", daemon=True)
         self._writer.start()

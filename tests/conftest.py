@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from batcher.sim.workers import SimulatedWorker, constant
 from workers.faults import FaultPlan
-from workers.simulated import SimulatedWorker, constant
 
 
 class Fleet:

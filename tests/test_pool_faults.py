@@ -78,7 +78,7 @@ async def test_a_fleet_that_crashes_on_every_call_fails_each_request_by_its_budg
         fleet.every = None  # the fix is deployed: the next worker, up at 2.05, is healthy
         await trio.sleep(0.1)
         fixed = batcher.pool.ready, batcher.pool.live_workers
-        assert await batcher.submit("after", "paid") == "retfa"
+        assert await batcher.answer("after", "paid") == "retfa"
         served = batcher.pool.ready
     # retried, bisected, restarted with a growing backoff (0.1, 0.2, 0.4, 0.8 s), and given up
     # on at the deadline + 1 s: in the backlog or in a call, wherever each request then was

@@ -40,7 +40,7 @@ async def submit_all(batcher, inputs: list[str]) -> dict[str, str | Exception]:
 
     async def one(text: str) -> None:
         try:
-            results[text] = await batcher.submit(text, "paid")
+            results[text] = await batcher.answer(text, "paid")
         except RequestFailed as exc:
             results[text] = exc
 
@@ -203,7 +203,7 @@ async def test_workers_killed_while_idle_are_replaced_before_any_traffic():
         assert batcher.stats.calls == 0  # noticed by watching the processes, not by a call
         assert not set(replacements) & set(killed) and all(alive(pid) for pid in replacements)
         assert not batcher.pool.ready  # every slot lost its worker: not ready until one serves
-        assert await batcher.submit("hello", "paid") == "olleh"
+        assert await batcher.answer("hello", "paid") == "olleh"
         assert batcher.pool.ready
 
 
@@ -214,7 +214,7 @@ async def test_a_request_after_the_lowest_idle_workers_were_killed_is_served_fir
         for info in batcher.pool.workers()[:3]:
             os.kill(info.pid, signal.SIGKILL)
         with trio.fail_after(10):
-            assert await batcher.submit("hello", "paid") == "olleh"
+            assert await batcher.answer("hello", "paid") == "olleh"
     assert (batcher.stats.retries, batcher.stats.failed_inputs) == (0, 0)
 
 
