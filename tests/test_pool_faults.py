@@ -7,6 +7,8 @@ Times are exact virtual times: 0.2 s service, T = 0.15 s, hang_timeout 1 s, rest
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import trio
 
@@ -62,14 +64,21 @@ async def test_a_batch_sent_to_a_worker_already_gone_costs_it_no_attempt(autojum
 BUDGETS = QueueConfig(wait_budgets=(1.0, 0.3))  # paid, free: the embedded default's
 
 
+@contextlib.asynccontextmanager
+async def forty_on_one_worker(fleet: Fleet):
+    """One worker with the default's budgets; 20 paid and 20 free requests queued at t=0.
+    Yields the batcher, the outcomes and the paid and free requests."""
+    pool = PoolConfig(workers=1, hang_timeout=HANG)
+    async with open_batcher(fleet, pool, SizeOrTimeout(50, T), BUDGETS) as batcher:
+        outcomes = Outcomes(batcher)
+        yield batcher, outcomes, outcomes.add(texts("paid", 20), "paid"), outcomes.add(texts("free", 20), "free")
+
+
 async def test_a_fleet_that_crashes_on_every_call_fails_each_request_by_its_budget_plus_one_hang_timeout(
     autojump_clock,
 ):
     fleet = Fleet(every=FaultPlan(crash_on_call=1))
-    async with open_batcher(fleet, PoolConfig(workers=1, hang_timeout=HANG), SizeOrTimeout(50, T), BUDGETS) as batcher:
-        outcomes = Outcomes(batcher)
-        paid = outcomes.add(texts("paid", 20), tier="paid")
-        free = outcomes.add(texts("free", 20), tier="free")
+    async with forty_on_one_worker(fleet) as (batcher, outcomes, paid, free):
         await trio.sleep(0.2)
         before = batcher.pool.ready  # the batch has gone out at 0.15; it crashes its worker at 0.25
         await trio.sleep(0.2)
@@ -94,11 +103,7 @@ async def test_a_fleet_that_crashes_on_every_call_fails_each_request_by_its_budg
 
 
 async def test_a_fleet_that_hangs_on_every_call_fails_each_request_while_its_retry_still_runs(autojump_clock):
-    fleet = Fleet(every=FaultPlan(hang_on_call=1))
-    async with open_batcher(fleet, PoolConfig(workers=1, hang_timeout=HANG), SizeOrTimeout(50, T), BUDGETS) as batcher:
-        outcomes = Outcomes(batcher)
-        paid = outcomes.add(texts("paid", 20), tier="paid")
-        free = outcomes.add(texts("free", 20), tier="free")
+    async with forty_on_one_worker(Fleet(every=FaultPlan(hang_on_call=1))) as (batcher, outcomes, paid, free):
         await outcomes.wait(40)
         running_then = batcher.pool.busy_count, batcher.pool.ready
     # hung at 0.15 + 1 s, killed; the retry on the replacement (sent at 1.25) hangs too
