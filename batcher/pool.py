@@ -291,8 +291,8 @@ class WorkerPool:
             self.stats.bisections += 1
             half = len(live) // 2
             for part in (live[:half], live[half:]):
-                half = Batch(next(self._batch_ids), part, "bisect", suspect=True, last_error=error, hangs=batch.hangs)
-                self._retry.append(half)
+                piece = Batch(next(self._batch_ids), part, "bisect", suspect=True, last_error=error, hangs=batch.hangs)
+                self._retry.append(piece)
         else:
             self.stats.retries += 1
             batch.reason = "retry"
@@ -380,9 +380,9 @@ class WorkerPool:
         for request in batch.prune():
             if request.deadline + hang <= now:
                 self.stats.timed_out += 1
-                last = f"; last: {batch.last_error}" if batch.last_error else "; its call was still running"
-                message = f"no worker could serve it by its deadline ({request.deadline + hang - request.arrival:.3f}s after arrival){last}"
-                request.fail(WorkersFailed(message), now)
+                last = f"last: {batch.last_error}" if batch.last_error else "its call was still running"
+                after = request.deadline + hang - request.arrival
+                request.fail(WorkersFailed(f"no worker could serve it by its deadline ({after:.3f}s after arrival); {last}"), now)
         return batch.prune()
 
     def _send(self, slot: _Slot, batch: Batch) -> None:
