@@ -5,7 +5,7 @@
                        ─> admit: key's limit (429) ─> core (529) ─> events ─> Answer (max_tokens,
                        stop sequences, output safety) ─> JSON or SSE; the ledger refunds, bills, counts
     GET  /v1/models    the served versions        GET /healthz   the process answers
-    GET  /readyz       every model has a worker up (JSON detail per model)
+    GET  /readyz       every model's fleet is ready to serve (JSON detail per model)
     GET  /metrics      Prometheus text format
 
 Handlers are thin: rules live in :mod:`gateway.api` (pure), identities in :mod:`gateway.auth`,
@@ -232,7 +232,8 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready: every model has at least one worker up. The body details each model."""
+        """Ready: every model's backend says so (fixed mode: a worker up, and a call answered
+        since every slot last lost its worker). The body details each model."""
         snapshots = await self.bridge.snapshots() if self.bridge.running else {}
         models = {name: {"ready": snapshot.ready, **snapshot.status} for name, snapshot in snapshots.items()}
         waiting = [name for name, state in models.items() if not state["ready"]]

@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import socket
+import time
 
 import aiohttp
 import pytest
@@ -73,3 +74,32 @@ def test_workers_that_cannot_start_stop_serve_with_the_reason(tmp_path):
     bad = CONFIG.replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["no-such-model"]')
     with pytest.raises(RuntimeError, match=r"the scheduling core did not start: WorkerStartError: worker \d did not start"):
         Gateway(tmp_path, bad)
+
+
+def test_a_fleet_that_crashes_on_every_call_answers_500_in_time_and_stays_not_ready(tmp_path):
+    config = (CONFIG.replace("wait_budget_ms = 10000", "wait_budget_ms = 1000")  # paid; hang_timeout 1 s
+              .replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["echo", "--crash-on-call", "1"]'))
+    gateway = Gateway(tmp_path, config)
+    try:
+        async def main():
+            async with aiohttp.ClientSession(headers={"x-api-key": PAID}) as session:
+                async def one(index: int) -> tuple[int, dict, float]:
+                    started = asyncio.get_running_loop().time()
+                    async with session.post(f"{gateway.url}/v1/messages", json=message(f"r{index}")) as reply:
+                        return reply.status, await reply.json(), asyncio.get_running_loop().time() - started
+
+                return await asyncio.gather(*(one(index) for index in range(20)))
+
+        results = asyncio.run(asyncio.wait_for(main(), 60))
+        # dispatched: 500 (it crashed every worker that took it); queued while every worker was
+        # down: 529 (not dispatched within its budget)
+        kinds = {(status, body["error"]["type"]) for status, body, _ in results}
+        assert (500, "api_error") in kinds and kinds <= {(500, "api_error"), (529, "overloaded_error")}
+        assert not any("pid" in body["error"]["message"] for _, body, _ in results)
+        assert max(seconds for _, _, seconds in results) < 2.0 + 2.0  # budget + hang_timeout, + slack
+        for _ in range(10):  # between crash cycles too: its workers restart, none has served
+            status, _, body = gateway.request("GET", "/readyz")
+            assert (status, body["models"]["echo@1"]["ready"]) == (503, False)
+            time.sleep(0.1)
+    finally:
+        assert gateway.stop() == 0

@@ -20,9 +20,9 @@ import threading
 import time
 
 from workers.engine.serve import add_engine_arguments, serve
-from workers.faults import Fault, FaultInjector, add_fault_arguments, plan_from_args
+from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
 from workers.models import Model, add_model_arguments, load_model
-from workers.protocol import Error, FrameDecoder, Ready, Result, RunBatch, encode
+from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, encode
 
 CRASH_EXIT_CODE = 3
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()
     if args.kind == "engine":
         return serve(args, protocol_in, protocol_out)
-    injector = FaultInjector(plan_from_args(args))
+    injector = FaultInjector(plan_from_args(args), instance_from_env())
     model = load_model(args)
     with os.fdopen(protocol_out, "wb") as out:
         out.write(encode(Ready(pid=os.getpid(), model=model.name)))
@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not isinstance(message, RunBatch):
                     print(f"worker: unexpected {message.kind} frame", file=sys.stderr)
                     return 2
+                out.write(encode(Accepted(id=message.id)))  # before any fault: the call is ours now
+                out.flush()
                 out.write(encode(serve_call(model, injector, message)))
                 out.flush()
     return 0
