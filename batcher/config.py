@@ -214,6 +214,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _require(bool(self.name), "name", "a model name", self.name)
         _require(1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window)
+        self._check_files()
+
+    def _check_files(self) -> None:
+        """The tokenizer and template files named exist (a continuous model converted at start
+        has them checked once they are written)."""
         _check_tokenizer(self.tokenizer)
         if self.chat_template not in CHAT_TEMPLATES:
             path = os.path.expanduser(self.chat_template)
@@ -256,7 +261,113 @@ class FixedModelConfig(ModelConfig):
         return make_policy(self.policy, **params, **self.policy_options)
 
 
-MODES: dict[str, type[ModelConfig]] = {"fixed": FixedModelConfig}
+# --- continuous models (DESIGN §6): engine workers, one per GPU ------------------------------
+
+CONVERTED = ("smollm2-135m",)
+"""Model names ``ferry serve`` converts once from an installed GGUF (workers/engine/convert.py)."""
+SIMULATED = ("llama-70b", "smollm2-135m")  # workers/engine/cost_model.py: PRESETS
+DTYPES = ("float32", "bfloat16")
+
+
+def converted_dir(name: str) -> str:
+    """Where the conversion of a :data:`CONVERTED` model lives (what ``--model`` is given)."""
+    from workers.engine.convert import SOURCES, models_dir  # numpy only; never gguf or torch here
+
+    return str(models_dir() / SOURCES[name].dir_name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ContinuousModelConfig(ModelConfig):
+    """A continuous-mode model: engine workers (``python -m workers engine``) behind the router.
+
+    ``model`` is a Hugging Face model directory, or a name in :data:`CONVERTED` (converted once
+    at start); ``simulated`` instead names a cost-model preset (no weights: seeded tokens, each
+    step as long as the preset's GPU would take; ids are bytes under the ``bytes`` tokenizer).
+    ``tokenizer`` and ``chat_template`` default to the model's own (``bytes`` and ``labelled``
+    for a simulated engine).
+    """
+
+    mode: str = "continuous"
+    model: str = ""
+    simulated: str = ""
+    tokenizer: str = ""
+    chat_template: str = ""
+    workers: int = 1  # engine replicas, one per GPU
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int = 0  # KV blocks per replica (0: from kv_memory_gb, else the runner's default)
+    kv_memory_gb: float = 0.0  # KV cache size per replica, instead of num_blocks
+    max_batch_tokens: int = 512  # the token budget of one engine step
+    max_seqs: int = 256  # running sequences per replica at most
+    dtype: str = "float32"
+    device: str = ""  # cpu or cuda (default: cuda where present)
+    affinity_bound: int = 2048  # tokens: a prefix holder busier than the least loaded by more loses it
+    stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
+    max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.model) != bool(self.simulated), "model", "a model (or simulated), not both",
+                 self.model or self.simulated or "neither")
+        if self.simulated:
+            _require(self.simulated in SIMULATED, "simulated", f"one of {list(SIMULATED)}", self.simulated)
+        elif self.model not in CONVERTED:
+            path = os.path.expanduser(self.model)
+            _require(os.path.isfile(os.path.join(path, "config.json")), "model",
+                     f"one of {list(CONVERTED)} or a Hugging Face model directory", self.model)
+        own = self.model_dir
+        if not self.tokenizer:
+            object.__setattr__(self, "tokenizer", own or "bytes")
+        if not self.chat_template:
+            object.__setattr__(self, "chat_template", "model" if own else "labelled")
+        super(ContinuousModelConfig, self).__post_init__()
+        for name in ("block_size", "max_batch_tokens", "max_seqs"):
+            _require(1 <= getattr(self, name) <= 1 << 20, name, "1..1048576", getattr(self, name))
+        _require(self.max_seqs <= self.max_batch_tokens, "max_seqs", f"<= max_batch_tokens ({self.max_batch_tokens})",
+                 self.max_seqs)
+        _require(self.num_blocks >= 0, "num_blocks", ">= 0", self.num_blocks)
+        _require(0 <= self.kv_memory_gb < math.inf, "kv_memory_gb", "GiB >= 0", self.kv_memory_gb)
+        _require(not (self.num_blocks and self.kv_memory_gb), "kv_memory_gb", "num_blocks or kv_memory_gb, not both",
+                 self.kv_memory_gb)
+        _require(self.dtype in DTYPES, "dtype", f"one of {list(DTYPES)}", self.dtype)
+        _require(self.device in ("", "cpu", "cuda"), "device", "'cpu' or 'cuda'", self.device)
+        _require(self.affinity_bound >= 0, "affinity_bound", "tokens >= 0", self.affinity_bound)
+        _require(0 < self.stats_timeout_ms < math.inf, "stats_timeout_ms", "milliseconds > 0", self.stats_timeout_ms)
+        self.pool()  # checks workers and max_attempts with the pool's own rules
+
+    @property
+    def model_dir(self) -> str:
+        """The directory the engines load ('' for a simulated engine)."""
+        if self.simulated:
+            return ""
+        return converted_dir(self.model) if self.model in CONVERTED else os.path.expanduser(self.model)
+
+    def _check_files(self) -> None:
+        if self.model not in CONVERTED:  # else written at start, checked when the gateway loads them
+            super(ContinuousModelConfig, self)._check_files()
+
+    def pool(self) -> PoolConfig:
+        """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung."""
+        return PoolConfig(self.workers, self.stats_timeout_ms / 1000, self.max_attempts)
+
+    def engine_argv(self) -> list[str]:
+        """``python -m workers`` arguments of one engine worker."""
+        if self.simulated:
+            argv = ["engine", "--simulated", self.simulated]
+            if self.tokenizer == "bytes":
+                argv += ["--sim-vocab", "256"]
+        else:
+            argv = ["engine", "--model", self.model_dir, "--dtype", self.dtype]
+        argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),
+                 "--max-seqs", str(self.max_seqs), "--model-version", self.name]
+        if self.num_blocks:
+            argv += ["--num-blocks", str(self.num_blocks)]
+        elif self.kv_memory_gb:
+            argv += ["--kv-memory-gb", str(self.kv_memory_gb)]
+        if self.device:
+            argv += ["--device", self.device]
+        return argv
+
+
+MODES: dict[str, type[ModelConfig]] = {"fixed": FixedModelConfig, "continuous": ContinuousModelConfig}
 """Each mode's model table; ``mode`` defaults to ``fixed``."""
 
 

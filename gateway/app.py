@@ -99,7 +99,7 @@ class Gateway:
         request[REQUEST_ID] = entry.request_id  # every answer names it (the request-id header)
         sampling = Sampling(call.temperature, call.top_p, call.top_k)
         job = Job(prompt, prompt_tokens, call.max_tokens, principal.tier, principal.tenant,
-                  sampling=sampling, stop_sequences=call.stop_sequences)
+                  sampling=sampling, stop_sequences=call.stop_sequences, stream=call.stream)
         if call.stream:
             return await self._settled(entry, self._stream(request, entry, call, model, job))
         key = request.headers.get("Idempotency-Key")
@@ -191,7 +191,7 @@ class Gateway:
                         raise answer.error  # nothing sent yet: the error's own status
                     entry.status = 200
                     entry.outcome = Outcome.INTERRUPTED if answer.parts else Outcome.FAILED
-                    await stream.write(end=api.stream_error(answer.error))
+                    await stream.write(piece.text, end=api.stream_error(answer.error))  # text first: it is billed
                 elif answer.done:
                     self._count_blocked(answer, model)
                     entry.stop_reason = answer.stop_reason

@@ -35,7 +35,9 @@ from typing import Any
 import trio
 
 from batcher.backend import TERMINAL_EVENTS, Backend, Event, Failed, Job, Snapshot
-from batcher.config import FerryConfig
+from batcher.config import ContinuousModelConfig, FerryConfig
+from batcher.continuous import open_engine_pool
+from batcher.engine_worker import EngineProcess, convert_once
 from batcher.fixed import open_batcher
 from batcher.process_worker import process_workers
 from gateway.api import Unavailable
@@ -287,14 +289,19 @@ def _resolve(future: asyncio.Future, value: object) -> None:
 
 @contextlib.asynccontextmanager
 async def open_backends(config: FerryConfig) -> AsyncIterator[dict[str, Backend]]:
-    """The production core: a backend per model (fixed: a batcher over worker processes)."""
+    """The production core: a backend per model (fixed: a batcher over worker processes;
+    continuous: an engine pool over engine worker processes, its model converted first if needed)."""
     queue = config.queue()
     async with contextlib.AsyncExitStack() as stack:
         backends: dict[str, Backend] = {}
         for model in config.models:
-            spawn = process_workers(model.worker, model.workers)
-            tokens = make_tokenizer(model.tokenizer).count
-            backends[model.name] = await stack.enter_async_context(
-                open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokens)
-            )
+            if isinstance(model, ContinuousModelConfig):
+                await convert_once(model)
+                spawn = process_workers(model.engine_argv(), model.workers, kind=EngineProcess)
+                backend = open_engine_pool(model, queue, spawn, make_tokenizer(model.tokenizer))
+            else:
+                spawn = process_workers(model.worker, model.workers)
+                tokens = make_tokenizer(model.tokenizer).count
+                backend = open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokens)
+            backends[model.name] = await stack.enter_async_context(backend)
         yield backends
