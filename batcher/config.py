@@ -282,7 +282,7 @@ class ContinuousModelConfig(ModelConfig):
 
     ``model`` is a Hugging Face model directory, or a name in :data:`CONVERTED` (converted once
     at start); ``simulated`` instead names a cost-model preset (no weights: seeded tokens, each
-    step as long as the preset's GPU would take; ids are bytes under the ``bytes`` tokenizer).
+    step as long as the preset's GPU would take; ids are ASCII under the ``bytes`` tokenizer).
     ``tokenizer`` and ``chat_template`` default to the model's own (``bytes`` and ``labelled``
     for a simulated engine).
     """
@@ -353,7 +353,7 @@ class ContinuousModelConfig(ModelConfig):
         if self.simulated:
             argv = ["engine", "--simulated", self.simulated]
             if self.tokenizer == "bytes":
-                argv += ["--sim-vocab", "256"]
+                argv += ["--sim-vocab", "128"]  # ASCII: one character a token
         else:
             argv = ["engine", "--model", self.model_dir, "--dtype", self.dtype]
         argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),

@@ -79,7 +79,7 @@ def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
         "--sim-eos-prob", type=float, default=0.0, help="--simulated: chance a token ends its answer"
     )
     engine.add_argument(
-        "--sim-vocab", type=int, default=None, help="--simulated: draw ids below this (256: bytes)"
+        "--sim-vocab", type=int, default=None, help="--simulated: draw ids below this (128: ASCII)"
     )
 
 

@@ -42,7 +42,7 @@ class SimulatedRunner:
     ) -> None:
         """Size the cache by ``num_blocks``, or by ``kv_memory_gb`` GiB of the model's KV (1024
         blocks when neither is given). Token ids are drawn from the model's vocabulary, or from
-        the first ``vocab`` ids (256: UTF-8 bytes, which the gateway's ``bytes`` tokenizer reads)."""
+        the first ``vocab`` ids (128: ASCII, one character a token under the gateway's ``bytes`` tokenizer)."""
         if num_blocks is not None and kv_memory_gb is not None:
             raise ValueError("SimulatedRunner: give num_blocks or kv_memory_gb, not both")
         if kv_memory_gb is not None:
