@@ -19,7 +19,17 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent.parent))
 
 from experiments.chaos.checks import Verdict, judge  # noqa: E402
 from experiments.chaos.faults import Clock  # noqa: E402
-from experiments.chaos.scenarios import BY_NAME, KEYS, MODEL, SCENARIOS, SHORT, SHORT_PARAMS, Params, Scenario, plan_for  # noqa: E402
+from experiments.chaos.scenarios import (  # noqa: E402
+    BY_NAME,
+    KEYS,
+    MODEL,
+    SCENARIOS,
+    SHORT,
+    SHORT_PARAMS,
+    Params,
+    Scenario,
+    plan_for,
+)
 from experiments.chaos.server import Server, StartFailed  # noqa: E402
 from experiments.chaos.traffic import send  # noqa: E402
 
