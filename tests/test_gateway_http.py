@@ -96,6 +96,7 @@ ERRORS = [
     (message(max_tokens="10"), {}, PAID, 400, "invalid_request_error", "max_tokens"),
     (message(messages="hi"), {}, PAID, 400, "invalid_request_error", "messages"),
     (message("x" * 250, max_tokens=10), {}, PAID, 400, "invalid_request_error", "context window"),
+    (message(stop_sequences=["x"] * 17), {}, PAID, 400, "invalid_request_error", "at most 16 stop sequences"),
     (message(), {}, None, 401, "authentication_error", "x-api-key"),
     (message(), {}, "sk-wrong-0000", 401, "authentication_error", "invalid"),
     (message(model="gpt-9"), {}, PAID, 404, "not_found_error", "gpt-9"),
