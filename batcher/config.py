@@ -253,8 +253,9 @@ class StateConfig:
     dir: str = "~/.local/state/ferry"
 
     def path(self, name: str) -> str:
+        """``name`` inside the state directory, which is created private (0700) if missing."""
         directory = os.path.expanduser(self.dir)
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         return os.path.join(directory, name)
 
 

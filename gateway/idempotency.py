@@ -21,6 +21,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 
 from gateway.api import InvalidRequest
+from gateway.private import private_database
 
 Answer = tuple[int, bytes]  # HTTP status and body
 
@@ -46,7 +47,7 @@ def fingerprint(body: bytes) -> str:
 
 class IdempotencyStore:
     def __init__(self, path: str) -> None:
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(private_database(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(_SCHEMA)
         self._running: dict[tuple[str, str], tuple[str, asyncio.Future[Answer]]] = {}

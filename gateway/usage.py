@@ -7,7 +7,8 @@ id, and inserts are ``INSERT OR IGNORE``: a record written twice (a retry, a rep
 restart) stays one row. SQLite survives a restart of the gateway; ``close()`` flushes what is
 queued before it returns.
 
-API keys never reach this table: a record names the key by ``key_id`` (a short digest).
+API keys never reach this table: a record names the key by ``key_id`` (a short digest). The file
+is readable by the gateway's user only (:mod:`gateway.private`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable
+
+from gateway.private import private_database
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -67,7 +70,7 @@ class UsageLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        connection = sqlite3.connect(path)  # create the table now: a bad path fails at start-up
+        connection = sqlite3.connect(private_database(path))  # create the table now: a bad path fails at start-up
         with connection:
             connection.execute(_SCHEMA)
         connection.close()

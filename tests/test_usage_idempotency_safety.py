@@ -31,7 +31,7 @@ def test_usage_is_written_once_per_request_id_and_survives_a_restart(tmp_path):
 
 
 def test_usage_log_refuses_a_path_it_cannot_write_at_start():
-    with pytest.raises(Exception, match="unable to open"):
+    with pytest.raises(FileNotFoundError):
         UsageLog("/nonexistent-dir/usage.sqlite")
 
 
