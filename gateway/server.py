@@ -26,6 +26,7 @@ from aiohttp import web
 from batcher.config import FerryConfig, default_config, load_config
 from gateway.app import make_app
 from gateway.bridge import Bridge, OpenCore, open_batchers
+from gateway.logs import hide_request_bytes
 
 log = logging.getLogger("ferry.serve")
 
@@ -36,6 +37,7 @@ async def serve(
     open_core: OpenCore | None = None,
 ) -> int:
     """Run the gateway until SIGTERM or SIGINT (or the core dies); return an exit status."""
+    hide_request_bytes()  # aiohttp would log a refused request's bytes: its key, its prompt
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
