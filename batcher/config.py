@@ -136,13 +136,24 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20  # a larger body is answered 413 by aiohttp's own limit
     shutdown_grace_ms: int = 30_000  # SIGTERM: in-flight requests get this long to finish
     ping_interval_ms: int = 5_000  # a stream waiting this long gets a `ping` event
+    # Connections (gateway/connections.py). The headers of a request are due within
+    # header_timeout_ms of the connection's opening or of their first byte (Go servers commonly
+    # set 10 s); its body within body_timeout_ms of the headers (4 MiB in 60 s is ~0.6 Mbit/s);
+    # a keep-alive connection with nothing to do is closed after idle_timeout_ms (nginx's 75 s,
+    # longer than the 60 s a load balancer in front usually keeps an idle connection).
+    header_timeout_ms: int = 10_000
+    body_timeout_ms: int = 60_000
+    idle_timeout_ms: int = 75_000
+    max_connections: int = 10_000  # beyond it, the oldest idle connection is closed, else a 503
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "host", "an address", self.host)
         _require(0 <= self.port <= 65535, "port", "0..65535", self.port)
         _require(1024 <= self.max_body_bytes <= 1 << 30, "max_body_bytes", "1 KiB..1 GiB", self.max_body_bytes)
         _require(self.shutdown_grace_ms >= 0, "shutdown_grace_ms", "milliseconds >= 0", self.shutdown_grace_ms)
-        _require(self.ping_interval_ms > 0, "ping_interval_ms", "milliseconds > 0", self.ping_interval_ms)
+        for name in ("ping_interval_ms", "header_timeout_ms", "body_timeout_ms", "idle_timeout_ms"):
+            _require(getattr(self, name) > 0, name, "milliseconds > 0", getattr(self, name))
+        _require(1 <= self.max_connections <= 1_000_000, "max_connections", "1..1000000", self.max_connections)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -42,6 +42,10 @@ class RequestTooLarge(ApiError):
     """The body is over the server's limit."""
 
 
+class RequestTimeout(ApiError):
+    """The body did not arrive within the server's ``body_timeout_ms`` of its headers."""
+
+
 class Unavailable(ApiError):
     """The scheduling core is not running (starting, stopped, or crashed)."""
 
@@ -66,6 +70,7 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (InvalidRequest, ErrorKind(400, "invalid_request_error")),
     (AuthenticationFailed, ErrorKind(401, "authentication_error")),
     (NotFound, ErrorKind(404, "not_found_error")),
+    (RequestTimeout, ErrorKind(408, "timeout_error")),
     (RequestTooLarge, ErrorKind(413, "request_too_large")),
     (RateLimited, ErrorKind(429, "rate_limit_error", retry_after=True)),
     (Overloaded, ErrorKind(529, "overloaded_error", retry_after=True)),

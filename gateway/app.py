@@ -34,6 +34,7 @@ from batcher.types import Request, State
 from gateway import api
 from gateway.auth import KeyRing
 from gateway.bridge import Bridge, Handle
+from gateway.connections import read_body
 from gateway.idempotency import IdempotencyStore
 from gateway.ledger import Entry, Ledger
 from gateway.limiter import Limiter, open_limiter
@@ -80,7 +81,7 @@ class Gateway:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         principal = self.keys.authenticate(request.headers)
-        body = await request.read()
+        body = await read_body(request, self.config.server.body_timeout_ms / 1000)
         call = api.parse_message_request(body)
         model = self.catalog.resolve(call.model)
         prompt = api.render_prompt(call)

@@ -26,6 +26,7 @@ from aiohttp import web
 from batcher.config import FerryConfig, default_config, load_config
 from gateway.app import make_app
 from gateway.bridge import Bridge, OpenCore, open_batchers
+from gateway.connections import ConnectionCollector, ConnectionGuard, GuardedSite
 from gateway.logs import hide_request_bytes
 
 log = logging.getLogger("ferry.serve")
@@ -50,15 +51,22 @@ async def serve(
             announce(f"ferry serve: the scheduling core did not start: {_leaves(exc)}")
             return 1
         app = make_app(config, bridge)
+        guard = ConnectionGuard(_connection_cap(config.server.max_connections), config.server.header_timeout_ms / 1000)
+        app.middlewares.append(guard.track)
+        app["ferry"].metrics.registry.register(ConnectionCollector(guard))
         runner = web.AppRunner(
             app,
             access_log=None,  # a log line per request costs more than the request's own work
             handler_cancellation=True,  # a client that leaves cancels its request in the core
             shutdown_timeout=config.server.shutdown_grace_ms / 1000,
+            keepalive_timeout=config.server.idle_timeout_ms / 1000,
+            # after an answer sent before the body was read (401, 408, 413), aiohttp reads and
+            # drops the rest so the client sees the answer, not a reset: a body read like any other
+            lingering_time=min(10.0, config.server.body_timeout_ms / 1000),
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, config.server.host, config.server.port, backlog=4096)
+            site = GuardedSite(runner, guard, config.server.host, config.server.port, backlog=4096)
             await site.start()
             # Everything built so far lives as long as the process: move it out of the
             # collector's view, so a full collection scans only what requests leave behind.
@@ -120,6 +128,19 @@ def serve_command(args) -> int:
     except ImportError:
         return asyncio.run(serve(config, say))
     return uvloop.run(serve(config, say))
+
+
+FD_RESERVE = 256  # descriptors kept for worker pipes, SQLite, Redis and the listening socket
+
+
+def _connection_cap(configured: int) -> int:
+    """``max_connections``, lowered to what the open-file limit leaves after :data:`FD_RESERVE`
+    (with a warning), so that a flood meets the cap before accept() runs out of descriptors."""
+    available = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - FD_RESERVE
+    if configured <= available:
+        return configured
+    log.warning("max_connections %d is over the open-file limit less %d: using %d", configured, FD_RESERVE, available)
+    return max(1, available)
 
 
 def _raise_open_file_limit() -> None:
