@@ -251,10 +251,12 @@ class LimitsConfig:
     store: str = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
     lease_share: float = 0.0  # > 0: each gateway serves a hot key from this share of its budget
+    redis_timeout_ms: int = 100  # a Redis call not answered within it: local buckets until Redis is back
 
     def __post_init__(self) -> None:
         _require(self.store in ("memory", "redis"), "store", "'memory' or 'redis'", self.store)
         _require(0.0 <= self.lease_share <= 1.0, "lease_share", "a share in 0..1", self.lease_share)
+        _require(1 <= self.redis_timeout_ms <= 10_000, "redis_timeout_ms", "1..10000 milliseconds", self.redis_timeout_ms)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

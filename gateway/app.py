@@ -280,7 +280,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     for model in config.models:
         batcher = bridge.batcher(model.name)
         metrics.track(model.name, config.queue().tiers, batcher.stats, batcher.load)
-    gateway = Gateway(config, bridge, open_limiter(config.limits), metrics)
+    gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
     app = web.Application(middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes)
     app["ferry"] = gateway
     app.on_response_prepare.append(name_the_request)

@@ -161,7 +161,8 @@ def test_metrics_parse_and_show_every_family_with_no_key_or_prompt(gateway):
 
 def test_two_gateways_sharing_a_key_in_redis_never_admit_more_than_its_limit(tmp_path, redis_url):
     limit = 6000
-    limits = f'[limits]\nstore = "redis"\nredis_url = "{redis_url}"'
+    # Sharing, not an outage: a slow answer on a loaded machine must not switch to local buckets.
+    limits = f'[limits]\nstore = "redis"\nredis_url = "{redis_url}"\nredis_timeout_ms = 5000'
     gateways = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()

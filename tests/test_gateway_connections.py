@@ -11,7 +11,6 @@ import socket
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.logs import BURST, Throttle
 from tests.gateway_process import CONFIG, PAID, Gateway, message
@@ -89,15 +88,6 @@ def capped(tmp_path_factory):
     assert server.stop() == 0
 
 
-def metric(gateway: Gateway, name: str, **labels: str) -> float:
-    text = gateway.request("GET", "/metrics", key=None)[2]["raw"].decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    raise AssertionError(f"no sample {name} {labels}")
-
-
 def received_until_closed(connection: socket.socket) -> bytes:
     """Everything the server sends until it closes the connection (10 s at most)."""
     connection.settimeout(10)
@@ -105,12 +95,12 @@ def received_until_closed(connection: socket.socket) -> bytes:
 
 
 def test_half_sent_headers_and_silent_connections_are_closed_at_the_header_timeout(timeouts):
-    before = metric(timeouts, "ferry_connections_closed_total", reason="header_timeout")
+    before = timeouts.metric("ferry_connections_closed_total", reason="header_timeout")
     loris = socket.create_connection((timeouts.host, timeouts.port))
     loris.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + PAID.encode() + b"\r\nContent-Le")
     silent = socket.create_connection((timeouts.host, timeouts.port))
     assert received_until_closed(loris) == b"" and received_until_closed(silent) == b""
-    assert metric(timeouts, "ferry_connections_closed_total", reason="header_timeout") == before + 2
+    assert timeouts.metric("ferry_connections_closed_total", reason="header_timeout") == before + 2
 
 
 def test_a_body_trickled_one_byte_at_a_time_gets_408_and_the_connection_closes(timeouts):
@@ -131,7 +121,7 @@ def test_a_body_trickled_one_byte_at_a_time_gets_408_and_the_connection_closes(t
     assert head.startswith(b"HTTP/1.1 408 ")
     assert json.loads(reply) == {"type": "error", "error": {
         "type": "timeout_error", "message": "body: not received within 500 ms of the headers"}}
-    assert metric(timeouts, "ferry_connections_closed_total", reason="body_timeout") >= 1
+    assert timeouts.metric("ferry_connections_closed_total", reason="body_timeout") >= 1
 
 
 def test_an_idle_keep_alive_connection_is_closed_at_the_idle_timeout_not_before(timeouts):
@@ -158,9 +148,9 @@ def test_connections_held_past_the_cap_make_room_and_healthz_still_answers(cappe
         assert set(answers) <= {200, 503} and answers[-1] == 200
         assert [capped.request("GET", "/healthz", key=None)[0] for _ in range(3)] == [200] * 3
         assert received_until_closed(held[0]) == b""  # the oldest made room first
-        open_now = sum(metric(capped, "ferry_connections", phase=p) for p in ("awaiting", "busy", "idle"))
+        open_now = sum(capped.metric("ferry_connections", phase=p) for p in ("awaiting", "busy", "idle"))
         assert open_now <= 5
-        shed = sum(metric(capped, "ferry_connections_closed_total", reason=r) for r in ("evicted", "refused"))
+        shed = sum(capped.metric("ferry_connections_closed_total", reason=r) for r in ("evicted", "refused"))
         assert shed >= 300 - 5  # all the crowd but the cap's worth: refused young, or closed for room
     finally:
         for connection in held:
