@@ -264,6 +264,12 @@ class StateConfig:
     """Where the gateway keeps what must outlive it: usage records and idempotent answers."""
 
     dir: str = "~/.local/state/ferry"
+    idempotency_ttl_s: int = 86_400  # an idempotent answer is replayed this long (Stripe keeps keys 24 h)
+    idempotency_max_entries: int = 1_000_000  # answers kept at most; past it the oldest go first
+
+    def __post_init__(self) -> None:
+        _require(self.idempotency_ttl_s >= 1, "idempotency_ttl_s", "seconds >= 1", self.idempotency_ttl_s)
+        _require(self.idempotency_max_entries >= 1, "idempotency_max_entries", ">= 1", self.idempotency_max_entries)
 
     def path(self, name: str) -> str:
         """``name`` inside the state directory, which is created private (0700) if missing."""
