@@ -34,7 +34,7 @@ from batcher.types import Request, State
 from gateway import api
 from gateway.auth import KeyRing
 from gateway.bridge import Bridge, Handle
-from gateway.connections import read_body
+from gateway.connections import key_before_body, read_body
 from gateway.idempotency import IdempotencyStore
 from gateway.ledger import Entry, Ledger
 from gateway.limiter import Limiter, open_limiter
@@ -59,7 +59,8 @@ class Gateway:
         self.catalog = Catalog(config.models)
         self.metrics = metrics
         self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
-        self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"))
+        self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"), config.state.idempotency_ttl_s,
+                                            config.state.idempotency_max_entries)
         self.safety: SafetyCheck = Blocklist(config.safety.blocklist, config.safety.refusal)
         self.ping_interval = config.server.ping_interval_ms / 1000
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -285,7 +286,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     app["ferry"] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
-    app.router.add_post("/v1/messages", gateway.messages)
+    app.router.add_post("/v1/messages", gateway.messages, expect_handler=key_before_body(gateway.keys))
     app.router.add_get("/metrics", gateway.metrics_text)
     app.router.add_get("/v1/models", gateway.models)
     app.router.add_get("/healthz", gateway.healthz)

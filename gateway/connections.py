@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway import api
+from gateway.auth import KeyRing
 
 SLOW_AFTER = 1.0  # seconds a connection may take over its headers before the cap may close it for room
 REFUSAL_LINGER = 1.0  # seconds a refused connection may stay open for the client to read its 503
@@ -55,6 +56,31 @@ async def read_body(request: web.Request, timeout: float) -> bytes:
             return await request.read()
     except TimeoutError:
         raise api.RequestTimeout(f"body: not received within {timeout * 1000:.0f} ms of the headers") from None
+
+
+def key_before_body(keys: KeyRing) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
+    """A route's ``expect_handler``: a client that sends ``Expect: 100-continue`` waits for
+    the word before sending its body, so the key is checked first: an unknown one gets its 401
+    and never sends (aiohttp's own handler says ``100 Continue`` to anyone)."""
+
+    async def expect(request: web.Request) -> web.StreamResponse | None:
+        try:
+            keys.authenticate(request.headers)
+        except api.AuthenticationFailed as exc:
+            return _json_error(exc)
+        expect = request.headers.get("Expect", "")
+        if expect.lower() != "100-continue":
+            return _json_error(api.InvalidRequest(f"Expect: only 100-continue is understood, got {expect[:40]!r}"), 417)
+        if request.version >= (1, 1):  # HTTP/1.0 has no interim answers: the body just follows
+            request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+        return None
+
+    return expect
+
+
+def _json_error(error: BaseException, status: int | None = None) -> web.Response:
+    code, body, headers = api.error_response(error)
+    return web.Response(status=status or code, body=body, headers=headers, content_type="application/json")
 
 
 class ConnectionGuard:
