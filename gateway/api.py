@@ -50,6 +50,10 @@ class Unavailable(ApiError):
     """The scheduling core is not running (starting, stopped, or crashed)."""
 
 
+class ShuttingDown(Unavailable):
+    """The server is stopping and this request was still waiting when its grace period ended."""
+
+
 class RateLimited(ApiError):
     """The key's per-minute budget cannot cover this request now; ``retry_after`` says when."""
 
@@ -75,6 +79,7 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (RateLimited, ErrorKind(429, "rate_limit_error", retry_after=True)),
     (Overloaded, ErrorKind(529, "overloaded_error", retry_after=True)),
     (RequestFailed, ErrorKind(500, "api_error")),
+    (ShuttingDown, ErrorKind(503, "overloaded_error", retry_after=True)),  # retry: another gateway, or soon
     (Unavailable, ErrorKind(500, "api_error")),
 )
 INTERNAL = ErrorKind(500, "api_error")

@@ -91,6 +91,7 @@ class Bridge:
         """Resolves (to the core's exception, or None) when the trio thread has finished."""
         # asyncio side
         self._outgoing: list[tuple[bool, Handle]] = []  # (is_submit, handle)
+        self._refusal: BaseException | None = None  # set by refuse_all: what every submit fails with
         self._flush_pending = False
         self._inflight: set[Handle] = set()
         # trio side
@@ -127,6 +128,8 @@ class Bridge:
 
     def submit(self, model: str, input: str, tier: str | None = None, timeout: float | None = None) -> Handle:
         """Hand one request to the core; await ``handle.future`` for its finished Request."""
+        if self._refusal is not None:
+            raise self._refusal
         if not self.running:
             raise CoreStopped("the scheduling core is not running")
         assert self._loop is not None
@@ -146,6 +149,12 @@ class Bridge:
         self._inflight.discard(handle)
         if self.running:
             self._send(False, handle)
+
+    def refuse_all(self, error: BaseException) -> None:
+        """Fail every request in flight with ``error`` now, and every later submit: the server
+        is stopping and will not wait for them (their handlers answer with the error)."""
+        self._refusal = error
+        self._fail_all(error)
 
     def batcher(self, model: str) -> Batcher:
         """A model's batcher, for read-only snapshots (health, stats) from the asyncio thread.

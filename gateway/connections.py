@@ -92,6 +92,8 @@ class ConnectionGuard:
         self._phases: dict[Phase, dict[_Connection, None]] = {phase: {} for phase in Phase if phase is not Phase.CLOSED}
         self._by_handler: dict[asyncio.Protocol, _Connection] = {}
         self._lingering = 0
+        self._idle = asyncio.Event()  # set while no connection runs a request
+        self._idle.set()
         self.closed = {"header_timeout": 0, "evicted": 0, "refused": 0, "body_timeout": 0}
 
     def accept(self, make_handler: Callable[[], asyncio.Protocol]) -> asyncio.Protocol:
@@ -120,6 +122,15 @@ class ConnectionGuard:
             if connection is not None and connection.phase is Phase.BUSY:
                 self._enter(connection, Phase.IDLE)
 
+    async def drained(self, timeout: float) -> bool:
+        """Wait until no connection runs a request, for ``timeout`` seconds at most: True if so."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
     def counts(self) -> dict[str, int]:
         """Open connections by phase."""
         return {phase.value: len(members) for phase, members in self._phases.items()}
@@ -127,6 +138,11 @@ class ConnectionGuard:
     def _enter(self, connection: _Connection, phase: Phase) -> None:
         """Move an open connection to ``phase`` (the newest of it); CLOSED forgets it."""
         del self._phases[connection.phase][connection]
+        busy = self._phases[Phase.BUSY]
+        if phase is Phase.BUSY:
+            self._idle.clear()
+        elif not busy:
+            self._idle.set()
         if connection.deadline is not None:
             connection.deadline.cancel()
             connection.deadline = None
