@@ -5,7 +5,7 @@ no early and clearly rather than let every queue grow.
 
 The estimate follows the fleet's own rhythm, not a fluid average. A backend reports when each
 of its workers will next take a batch, how many requests a batch holds and how long a call takes
-(a :class:`Load`). The wait of a new request is then the first of those dispatch moments by
+(a :class:`BatchLoad`). The wait of a new request is then the first of those dispatch moments by
 which the batches have had room for everything ahead of it: the requests queued in its tier and
 above, and the higher tiers' arrivals that keep passing it meanwhile (their recent rate, plus
 ``MARGIN`` standard deviations of Poisson noise, so that a request admitted at the edge still
@@ -20,8 +20,8 @@ at once, so a free request waits 20 ms or 220 ms depending on which side of that
 falls, and paid requests queued now take places in the next batches but not in the ones after.
 The fluid estimate (with or without the paid arrival rate) was measured to be wrong by 1.2x to
 2.5x in the burst experiment (``experiments/burst.py --virtual``); this one predicts the
-dispatch time of most admitted requests to the millisecond in virtual time (README, "Measured:
-a burst at 3x capacity").
+dispatch time of most admitted requests to the millisecond in virtual time
+(experiments/README.md, "A burst at 3× capacity").
 
 The product is the tiering. ``pressure(h)`` is how far tier h's queue reaches past the next
 dispatch (the part of its wait that is backlog, not the phase of the calls); as the paid queue
@@ -44,6 +44,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Protocol
+
+from batcher.types import Shed
 
 MARGIN = 2.0
 """Standard deviations of higher tiers' Poisson arrivals a lower tier's estimate allows for.
@@ -54,14 +57,38 @@ deadline from 2,131 to 1,045 (of 90,000 free) and raises the 529s whose Retry-Af
 25 % of the real drain from 78 % to 93 %, for 0.4 % fewer free requests served."""
 
 
+class Load(Protocol):
+    """What a backend reports about itself, in its own unit of work: requests for fixed batches,
+    tokens for the continuous engine. The overload rule below judges a new job's ``cost`` in
+    that unit against the backend's drain rate in the same unit, so one rule serves both."""
+
+    queued: tuple[float, ...]  # work waiting, per tier
+
+    @property
+    def measured(self) -> bool:
+        """False until the backend knows its own speed: until then everything is admitted."""
+
+    @property
+    def drain_rate(self) -> float:
+        """Work per second the fleet clears while backlogged."""
+
+    def wait(self, tier: int, cost: float = 1.0) -> float:
+        """Estimated seconds before a worker takes a new job of ``tier`` and ``cost``."""
+
+    def pressure(self, tier: int) -> float:
+        """Seconds by which the queue of ``tier`` and above reaches past what the fleet takes
+        next: how much of a wait is backlog rather than the phase of the workers' calls."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
-class Load:
-    """What a backend reports about itself: its queues and when its workers take their next batch.
+class BatchLoad:
+    """The fixed mode's :class:`Load`: its queues and when its workers take their next batch.
 
     ``free_in`` has one entry per live worker, seconds until it can take a batch (0 when idle);
     ``batch`` is how many requests a call takes and ``call`` how long it lasts (0 until measured:
     then everything is admitted). ``arrivals`` is the recent rate of admitted requests per tier,
-    per second. Work is counted in the backend's unit (requests for fixed batches).
+    per second. Work is counted in requests: a job costs 1 whatever its size, because a batch
+    costs the same at any size.
     """
 
     queued: tuple[int, ...]
@@ -71,13 +98,17 @@ class Load:
     arrivals: tuple[float, ...] = ()
 
     @property
+    def measured(self) -> bool:
+        return self.call > 0
+
+    @property
     def drain_rate(self) -> float:
         """Requests per second the fleet clears while backlogged (0: not measured yet)."""
         return len(self.free_in) * self.batch / self.call if self.call > 0 else 0.0
 
-    def wait(self, tier: int) -> float:
+    def wait(self, tier: int, cost: float = 1.0) -> float:
         """Estimated seconds before a worker takes a new request of ``tier`` (see the module doc)."""
-        return self.dispatch_in(tier, extra=1, margin=MARGIN)
+        return self.dispatch_in(tier, extra=math.ceil(cost), margin=MARGIN)
 
     def pressure(self, tier: int) -> float:
         """Seconds by which the queue of ``tier`` and above reaches past the next dispatch: 0
@@ -146,8 +177,8 @@ class Rate:
         self._value = 0.0
         self._updated = -math.inf
 
-    def add(self, now: float) -> None:
-        self._value = self.at(now) + 1.0 / self.tau
+    def add(self, now: float, amount: float = 1.0) -> None:
+        self._value = self.at(now) + amount / self.tau
         self._updated = now
 
     def at(self, now: float) -> float:
@@ -166,25 +197,34 @@ class AdmissionControl:
         self._due = [-math.inf] * len(self.budgets)
 
     def arrivals(self, now: float) -> tuple[float, ...]:
-        """Admitted requests per second, per tier, as of ``now``: what :class:`Load` needs."""
+        """Admitted work per second, per tier, as of ``now``: what a :class:`Load` needs."""
         return tuple(rate.at(now) for rate in self._arrivals)
 
-    def judge(self, load: Load, tier: int, now: float) -> Admission:
-        """Admit or shed one new request of ``tier`` (0 is the highest) arriving at ``now``."""
+    def judge(self, load: Load, tier: int, now: float, cost: float = 1.0) -> Admission:
+        """Admit or shed one new job of ``tier`` (0 is the highest) and ``cost`` arriving at ``now``."""
         if not 0 <= tier < len(self.budgets) or len(load.queued) != len(self.budgets):
             raise ValueError(f"tier {tier} of {len(self.budgets)} budgets, load for {len(load.queued)} tiers")
-        wait = load.wait(tier)
+        wait = load.wait(tier, cost)
         allowed = budget(load, tier, self.budgets)
-        if load.call <= 0 or (wait <= allowed and allowed > 0):
-            self._arrivals[tier].add(now)
+        if not load.measured or (wait <= allowed and allowed > 0):
+            self._arrivals[tier].add(now, cost)
             self._due[tier] = now + wait
             return Admission(True, wait, allowed)
-        return Admission(False, wait, allowed, self.retry_after(load, tier, now))
+        return Admission(False, wait, allowed, self.retry_after(load, tier, now, cost))
 
-    def retry_after(self, load: Load, tier: int, now: float) -> float:
-        """When the work ahead of a request of ``tier`` is due to have left the queue, as
-        predicted for the newest of it when it was admitted; never less than one request's
-        share of the fleet's drain rate."""
+    def shed(self, load: Load, tier: int, now: float, cost: float = 1.0) -> Shed | None:
+        """The one shedding rule every backend calls: None to admit the job, else the
+        :class:`~batcher.types.Shed` error to fail it with (its ``retry_after`` set)."""
+        verdict = self.judge(load, tier, now, cost)
+        if verdict.admitted:
+            return None
+        message = f"estimated wait {verdict.wait:.3f}s is over the budget of {verdict.budget:.3f}s"
+        return Shed(message, verdict.retry_after)
+
+    def retry_after(self, load: Load, tier: int, now: float, cost: float = 1.0) -> float:
+        """When the work ahead of a job of ``tier`` is due to have left the queue, as predicted
+        for the newest of it when it was admitted; never less than the job's own share of the
+        fleet's drain rate."""
         due = max(self._due[: tier + 1]) - now
         rate = load.drain_rate
-        return max(due, 1.0 / rate if rate > 0 else 1.0)
+        return max(due, cost / rate if rate > 0 else 1.0)

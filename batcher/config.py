@@ -7,6 +7,7 @@ or a command line reads as one clear line, not a traceback from deep inside the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -58,7 +59,7 @@ class PoolConfig:
     """How many workers, and how the pool judges and repairs them."""
 
     workers: int = 8
-    hang_timeout: float = 1.0  # a call running longer than this is a hung worker
+    hang_timeout: float = 1.0  # a call running longer is a hung worker (longer if the fleet's calls are: pool.py)
     max_attempts: int = 3  # tries of one batch before it is split; of one input before it fails
     start_timeout: float = 120.0  # from spawn to `ready` (model load)
     restart_backoff: float = 0.1  # first wait before a restart; doubles on each failed start
@@ -123,8 +124,15 @@ max_attempts = 3
 context_window = 8192
 """
 
-MODES = ("fixed",)  # "continuous" joins when its engine exists (DESIGN §6)
-TOKENIZERS = ("bytes",)
+TOKENIZERS = ("bytes",)  # built in; any other value names a tokenizer.json (gateway/tokenizer.py)
+CHAT_TEMPLATES = ("labelled", "model")  # built in; any other value names a .jinja file (gateway/chat.py)
+
+
+def _check_tokenizer(spec: str) -> None:
+    """``bytes``, or a Hugging Face tokenizer.json (or a directory holding one) that exists."""
+    path = os.path.expanduser(spec)
+    found = spec in TOKENIZERS or os.path.isfile(path) or os.path.isfile(os.path.join(path, "tokenizer.json"))
+    _require(found, "tokenizer", "'bytes' or a path to a tokenizer.json (or a directory with one)", spec)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -201,32 +209,47 @@ class KeyConfig:
         return hashlib.sha256(self.key.encode()).hexdigest()  # type: ignore[union-attr]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ModelConfig:
-    """A served model: its versioned name, aliases, and the worker fleet and batching behind it."""
+    """What every served model has, whatever its mode: its versioned name, aliases, context
+    window, tokenizer and chat template. A model table's ``mode`` picks its class in
+    :data:`MODES`, and each mode checks only its own fields."""
 
     name: str
-    worker: tuple[str, ...]
     aliases: tuple[str, ...] = ()
+    mode: str
+    context_window: int = 8192
+    tokenizer: str = "bytes"
+    chat_template: str = "labelled"
+
+    def __post_init__(self) -> None:
+        _require(bool(self.name), "name", "a model name", self.name)
+        _require(1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window)
+        _check_tokenizer(self.tokenizer)
+        if self.chat_template not in CHAT_TEMPLATES:
+            path = os.path.expanduser(self.chat_template)
+            _require(os.path.isfile(path), "chat_template", f"one of {list(CHAT_TEMPLATES)} or a .jinja file", self.chat_template)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FixedModelConfig(ModelConfig):
+    """A fixed-mode model (DESIGN §5): ``run_batch`` workers and the batching in front of them."""
+
     mode: str = "fixed"
+    worker: tuple[str, ...]
     workers: int = 8
     max_batch: int = 50
     max_wait_ms: float = 150.0
     hang_timeout_ms: float = 1000.0
     max_attempts: int = 3
-    context_window: int = 8192
-    tokenizer: str = "bytes"
     policy: str = "size_or_timeout"  # a name in batcher.policy.POLICIES
     policy_options: dict[str, float] = dataclasses.field(default_factory=dict)  # its own parameters
 
     def __post_init__(self) -> None:
-        _require(bool(self.name), "name", "a model name", self.name)
+        super(FixedModelConfig, self).__post_init__()
         _require(len(self.worker) >= 1, "worker", "argv after `python -m workers`", list(self.worker))
-        _require(self.mode in MODES, "mode", f"one of {list(MODES)}", self.mode)
         _require(1 <= self.max_batch <= 1024, "max_batch", "1..1024", self.max_batch)
         _require(0 <= self.max_wait_ms < math.inf, "max_wait_ms", "milliseconds >= 0", self.max_wait_ms)
-        _require(1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window)
-        _require(self.tokenizer in TOKENIZERS, "tokenizer", f"one of {list(TOKENIZERS)}", self.tokenizer)
         _require(0 < self.hang_timeout_ms < math.inf, "hang_timeout_ms", "milliseconds > 0", self.hang_timeout_ms)
         self.pool()  # checks workers and max_attempts with the pool's own rules
         self.batch_policy()  # checks the policy's name and options with its own rules
@@ -242,6 +265,10 @@ class ModelConfig:
         takes = {f.name for f in dataclasses.fields(factory) if f.init} if dataclasses.is_dataclass(factory) else set()
         params = {name: value for name, value in implied.items() if name in takes}
         return make_policy(self.policy, **params, **self.policy_options)
+
+
+MODES: dict[str, type[ModelConfig]] = {"fixed": FixedModelConfig}
+"""Each mode's model table; ``mode`` defaults to ``fixed``."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -325,6 +352,14 @@ _SINGLE = {"server": ServerConfig, "limits": LimitsConfig, "state": StateConfig,
 _TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig}
 
 
+def _model(table: object, where: str) -> ModelConfig:
+    """A model table, built and checked by the class of its ``mode``."""
+    mode = table.get("mode", "fixed") if isinstance(table, dict) else None
+    if isinstance(mode, str) and mode in MODES:
+        return _build(MODES[mode], table, where)  # type: ignore[return-value]
+    raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
+
+
 def _build(cls: type, table: object, where: str) -> object:
     """One dataclass from one TOML table: unknown fields, wrong types and bad values all name
     the place they came from."""
@@ -377,7 +412,8 @@ def parse_config(text: str, source: str = "<config>") -> FerryConfig:
         for name in ("tiers", "keys", "models"):
             tables = document.get(name, [])
             _require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
-            lists[name] = tuple(_build(_TABLES[name], t, f"{name}[{i}]") for i, t in enumerate(tables))
+            build = _model if name == "models" else functools.partial(_build, _TABLES[name])
+            lists[name] = tuple(build(t, f"{name}[{i}]") for i, t in enumerate(tables))
         return FerryConfig(**single, **lists)  # type: ignore[arg-type]
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not valid TOML: {exc}") from None

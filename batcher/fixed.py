@@ -1,19 +1,21 @@
 """The fixed-batch Batcher: collect requests, flush them as batches, hand batches to the pool.
 
-Two ways in, one way out. ``enqueue``/``cancel`` are synchronous calls for code already on the
-trio thread (the HTTP bridge, simulations driving millions of requests); ``submit`` is the
-awaitable a library user wants. Every outcome leaves through the request's ``on_done``.
+Three ways in. ``submit(job, on_event)``/``cancel`` are the :class:`~batcher.backend.Backend`
+protocol the HTTP bridge speaks: a finished request emits ``Started``, one ``Delta`` with its
+whole output and ``Finished``; a failed one emits ``Failed``. ``request``/``enqueue`` are the
+same synchronous door for code on the trio thread that wants the :class:`~batcher.types.Request`
+itself (simulations driving millions of requests); ``answer`` is the awaitable a library user
+wants. Every outcome leaves through the request's ``on_done``.
 
 The flush loop is a thin shell around two pure objects, the :class:`~batcher.tier_queue.TierQueues`
 and the flush policy. It asks the policy what to do, does it, and otherwise sleeps until the
 earliest of: the policy's timer, the next request deadline, the queue reaching the policy's size
 trigger, or a worker freeing up. It never polls.
 
-A simulation can hand it a :class:`Feed` instead of enqueueing each arrival on time: the loop
-admits the arrivals that are due whenever it wakes, and also wakes at the first future arrival
-that would have woken it. Every decision sees exactly the requests that have arrived, as with
-on-time enqueueing, but virtual time no longer stops at every arrival (the speed of
-``batcher.simulate``).
+Two methods are the loop's extension points, and do nothing here: :meth:`Batcher._intake`
+(arrivals to admit at each wake-up) and :meth:`Batcher._next_wake` (an earlier wake-up for them).
+A trace replay (``batcher.sim.replay``) fills them in to admit arrivals known in advance in bulk,
+so virtual time no longer stops at every arrival.
 
     submit/enqueue ──> TierQueues ──policy says Flush──> WorkerPool.dispatch ──> worker
                           │                                      │
@@ -23,61 +25,93 @@ on-time enqueueing, but virtual time no longer stops at every arrival (the speed
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
 
 import trio
 
-from batcher.admission import AdmissionControl, Load
+from batcher.admission import AdmissionControl, BatchLoad
+from batcher.backend import Delta, Failed, Finished, Job, OnEvent, Snapshot, Started, Usage
 from batcher.config import PoolConfig, QueueConfig
 from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
 from batcher.pool import Spawn, WorkerPool
 from batcher.stats import Stats
 from batcher.tier_queue import TierQueues
-from batcher.types import Overloaded, Request, State
+from batcher.types import Expired, Overloaded, Request, State
 
 
-class DeadlineUnreachable(Overloaded):
+class DeadlineUnreachable(Expired):
     """Given up before dispatch: too little time was left to answer before its deadline."""
-
-
-class Feed(Protocol):
-    """Arrivals known in advance (a trace), admitted by the flush loop when they are due."""
-
-    def due(self, now: float) -> list[Request]:
-        """The requests that have arrived by ``now`` and were not admitted yet, in arrival order."""
-
-    def next_wake(self, more: int, until: float, drop_before: float) -> float:
-        """When the loop must wake for arrivals still to come (inf: not before ``until``).
-
-        That is the arrival that brings ``more`` requests to the queue, or the first arrival
-        whose deadline, less ``drop_before``, comes before ``until``.
-        """
 
 
 def _ignore(request: Request) -> None:
     pass
 
 
+def utf8_tokens(text: str) -> int:
+    """The default token count of an output: its UTF-8 bytes (the ``bytes`` tokenizer)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 class Batcher:
-    def __init__(self, pool: WorkerPool, policy: Policy, queue: QueueConfig) -> None:
+    def __init__(
+        self, pool: WorkerPool, policy: Policy, queue: QueueConfig, tokens: Callable[[str], int] = utf8_tokens
+    ) -> None:
         self.pool = pool
         self.policy = policy
         self.config = queue
         self.stats = pool.stats
         self.queue = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share)
+        self._tokens = tokens  # counts an output's tokens for its events: the model's tokenizer
         self._ids = itertools.count(1)
         self._wakeup = trio.Event()
         self._wake_at_count = 1
         self._wake_at_time = math.inf
         self._drop_before: float = getattr(policy, "drop_before", 0.0)
-        self._feed: Feed | None = None
         budgets = queue.wait_budgets
         self.admission = AdmissionControl(budgets) if budgets is not None else None
-        self._clock = trio.lowlevel.current_clock()  # load() may be read from the metrics thread
         pool.on_idle = self._worker_idle
+
+    # --- the Backend protocol (batcher.backend) --------------------------------------------
+
+    def submit(self, job: Job, on_event: OnEvent) -> Request:
+        """Queue a job; its events go to ``on_event``. Raises ``ValueError`` for an unknown tier."""
+        emit = functools.partial(self._emit, on_event, len(job.prompt_tokens))
+        request = self.request(job.prompt, job.tier, job.deadline, on_done=emit)
+        self.enqueue(request)
+        return request
+
+    def _emit(self, on_event: OnEvent, input_tokens: int, request: Request) -> None:
+        """A request's end as events: a finished one's whole output is one delta."""
+        if request.state is State.DONE:
+            output = request.output or ""
+            tokens = self._tokens(output)
+            on_event(Started(request.dispatched_at - request.arrival))  # type: ignore[operator]
+            if output:
+                on_event(Delta(output, tokens))
+            on_event(Finished("end_turn", Usage(input_tokens, tokens)))
+        elif request.state is State.FAILED:
+            error = request.error
+            on_event(Failed(error, retryable=isinstance(error, Overloaded)))  # type: ignore[arg-type]
+
+    def snapshot(self) -> Snapshot:
+        """The pool's workers and the batcher's counters, copied for /readyz and /metrics."""
+        workers = self.pool.workers()
+        stats = self.stats
+        status = {
+            "workers": [{"slot": w.slot, "pid": w.pid, "state": w.state.value, "restarts": w.restarts}
+                        for w in workers],
+            "queued": self.queue.count,
+            "flushed": stats.flushed_requests,
+            "cancelled": stats.cancelled,
+            "expired": stats.expired,
+            "calls": stats.calls,
+            "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
+            "retries": stats.retries,
+        }
+        return Snapshot(self.pool.ready, status, stats.copy(), self.load())
 
     def request(
         self,
@@ -87,7 +121,7 @@ class Batcher:
         on_done: Callable[[Request], None] = _ignore,
         arrival: float | None = None,
     ) -> Request:
-        """A new request arriving now (or at ``arrival``, for a :class:`Feed` replaying a trace).
+        """A new request arriving now (or at ``arrival``, for a replayed trace).
 
         ``tier`` defaults to the lowest; ``timeout`` (seconds after arrival) to the tier's wait
         budget where the config has budgets (the same budget admission judges by), else to its
@@ -111,21 +145,15 @@ class Batcher:
             self._wakeup.set()
 
     def _admitted(self, request: Request) -> bool:
-        """Admission by load (DESIGN §8), for enqueued and fed arrivals alike: False if shed."""
+        """Admission by load (DESIGN §8), judged at the request's arrival: False if shed."""
         if self.admission is None:
             return True
-        verdict = self.admission.judge(self.load(), request.tier, request.arrival)
-        if verdict.admitted:
+        error = self.admission.shed(self.load(), request.tier, request.arrival)
+        if error is None:
             return True
         self.stats.shed[request.tier] += 1
-        message = f"estimated wait {verdict.wait:.3f}s is over the budget of {verdict.budget:.3f}s"
-        request.fail(Overloaded(message, verdict.retry_after), request.arrival)
+        request.fail(error, request.arrival)
         return False
-
-    def feed(self, feed: Feed) -> None:
-        """Admit arrivals from ``feed`` from now on, each when it is due (see the module doc)."""
-        self._feed = feed
-        self._wakeup.set()
 
     def cancel(self, request: Request) -> None:
         """The caller has gone: leave the queue at once, or drop the output if already running."""
@@ -137,7 +165,7 @@ class Batcher:
         if queued:
             self.queue.discard(request)
 
-    async def submit(self, input: str, tier: str | None = None, timeout: float | None = None) -> str:
+    async def answer(self, input: str, tier: str | None = None, timeout: float | None = None) -> str:
         """Run one input through a batch and return its output.
 
         Raises :class:`~batcher.types.Overloaded` if no worker took it before ``timeout``
@@ -160,10 +188,9 @@ class Batcher:
         queue, pool, policy, drop_before = self.queue, self.pool, self.policy, self._drop_before
         while True:
             now = trio.current_time()
-            if self._feed is not None:
-                for request in self._feed.due(now):
-                    if self._admitted(request):
-                        queue.push(request)
+            for request in self._intake(now):
+                if self._admitted(request):
+                    queue.push(request)
             if queue.count:
                 self._expire(now)
             deadline = queue.next_deadline()
@@ -176,26 +203,32 @@ class Batcher:
                 continue
             self._wake_at_count = decision.queued
             self._wake_at_time = wake = min(decision.until, _drop_time(deadline, drop_before))
-            if self._feed is not None:
-                more = 1 if self.admission is not None else decision.queued - queue.count  # judged on time
-                wake = min(wake, self._feed.next_wake(more, wake, drop_before))
+            wake = self._next_wake(decision.queued - queue.count, wake)
             self._wakeup = trio.Event()
             with trio.move_on_at(wake):
                 await self._wakeup.wait()
 
-    def load(self) -> Load:
+    def _intake(self, now: float) -> list[Request]:
+        """Arrivals to admit at this wake-up besides the enqueued ones: none here (a replay's)."""
+        return []
+
+    def _next_wake(self, more: int, wake: float) -> float:
+        """When the loop must wake: at ``wake``, or when ``more`` arrivals fill the next batch."""
+        return wake
+
+    def load(self) -> BatchLoad:
         """Queued requests per tier and when each live worker takes its next batch (DESIGN §8).
 
         A batch is the policy's size limit; a call lasts the recent call time (0 until one has
-        been answered). Safe to read from the metrics thread: it only reads.
+        been answered).
         """
-        now = self._clock.current_time()
+        now = trio.current_time()
         queued = tuple(self.queue.queued(tier) for tier in range(len(self.config.tiers)))
         batch = getattr(self.policy, "limit", None) or getattr(self.policy, "max_batch", 1)
         arrivals = self.admission.arrivals(now) if self.admission is not None else ()
-        return Load(queued, tuple(self.pool.free_in(now)), batch, self.pool.call_seconds, arrivals)
+        return BatchLoad(queued, tuple(self.pool.free_in(now)), batch, self.pool.call_seconds, arrivals)
 
-    def _retry_after(self, load: Load, tier: int, now: float) -> float:
+    def _retry_after(self, load: BatchLoad, tier: int, now: float) -> float:
         """When the queue ahead of a request of ``tier`` should have drained (its 529's Retry-After)."""
         if self.admission is not None:
             return self.admission.retry_after(load, tier, now)
@@ -214,11 +247,11 @@ class Batcher:
                 message = f"{left:.3f}s left before its deadline after {waited:.3f}s"
                 error: Overloaded = DeadlineUnreachable(message, retry_after)
             else:
-                error = Overloaded(f"not dispatched within {waited:.3f}s of arrival", retry_after)
+                error = Expired(f"not dispatched within {waited:.3f}s of arrival", retry_after)
             request.fail(error, now)
 
     def _worker_idle(self) -> None:
-        if self.queue.count or self._feed is not None:
+        if self.queue.count:
             self._wakeup.set()
 
 
@@ -229,11 +262,16 @@ async def open_batcher(
     policy: Policy = SizeOrTimeout(),
     queue: QueueConfig = QueueConfig(),
     stats: Stats | None = None,
+    tokens: Callable[[str], int] = utf8_tokens,
+    batcher: type[Batcher] | None = None,
 ) -> AsyncIterator[Batcher]:
     """Start a pool of workers and a batcher in front of it; stop both on exit.
 
+    ``tokens`` counts an output's tokens (the model's tokenizer); ``batcher`` is the class to
+    run (a trace replay's subclass).
+
     >>> async with open_batcher(process_workers(["sleep"], 8), PoolConfig(workers=8)) as batcher:
-    ...     await batcher.submit("hello", tier="paid")
+    ...     await batcher.answer("hello", tier="paid")
     'olleh'
     """
     async with trio.open_nursery() as nursery:
@@ -242,9 +280,9 @@ async def open_batcher(
         if observe is not None:  # a policy that learns from calls (AIMD) hears every answer
             workers.on_answer = observe
         await nursery.start(workers.run)
-        batcher = Batcher(workers, policy, queue)
-        await nursery.start(batcher.run)
-        yield batcher
+        front = (batcher or Batcher)(workers, policy, queue, tokens)
+        await nursery.start(front.run)
+        yield front
         nursery.cancel_scope.cancel()
 
 

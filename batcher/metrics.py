@@ -7,8 +7,9 @@ Two kinds of families, by who sees the event (DESIGN §9, seed 000 §6.5):
   (prometheus_client is thread-safe), once per request.
 - The core sees batches and workers: flushes by reason, batch sizes, queue wait by tier, worker
   restarts, batch retries, bisections, queued work and estimated wait. It already counts them in
-  its plain :class:`~batcher.stats.Stats` without locks; a collector reads those at scrape time,
-  so the scheduler's hot path pays nothing for being observed.
+  its plain :class:`~batcher.stats.Stats` without locks; at each scrape the bridge asks every
+  backend for a :class:`~batcher.backend.Snapshot` (taken on the trio thread) and a collector
+  turns those into families, so the scheduler's hot path pays nothing for being observed.
 
 Labels are model and tier names, statuses and reasons: never an API key or prompt text.
 """
@@ -16,14 +17,13 @@ Labels are model and tier names, statuses and reasons: never an API key or promp
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from batcher.admission import Load
-from batcher.stats import Stats
+from batcher.backend import Snapshot
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
@@ -51,7 +51,8 @@ class Metrics:
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )
         self.admission_rejects = Counter(
-            "ferry_admission_rejects", "Requests refused at admission, by reason (rate_limit, overloaded, ...).",
+            "ferry_admission_rejects",
+            "Requests refused, by reason: rate_limit (429), shed (529 at admission), expired (529 in the queue).",
             [*by_tier, "reason"], registry=self.registry,
         )
         self.safety_blocks = Counter(
@@ -61,21 +62,23 @@ class Metrics:
         self._core = _CoreCollector()
         self.registry.register(self._core)
 
-    def track(self, model: str, tiers: Sequence[str], stats: Stats, load: Callable[[], Load]) -> None:
-        """Export one backend's core counters, read from ``stats`` and ``load()`` at each scrape."""
-        self._core.backends.append(_Backend(model, list(tiers), stats, load))
+    def track(self, model: str, tiers: Sequence[str]) -> None:
+        """Export one backend's core counters, from its snapshot at each scrape."""
+        self._core.backends.append(_Backend(model, list(tiers)))
 
-    def exposition(self) -> bytes:
-        """The Prometheus text format of every family."""
-        return generate_latest(self.registry)
+    def exposition(self, snapshots: Mapping[str, Snapshot] | None = None) -> bytes:
+        """The Prometheus text format of every family; the core's from these snapshots."""
+        self._core.snapshots = snapshots or {}
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._core.snapshots = {}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Backend:
     model: str
     tiers: list[str]
-    stats: Stats
-    load: Callable[[], Load]
 
 
 class _CoreCollector(Collector):
@@ -83,6 +86,7 @@ class _CoreCollector(Collector):
 
     def __init__(self) -> None:
         self.backends: list[_Backend] = []
+        self.snapshots: Mapping[str, Snapshot] = {}
 
     def collect(self) -> Iterator:
         flushes = CounterMetricFamily("ferry_flushes", "Batches flushed, by reason.", labels=["model", "reason"])
@@ -92,6 +96,7 @@ class _CoreCollector(Collector):
                 ("ferry_worker_restarts", "Workers killed (crash, hang, protocol fault) and restarted.", "restarts"),
                 ("ferry_batch_retries", "Batches re-dispatched whole after a failed call.", "retries"),
                 ("ferry_bisections", "Failed batches split in two to isolate a bad input.", "bisections"),
+                ("ferry_unanswered_requests", "Dispatched requests no worker answered in time (500).", "timed_out"),
             )
         ]
         sizes = HistogramMetricFamily("ferry_batch_size", "Requests per flushed batch.", labels=["model"])
@@ -101,7 +106,10 @@ class _CoreCollector(Collector):
             "ferry_estimated_wait_seconds", "Estimated wait of a new request.", labels=["model", "tier"]
         )
         for backend in self.backends:
-            model, stats, load = backend.model, backend.stats, backend.load()
+            snapshot = self.snapshots.get(backend.model)
+            if snapshot is None:
+                continue
+            model, stats, load = backend.model, snapshot.stats, snapshot.load
             for reason, count in sorted(stats.flushes.items()):
                 flushes.add_metric([model, reason], count)
             for family, field in counters:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import copy
 import dataclasses
 
 BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 50, 64, 128, 256, 512, 1024)
@@ -59,10 +60,15 @@ class Stats:
     retries: int = 0  # batches re-dispatched whole after a failed call
     bisections: int = 0  # batches split in two to isolate a failing input
     failed_inputs: int = 0  # requests failed because their input failed alone
+    timed_out: int = 0  # dispatched requests no worker answered by their deadline + hang_timeout
     batch_sizes: Histogram = dataclasses.field(default_factory=lambda: Histogram(BATCH_SIZE_BOUNDS))
     queue_wait: collections.defaultdict[int, Histogram] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(lambda: Histogram(WAIT_BOUNDS))
     )  # seconds from arrival to dispatch, by tier index
+
+    def copy(self) -> Stats:
+        """A deep copy: what a snapshot hands the asyncio thread, which must not read live counters."""
+        return copy.deepcopy(self)
 
     @property
     def mean_batch(self) -> float:

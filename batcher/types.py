@@ -3,9 +3,10 @@
 A :class:`Request` moves through one state machine and reaches exactly one terminal state::
 
     QUEUED --take--> DISPATCHED --outputs--> DONE
-       |                 |  \\--input failed on max_attempts workers--> FAILED
+       |                 |  \\--input failed on max_attempts workers--> FAILED (RequestFailed)
+       |                 |  \\--no answer by deadline + hang_timeout--> FAILED (WorkersFailed)
        |                 \\--caller went away--> CANCELLED (its output is dropped)
-       |--deadline passed before dispatch--> FAILED (Overloaded)
+       |--deadline passed before dispatch--> FAILED (Expired, an Overloaded)
        \\--caller went away--> CANCELLED (it leaves the queue at once)
 
 ``on_done`` is called exactly once, on the trio thread, when the request reaches a terminal
@@ -36,8 +37,29 @@ class Overloaded(FerryError):
         self.retry_after = retry_after
 
 
+class Shed(Overloaded):
+    """Refused at admission: its estimated wait is over its tier's budget (it never queued)."""
+
+
+class Expired(Overloaded):
+    """Admitted, but not dispatched before its deadline: it left the queue without a GPU call."""
+
+
 class RequestFailed(FerryError):
-    """The request's own input failed on every worker that tried it alone (HTTP 500)."""
+    """The request was dispatched but the workers could not answer it (HTTP 500): its own input
+    failed on every worker that tried it alone, or (:class:`WorkersFailed`) the fleet failed it."""
+
+
+class WorkersFailed(RequestFailed):
+    """No worker answered a dispatched request by its deadline plus one hang timeout: its calls
+    crashed or hung on every worker that took them (a crash loop, a fleet that hangs), and the
+    retries ran out of time.
+
+    A 500 like :class:`RequestFailed`, not a 529: the fleet failed, it is not overloaded. There
+    is no queue to drain that a ``Retry-After`` could promise, and a 529 would file an outage
+    under load shedding, where neither a client's retry policy nor an operator's alert on
+    server errors would see it. ``/readyz`` says the same thing to load balancers (503).
+    """
 
 
 class State(enum.Enum):
@@ -59,7 +81,7 @@ class Request:
     input: str
     tier: int  # index into the tier list: 0 is served first
     arrival: float
-    deadline: float  # latest dispatch time; past it, a queued request fails with Overloaded
+    deadline: float  # latest dispatch time (else Overloaded); plus one hang_timeout, latest answer
     on_done: Callable[[Request], None]
     state: State = State.QUEUED
     output: str | None = None
@@ -106,7 +128,9 @@ class Batch:
 
     ``failures`` counts failed calls of this exact batch; ``failed_on`` names the worker slots
     they failed on, so a retry goes elsewhere when it can. A ``suspect`` batch is a half of a
-    batch that failed twice: it is split again at its first failure.
+    batch that failed twice: it is split again at its first failure. ``hangs`` counts its calls
+    (and its parent's) killed as hung: each doubles the time its next call may take.
+    ``last_error`` is what its requests are told if they fail: no pid, no slot.
     """
 
     id: int
@@ -116,6 +140,7 @@ class Batch:
     failed_on: set[int] = dataclasses.field(default_factory=set)
     suspect: bool = False
     last_error: str = ""
+    hangs: int = 0
 
     @property
     def inputs(self) -> list[str]:

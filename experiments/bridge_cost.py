@@ -1,8 +1,9 @@
 """What the asyncio <-> trio bridge costs per request, with nothing else in the way.
 
-The trio side is an instant core (each request is answered the moment it is enqueued), so all
-that is measured is ``gateway.bridge``: the hop to trio, the request's bookkeeping there, and
-the hop back. Two shapes:
+The trio side is an instant backend (each job is answered the moment it is submitted, with the
+``Started``, ``Delta`` and ``Finished`` events a fixed-mode batch gives), so all that is measured
+is ``gateway.bridge``: the hop to trio, the job's bookkeeping there, and the hop back with its
+events. Two shapes:
 
 - one at a time: a request's round trip (two thread hops), wall time;
 - bursts of 50 (a batch's worth): process CPU time (both threads) per request, and how many
@@ -19,36 +20,36 @@ import pathlib
 import sys
 import time
 
-import trio
-
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from batcher.types import Request, State  # noqa: E402
+from batcher.backend import Delta, Finished, Job, Started, Usage  # noqa: E402
 from gateway.bridge import Bridge  # noqa: E402
 
 
-class InstantBatcher:
-    """The batcher's synchronous API, answering every request at once (input reversed)."""
+class InstantBackend:
+    """The Backend protocol, answering every job at once (its prompt reversed)."""
 
-    def __init__(self) -> None:
-        self.ids = 0
+    def submit(self, job: Job, on_event) -> None:
+        on_event(Started(0.0))
+        on_event(Delta(job.prompt[::-1], len(job.prompt)))
+        on_event(Finished("end_turn", Usage(len(job.prompt_tokens), len(job.prompt))))
 
-    def request(self, input: str, tier=None, timeout=None, on_done=lambda r: None) -> Request:
-        self.ids += 1
-        now = trio.current_time()
-        return Request(self.ids, input, 0, now, now + 30, on_done)
-
-    def enqueue(self, request: Request) -> None:
-        request.state = State.DISPATCHED
-        request.finish(request.input[::-1], trio.current_time())
-
-    def cancel(self, request: Request) -> None:
-        request.cancel(trio.current_time())
+    def cancel(self, ticket) -> None:
+        pass
 
 
 @contextlib.asynccontextmanager
 async def instant_core():
-    yield {"m": InstantBatcher()}
+    yield {"m": InstantBackend()}
+
+
+JOB = Job("x", b"x", 1, "paid")
+
+
+async def answered(bridge: Bridge) -> None:
+    handle = bridge.submit("m", JOB)
+    while not handle.ended:
+        await handle.wait()
 
 
 async def measure(sequential: int, bursts: int, burst: int = 50) -> dict[str, float]:
@@ -57,12 +58,12 @@ async def measure(sequential: int, bursts: int, burst: int = 50) -> dict[str, fl
     try:
         started = time.perf_counter()
         for index in range(sequential):
-            await bridge.submit("m", "x").future
+            await answered(bridge)
         round_trip = (time.perf_counter() - started) / sequential
         hops_before = bridge.hops_to_trio + bridge.hops_to_asyncio
         cpu, wall = time.process_time(), time.perf_counter()
         for index in range(bursts):
-            await asyncio.gather(*(bridge.submit("m", "x").future for _ in range(burst)))
+            await asyncio.gather(*(answered(bridge) for _ in range(burst)))
         count = bursts * burst
         return {
             "round trip µs": 1e6 * round_trip,

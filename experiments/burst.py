@@ -40,19 +40,18 @@ import tempfile
 
 import aiohttp
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 import trio
 import trio.testing
+from prometheus_client.parser import text_string_to_metric_families
 
-from batcher.arrivals import poisson, tier_mix
 from batcher.config import DEFAULT_TOML, default_config, parse_config
 from batcher.fixed import open_batcher
-from batcher.load import Replay
-from batcher.simulate import seed_trio_scheduler
+from batcher.sim.arrivals import poisson, tier_mix
+from batcher.sim.replay import Replay, ReplayBatcher
+from batcher.sim.workers import SimulatedWorker, constant
 from batcher.types import Overloaded, Request, State
 from experiments.http_load import process_cpu, start_gateway
 from gateway.usage import UsageRecord, read_usage
-from workers.simulated import SimulatedWorker, constant
 
 KEYS = {"paid": "sk-ferry-demo-paid", "free": "sk-ferry-demo-free"}
 BUDGET = {tier.name: tier.wait_budget_ms / 1000 for tier in default_config().tiers}  # seconds
@@ -229,12 +228,11 @@ def virtual(args: argparse.Namespace) -> dict:
         tier = np.array([names.index(s.tier) for s in shots])
         deadlines = times + np.array([queue.deadline(i) for i in tier])
         spawn = lambda slot: SimulatedWorker(constant(SERVICE), record=False)
-        async with open_batcher(spawn, model.pool(), model.batch_policy(), queue) as batcher:
-            await batcher.submit("warm up", "paid")  # admission plans with the call time of answered calls
+        async with open_batcher(spawn, model.pool(), model.batch_policy(), queue, batcher=ReplayBatcher) as batcher:
+            await batcher.answer("warm up", "paid")  # admission plans with the call time of answered calls
             batcher.feed(Replay(batcher, times, tier, names, deadlines, ended))
             await all_ended.wait()
 
-    seed_trio_scheduler(args.seed)
     trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
     return summarize(shots, 0.0, None)
 

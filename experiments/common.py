@@ -3,7 +3,7 @@ summary into ``experiments/results/`` (git-ignored; README copies live in ``expe
 
 The reference GPU of seed 000 §7.1: ``run_batch`` of 1..50 inputs takes 200 ms at any size, so one
 worker serves at most 50 / 0.2 = 250 requests per second. Every experiment runs the production
-batcher and pool over simulated workers in virtual time (:mod:`batcher.simulate`).
+batcher and pool over simulated workers in virtual time (:mod:`batcher.sim.simulate`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-from batcher.arrivals import Trace, poisson  # noqa: E402
-from batcher.simulate import Scenario, Simulation, simulate  # noqa: E402
+from batcher.sim.arrivals import Trace, poisson  # noqa: E402
+from batcher.sim.simulate import Scenario, Simulation, simulate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SERVICE = 0.200  # seconds per call, any batch size

@@ -16,13 +16,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import trio
 
-from batcher.arrivals import Trace, poisson
 from batcher.config import PoolConfig
 from batcher.fixed import open_batcher
-from batcher.load import drive
 from batcher.policy import make_policy
 from batcher.process_worker import process_workers
-from batcher.simulate import Scenario, simulate
+from batcher.sim.arrivals import Trace, poisson
+from batcher.sim.load import drive
+from batcher.sim.simulate import Scenario, simulate
 from batcher.types import State
 from experiments.common import HALF, SERVICE, write
 

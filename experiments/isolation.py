@@ -15,8 +15,8 @@ import argparse
 import matplotlib.pyplot as plt
 import numpy as np
 
-from batcher.arrivals import Trace, piecewise
-from batcher.simulate import Scenario
+from batcher.sim.arrivals import Trace, piecewise
+from batcher.sim.simulate import Scenario
 from experiments.common import run, write
 
 BEFORE, BURST, AFTER = 10.0, 5.0, 25.0

@@ -15,9 +15,9 @@ import sys
 import trio
 
 from batcher.config import PoolConfig
-from batcher.load import open_loop
 from batcher.policy import SizeOrTimeout
 from batcher.process_worker import process_workers
+from batcher.sim.load import open_loop
 
 
 def main() -> int:

@@ -4,7 +4,7 @@
 
 10 reference workers, SizeOrTimeout(50, 150 ms), Poisson arrivals, half paid and half free. The
 clock stops only where the scheduler has something to decide (a flush, a timer, a worker freeing):
-arrivals are admitted in bulk by the batcher's trace feed (``batcher.load.Replay``). ``--profile``
+arrivals are admitted in bulk by the batcher's trace feed (``batcher.sim.replay.Replay``). ``--profile``
 also prints the 25 functions with the most own time (cProfile, slower).
 """
 
@@ -17,8 +17,8 @@ import resource
 
 import matplotlib.pyplot as plt
 
-from batcher.arrivals import Trace, poisson
-from batcher.simulate import Progress, Scenario, print_progress, simulate
+from batcher.sim.arrivals import Trace, poisson
+from batcher.sim.simulate import Progress, Scenario, print_progress, simulate
 from experiments.common import HALF, write
 
 

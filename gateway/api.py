@@ -3,8 +3,8 @@
 Everything here turns bytes into checked values or values into bytes, and does no I/O, so every
 rule is tested directly (``tests/test_api.py``) and the HTTP handlers stay thin:
 
-    body bytes ──parse_message_request──> MessageRequest ──render_prompt──> the model's input
-    model output ──complete──> Completion ──message_body / stream_events──> JSON or SSE bytes
+    body bytes ──parse_message_request──> MessageRequest (the chat template renders its prompt)
+    Completion ──message_body──> JSON;  text pieces ──stream_start / text_delta / stream_stop──> SSE
     any error ──error_response──> (status, {type:"error", error:{type, message}}, headers)
 
 :data:`ERRORS` is the one table from an error type to its HTTP status and API error type;
@@ -19,7 +19,6 @@ import math
 from typing import Any
 
 from batcher.types import Overloaded, RequestFailed
-from gateway.tokenizer import Tokenizer
 
 
 class ApiError(Exception):
@@ -154,6 +153,8 @@ class MessageRequest:
     max_tokens: int
     system: str = ""
     temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     stream: bool = False
     stop_sequences: tuple[str, ...] = ()
 
@@ -161,8 +162,8 @@ class MessageRequest:
 def parse_message_request(body: bytes) -> MessageRequest:
     """Check a body; raise :class:`InvalidRequest` naming the first field that is wrong.
 
-    Fields the Messages API defines but a fixed-mode model has no use for (``metadata``,
-    ``top_p``, ``top_k``) are accepted and ignored, like unknown ones.
+    ``temperature``, ``top_p`` and ``top_k`` pass to the model's sampler (fixed-mode models
+    ignore them); ``metadata`` and unknown fields are accepted and ignored.
     """
     try:
         document = json.loads(body)
@@ -185,6 +186,12 @@ def parse_message_request(body: bytes) -> MessageRequest:
     temperature = document.get("temperature")
     if temperature is not None and (not _is_number(temperature) or not 0.0 <= temperature <= 1.0):
         raise InvalidRequest(f"temperature: expected a number in 0..1, got {_show(temperature)}")
+    top_p = document.get("top_p")
+    if top_p is not None and (not _is_number(top_p) or not 0.0 < top_p <= 1.0):
+        raise InvalidRequest(f"top_p: expected a number in (0, 1], got {_show(top_p)}")
+    top_k = document.get("top_k")
+    if top_k is not None and (not _is_int(top_k) or top_k < 0):
+        raise InvalidRequest(f"top_k: expected an integer >= 0, got {_show(top_k)}")
     stream = document.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"stream: expected a boolean, got {_show(stream)}")
@@ -208,6 +215,8 @@ def parse_message_request(body: bytes) -> MessageRequest:
         max_tokens=max_tokens,
         system=system_text,
         temperature=None if temperature is None else float(temperature),
+        top_p=None if top_p is None else float(top_p),
+        top_k=top_k,
         stream=stream,
         stop_sequences=stop_sequences,
     )
@@ -284,20 +293,6 @@ def _short(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render_prompt(request: MessageRequest) -> str:
-    """The one input string of a fixed-mode model: system, then the turns, each labelled::
-
-        System: be brief
-
-        User: hello
-
-        Assistant: hi
-    """
-    parts = [f"System: {request.system}"] if request.system else []
-    parts += [f"{'User' if role == 'user' else 'Assistant'}: {text}" for role, text in request.messages]
-    return "\n\n".join(parts)
-
-
 def context_overflow(input_tokens: int, max_tokens: int, context_window: int) -> InvalidRequest | None:
     """The error for a prompt that, with ``max_tokens`` to answer, would not fit the model."""
     if input_tokens + max_tokens <= context_window:
@@ -313,26 +308,12 @@ def context_overflow(input_tokens: int, max_tokens: int, context_window: int) ->
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Completion:
-    """A model's answer as the client sees it: cut at a stop sequence or at ``max_tokens``."""
+    """A whole answer as the client sees it (``gateway/answer.py`` builds it from events)."""
 
     text: str
-    stop_reason: str  # "end_turn", "stop_sequence" or "max_tokens"
+    stop_reason: str  # "end_turn", "stop_sequence", "max_tokens" or "refusal"
     stop_sequence: str | None
     output_tokens: int
-
-
-def complete(output: str, request: MessageRequest, tokenizer: Tokenizer) -> Completion:
-    """Apply the request's stop sequences (earliest match wins), then its ``max_tokens``."""
-    cut, found = len(output), None
-    for stop in request.stop_sequences:
-        at = output.find(stop)
-        if -1 < at < cut:
-            cut, found = at, stop
-    text = output[:cut]
-    reason = "stop_sequence" if found is not None else "end_turn"
-    if tokenizer.count(text) > request.max_tokens:
-        text, reason, found = tokenizer.truncate(text, request.max_tokens), "max_tokens", None
-    return Completion(text, reason, found, tokenizer.count(text))
 
 
 def message_body(message_id: str, model: str, completion: Completion, input_tokens: int) -> dict[str, Any]:
@@ -364,20 +345,25 @@ def stream_start(message_id: str, model: str, input_tokens: int) -> bytes:
     return sse("message_start", {"type": "message_start", "message": message})
 
 
-def stream_end(completion: Completion) -> bytes:
-    """The rest of a stream, in the order the Messages API sends it: one text block, then the
+BLOCK_START = sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                          "content_block": {"type": "text", "text": ""}})
+
+
+def text_delta(text: str) -> bytes:
+    """``content_block_delta``: more text of the answer's one text block."""
+    return sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                       "delta": {"type": "text_delta", "text": text}})
+
+
+def stream_stop(stop_reason: str, stop_sequence: str | None, output_tokens: int) -> bytes:
+    """The end of a stream, in the order the Messages API sends it: the text block's stop, the
     message's stop reason and output usage, then ``message_stop``."""
-    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
-    events = [sse("content_block_start", block)]
-    if completion.text:
-        delta = {"type": "text_delta", "text": completion.text}
-        events.append(sse("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}))
-    events.append(sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
-    stop = {"stop_reason": completion.stop_reason, "stop_sequence": completion.stop_sequence}
-    usage = {"output_tokens": completion.output_tokens}
-    events.append(sse("message_delta", {"type": "message_delta", "delta": stop, "usage": usage}))
-    events.append(sse("message_stop", {"type": "message_stop"}))
-    return b"".join(events)
+    stop = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+    return b"".join((
+        sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        sse("message_delta", {"type": "message_delta", "delta": stop, "usage": {"output_tokens": output_tokens}}),
+        sse("message_stop", {"type": "message_stop"}),
+    ))
 
 
 def stream_error(error: BaseException) -> bytes:

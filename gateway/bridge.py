@@ -1,20 +1,24 @@
 """The hand-off between the gateway's asyncio thread and the trio core: the only module that
 knows both loops (DESIGN §1).
 
-The trio core (batchers, pools, supervision) runs in one ``trio.run`` on its own thread. The
-asyncio side calls :meth:`Bridge.submit` and awaits the returned :class:`Handle`'s future; a
-handler that goes away calls :meth:`Bridge.cancel`. A thread hop costs tens of microseconds
-(~24 µs with uvloop), so hops are batched in both directions::
+The trio core (every model's backend: batchers, pools, supervision) runs in one ``trio.run`` on
+its own thread. The asyncio side calls :meth:`Bridge.submit` with a checked
+:class:`~batcher.backend.Job` and reads the returned :class:`Handle`'s events; a handler that
+goes away calls :meth:`Bridge.cancel`. A hop from one loop to the other costs 110-140 µs when it
+has to wake a sleeping loop, so hops are batched in both directions::
 
-    asyncio thread                                          trio thread
-    submit/cancel ──> outgoing list ──one call_soon per loop iteration──┐
-                                                                        │ run_sync_soon(ops)
-                                                 batcher.enqueue / cancel <┘
-    future.set_result <── one call_soon_threadsafe per trio wake-up <── finished list <── on_done
+    asyncio thread                                           trio thread
+    submit / cancel / snapshot ──> outgoing ops ──one run_sync_soon per loop iteration──┐
+                                                        backend.submit / cancel / snapshot <┘
+    handle.events <── one call_soon_threadsafe per trio wake-up <── (handle, events) pairs <── on_event
 
-so a burst of 50 submits crosses in one hop, and a finished batch of 50 comes back in one.
-A finished :class:`~batcher.types.Request` is handed over whole: it is terminal, so the trio
-side never touches it again and the asyncio side may read it freely.
+so a burst of 50 submits crosses in one hop, and the events of a finished batch of 50 (or of
+one engine step's tokens for 200 streams) come back in one, as ``(handle, events)`` pairs.
+
+Nothing on the asyncio side touches an object the trio side owns. A handle's two halves are
+kept apart: ``outbox`` and ``ticket`` are the trio side's, ``events`` the asyncio side's; events
+are frozen values; and the state ``/readyz`` and ``/metrics`` show crosses as immutable
+:class:`~batcher.backend.Snapshot`\\ s, taken on the trio thread when asked for.
 """
 
 from __future__ import annotations
@@ -30,16 +34,17 @@ from typing import Any
 
 import trio
 
+from batcher.backend import TERMINAL_EVENTS, Backend, Event, Failed, Job, Snapshot
 from batcher.config import FerryConfig
-from batcher.fixed import Batcher, open_batcher
+from batcher.fixed import open_batcher
 from batcher.process_worker import process_workers
-from batcher.types import Request
 from gateway.api import Unavailable
+from gateway.tokenizer import make_tokenizer
 
 log = logging.getLogger("ferry.bridge")
 
-OpenCore = Callable[[], AbstractAsyncContextManager[Mapping[str, Batcher]]]
-"""Opens the trio core (in the trio thread) and yields a batcher per model name."""
+OpenCore = Callable[[], AbstractAsyncContextManager[Mapping[str, Backend]]]
+"""Opens the trio core (in the trio thread) and yields a backend per model name."""
 
 
 class CoreStopped(Unavailable):
@@ -47,37 +52,49 @@ class CoreStopped(Unavailable):
 
 
 class Handle:
-    """The asyncio side's view of one submitted request: await ``future`` for the finished
-    :class:`~batcher.types.Request` (state DONE, FAILED or CANCELLED)."""
+    """One submitted job. The asyncio side awaits :meth:`wait` for its events, in order; the
+    last one is a ``Finished`` or a ``Failed``."""
 
-    __slots__ = ("model", "input", "tier", "timeout", "future", "request", "left")
+    __slots__ = ("model", "job", "events", "ended", "left", "_waiter", "outbox", "ticket")
 
-    def __init__(self, model: str, input: str, tier: str | None, timeout: float | None, future: asyncio.Future) -> None:
+    def __init__(self, model: str, job: Job) -> None:
         self.model = model
-        self.input = input
-        self.tier = tier
-        self.timeout = timeout
-        self.future: asyncio.Future[Request] = future
-        self.request: Request | None = None  # set and used on the trio thread only
+        self.job = job
+        # asyncio side
+        self.events: list[Event] = []  # arrived, not yet taken by wait()
+        self.ended = False  # a terminal event has arrived
         self.left = False  # the caller went away and the core was told
+        self._waiter: asyncio.Future[None] | None = None
+        # trio side
+        self.outbox: list[Event] = []  # emitted, not yet handed over
+        self.ticket: object = None  # the backend's, for cancel
 
+    async def wait(self, timeout: float | None = None) -> list[Event]:
+        """Every event that has arrived since the last call; waits up to ``timeout`` seconds for
+        one (an empty list: the wait timed out, or the job has ended and everything was taken)."""
+        if not self.events and not self.ended:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                if timeout is None:
+                    await waiter
+                else:
+                    await asyncio.wait((waiter,), timeout=timeout)
+            finally:
+                self._waiter = None
+                waiter.cancel()
+        events, self.events = self.events, []
+        return events
 
-@contextlib.asynccontextmanager
-async def open_batchers(config: FerryConfig) -> AsyncIterator[dict[str, Batcher]]:
-    """The production core: one batcher and one pool of worker processes per model."""
-    queue = config.queue()
-    async with contextlib.AsyncExitStack() as stack:
-        batchers = {}
-        for model in config.models:
-            spawn = process_workers(model.worker, model.workers)
-            batchers[model.name] = await stack.enter_async_context(
-                open_batcher(spawn, model.pool(), model.batch_policy(), queue)
-            )
-        yield batchers
+    def _arrive(self, events: list[Event]) -> None:
+        self.events.extend(events)
+        if isinstance(events[-1], TERMINAL_EVENTS):
+            self.ended = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
 
 class Bridge:
-    """Runs the trio core on its own thread and carries requests and results across."""
+    """Runs the trio core on its own thread and carries jobs, events and snapshots across."""
 
     def __init__(self, open_core: OpenCore) -> None:
         self._open_core = open_core
@@ -85,18 +102,18 @@ class Bridge:
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
-        self._batchers: Mapping[str, Batcher] = {}
+        self._backends: Mapping[str, Backend] = {}
         self._ready: asyncio.Future[None] | None = None
         self.ended: asyncio.Future[BaseException | None] | None = None
         """Resolves (to the core's exception, or None) when the trio thread has finished."""
         # asyncio side
-        self._outgoing: list[tuple[bool, Handle]] = []  # (is_submit, handle)
-        self._refusal: BaseException | None = None  # set by refuse_all: what every submit fails with
+        self._outgoing: list[tuple[str, Any]] = []  # (op, handle or future)
+        self._refusal: Exception | None = None  # set by refuse_all: what every submit fails with
         self._flush_pending = False
         self._inflight: set[Handle] = set()
         # trio side
-        self._finished: list[tuple[Handle, Request]] = []
-        self._finished_event: trio.Event | None = None
+        self._dirty: list[Handle] = []  # handles with events in their outbox
+        self._events_ready: trio.Event | None = None
         # hop counters: requests per hop is the batching the design promises
         self.hops_to_trio = 0
         self.hops_to_asyncio = 0
@@ -126,46 +143,42 @@ class Bridge:
     def running(self) -> bool:
         return self.ended is not None and self._ready is not None and self._ready.done() and not self.ended.done()
 
-    def submit(self, model: str, input: str, tier: str | None = None, timeout: float | None = None) -> Handle:
-        """Hand one request to the core; await ``handle.future`` for its finished Request."""
+    def submit(self, model: str, job: Job) -> Handle:
+        """Hand one job to a model's backend; read its events with ``await handle.wait()``."""
         if self._refusal is not None:
             raise self._refusal
         if not self.running:
             raise CoreStopped("the scheduling core is not running")
-        assert self._loop is not None
-        handle = Handle(model, input, tier, timeout, self._loop.create_future())
+        handle = Handle(model, job)
         self._inflight.add(handle)
-        self._send(True, handle)
+        self._send("submit", handle)
         return handle
 
     def cancel(self, handle: Handle) -> None:
-        """The caller went away: take the request out of its queue, or drop its output."""
-        future = handle.future
-        if handle.left or (future.done() and not future.cancelled()):
+        """The caller went away: take the job out of its queue, or drop its output."""
+        if handle.left or handle.ended:
             return  # cancelled already, or finished: nothing left to take back
-        # The future may be cancelled already: a cancelled task cancels the future it awaits.
         handle.left = True
-        future.cancel()
         self._inflight.discard(handle)
         if self.running:
-            self._send(False, handle)
+            self._send("cancel", handle)
 
-    def refuse_all(self, error: BaseException) -> None:
-        """Fail every request in flight with ``error`` now, and every later submit: the server
-        is stopping and will not wait for them (their handlers answer with the error)."""
+    def refuse_all(self, error: Exception) -> None:
+        """Fail every job in flight with ``error`` now, and every later submit: the server is
+        stopping and will not wait for them (their handlers answer with the error)."""
         self._refusal = error
         self._fail_all(error)
 
-    def batcher(self, model: str) -> Batcher:
-        """A model's batcher, for read-only snapshots (health, stats) from the asyncio thread.
+    async def snapshots(self) -> dict[str, Snapshot]:
+        """Every backend's state, copied on the trio thread: what /readyz and /metrics show."""
+        if not self.running:
+            raise CoreStopped("the scheduling core is not running")
+        future: asyncio.Future[dict[str, Snapshot]] = self._loop.create_future()  # type: ignore[union-attr]
+        self._send("snapshot", future)
+        return await future
 
-        Reading plain attributes across threads is safe under the GIL; a snapshot may be a
-        few microseconds stale, which a health check does not mind.
-        """
-        return self._batchers[model]
-
-    def _send(self, is_submit: bool, handle: Handle) -> None:
-        self._outgoing.append((is_submit, handle))
+    def _send(self, op: str, subject: Any) -> None:
+        self._outgoing.append((op, subject))
         if not self._flush_pending:
             self._flush_pending = True
             self._loop.call_soon(self._flush)  # type: ignore[union-attr]
@@ -178,22 +191,22 @@ class Bridge:
             self.hops_to_trio += 1
         except trio.RunFinishedError:
             self._fail_all(CoreStopped("the scheduling core has stopped"))
+            for op, subject in ops:
+                if op == "snapshot" and not subject.done():
+                    subject.set_exception(CoreStopped("the scheduling core has stopped"))
 
-    def _deliver(self, finished: list[tuple[Handle, Request]]) -> None:
+    def _deliver(self, batch: list[tuple[Handle, list[Event]]]) -> None:
         inflight = self._inflight
-        for handle, request in finished:
-            inflight.discard(handle)
-            if not handle.future.done():
-                handle.future.set_result(request)
+        for handle, events in batch:
+            if handle.left:
+                continue
+            handle._arrive(events)
+            if handle.ended:
+                inflight.discard(handle)
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _fail_all(self, error: Exception) -> None:
         for handle in list(self._inflight):
-            self._reject(handle, error)
-
-    def _reject(self, handle: Handle, error: BaseException) -> None:
-        self._inflight.discard(handle)
-        if not handle.future.done():
-            handle.future.set_exception(error)
+            self._deliver([(handle, [Failed(error, retryable=True)])])
 
     def _core_ready(self) -> None:
         if not self._ready.done():  # type: ignore[union-attr]
@@ -219,12 +232,12 @@ class Bridge:
 
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        self._finished_event = trio.Event()
+        self._events_ready = trio.Event()
         async with trio.open_nursery() as nursery:
             self._scope = nursery.cancel_scope
-            async with self._open_core() as batchers:
-                self._batchers = batchers
-                nursery.start_soon(self._return_finished)
+            async with self._open_core() as backends:
+                self._backends = backends
+                nursery.start_soon(self._return_events)
                 self._call_asyncio(self._core_ready)
                 await trio.sleep_forever()
 
@@ -232,36 +245,65 @@ class Bridge:
         if self._scope is not None:
             self._scope.cancel()
 
-    def _on_trio(self, ops: list[tuple[bool, Handle]]) -> None:
-        """Run a batch of submits and cancels, in the order the asyncio side made them."""
-        for is_submit, handle in ops:
-            if is_submit:
-                try:
-                    batcher = self._batchers[handle.model]
-                    request = batcher.request(handle.input, handle.tier, handle.timeout,
-                                              on_done=functools.partial(self._request_done, handle))
-                except (KeyError, ValueError) as exc:  # a model or tier the core does not know
-                    self._call_asyncio(self._reject, handle, CoreStopped(f"cannot queue the request: {exc}"))
-                    continue
-                handle.request = request
-                batcher.enqueue(request)
-            elif handle.request is not None:
-                self._batchers[handle.model].cancel(handle.request)
+    def _on_trio(self, ops: list[tuple[str, Any]]) -> None:
+        """Run a batch of submits, cancels and snapshots, in the order the asyncio side made them."""
+        for op, subject in ops:
+            if op == "submit":
+                self._start(subject)
+            elif op == "cancel":
+                if subject.ticket is not None:
+                    self._backends[subject.model].cancel(subject.ticket)
+            else:
+                snapshots = {name: backend.snapshot() for name, backend in self._backends.items()}
+                self._call_asyncio(_resolve, subject, snapshots)
 
-    def _request_done(self, handle: Handle, request: Request) -> None:
-        self._finished.append((handle, request))
-        self._finished_event.set()  # type: ignore[union-attr]
+    def _start(self, handle: Handle) -> None:
+        on_event = functools.partial(self._on_event, handle)
+        try:
+            backend = self._backends[handle.model]
+            handle.ticket = backend.submit(handle.job, on_event)
+        except (KeyError, ValueError) as exc:  # a model or tier the core does not know
+            on_event(Failed(CoreStopped(f"cannot queue the request: {exc}"), retryable=False))
 
-    async def _return_finished(self) -> None:
-        """Hand everything that finished since the last wake-up to asyncio in one hop."""
+    def _on_event(self, handle: Handle, event: Event) -> None:
+        if not handle.outbox:
+            self._dirty.append(handle)
+        handle.outbox.append(event)
+        self._events_ready.set()  # type: ignore[union-attr]
+
+    async def _return_events(self) -> None:
+        """Hand every event emitted since the last wake-up to asyncio in one hop."""
         while True:
-            await self._finished_event.wait()  # type: ignore[union-attr]
-            self._finished_event = trio.Event()
-            finished, self._finished = self._finished, []
-            self._call_asyncio(self._deliver, finished)
+            await self._events_ready.wait()  # type: ignore[union-attr]
+            self._events_ready = trio.Event()
+            dirty, self._dirty = self._dirty, []
+            batch = []
+            for handle in dirty:
+                batch.append((handle, handle.outbox))
+                handle.outbox = []
+            self._call_asyncio(self._deliver, batch)
             self.hops_to_asyncio += 1
 
     def _call_asyncio(self, callback: Callable[..., Any], *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
             self._loop.call_soon_threadsafe(callback, *args)  # type: ignore[union-attr]
 
+
+def _resolve(future: asyncio.Future, value: object) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+@contextlib.asynccontextmanager
+async def open_backends(config: FerryConfig) -> AsyncIterator[dict[str, Backend]]:
+    """The production core: a backend per model (fixed: a batcher over worker processes)."""
+    queue = config.queue()
+    async with contextlib.AsyncExitStack() as stack:
+        backends: dict[str, Backend] = {}
+        for model in config.models:
+            spawn = process_workers(model.worker, model.workers)
+            tokens = make_tokenizer(model.tokenizer).count
+            backends[model.name] = await stack.enter_async_context(
+                open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokens)
+            )
+        yield backends

@@ -13,10 +13,10 @@ import sys
 
 import trio
 
-from batcher import simulate
 from batcher.config import PoolConfig
-from batcher.load import open_loop
 from batcher.process_worker import process_workers
+from batcher.sim import simulate
+from batcher.sim.load import open_loop
 from gateway.server import add_serve_command
 
 

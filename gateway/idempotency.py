@@ -50,6 +50,8 @@ CREATE TABLE IF NOT EXISTS idempotency (
     PRIMARY KEY (key_id, idem_key)
 );
 """
+# A table from before answers expired gets stored_at = 0: its rows count as expired.
+_MIGRATIONS = {"idempotency": {"stored_at": "ALTER TABLE idempotency ADD COLUMN stored_at REAL NOT NULL DEFAULT 0"}}
 _INDEX = "CREATE INDEX IF NOT EXISTS idempotency_stored_at ON idempotency (stored_at)"
 _INSERT = "INSERT OR IGNORE INTO idempotency VALUES (?, ?, ?, ?, ?, ?)"
 _SELECT = "SELECT fingerprint, status, body, stored_at FROM idempotency WHERE key_id = ? AND idem_key = ?"
@@ -80,9 +82,7 @@ class IdempotencyStore:
         self.ttl = ttl
         self.max_entries = max_entries
         self._clock = clock
-        private_database(path)
-        _add_stored_at(path)  # a table from before answers expired: its rows count as expired
-        self._writer = SqliteWriter(path, _SCHEMA + _INDEX + ";", "idempotency-writer")
+        self._writer = SqliteWriter(private_database(path), _SCHEMA + _INDEX + ";", "idempotency-writer", _MIGRATIONS)
         self._db: sqlite3.Connection | None = None  # the reader thread's own connection
         self._reader = concurrent.futures.ThreadPoolExecutor(
             1, "idempotency-reader", initializer=self._open_reader, initargs=(path,)
@@ -211,17 +211,6 @@ class IdempotencyStore:
         if row is None or row[3] < self._clock() - self.ttl:
             return None
         return Stored(*row)
-
-
-def _add_stored_at(path: str) -> None:
-    connection = sqlite3.connect(path)
-    try:
-        columns = [row[1] for row in connection.execute("PRAGMA table_info(idempotency)")]
-        if columns and "stored_at" not in columns:
-            connection.execute("ALTER TABLE idempotency ADD COLUMN stored_at REAL NOT NULL DEFAULT 0")
-            connection.commit()
-    finally:
-        connection.close()
 
 
 def _check(stored: str, digest: str, idem_key: str) -> None:

@@ -5,25 +5,56 @@ Seed 000 §6.7 and §6.3, DESIGN §8-9. Per request, in the gateway's asyncio th
     charge(...) charge input_tokens + max_tokens to the key's limit, all or nothing
                   over the limit  -> RateLimited (429, Retry-After when it would fit)
                   can never fit   -> InvalidRequest (400: bigger than a minute of the plan)
-    ... the request runs; the handler notes the first token and what it delivered ...
+    ... the request runs; after each write the handler notes the tokens it delivered ...
     close(...)  refund what was not used, write one usage record, observe the metrics
 
-Only tokens actually delivered are billed and kept charged: an answer cut short refunds its
-unused ``max_tokens``, and a request that never reached a model (shed 529, failed) refunds its
-input tokens too. The usage record and the metrics name the key by ``key_id`` and the model
-by version; no key and no prompt text leave this module.
+Only tokens actually delivered are billed and kept charged: tokens count once the bytes that
+carry them are written to the client, an answer cut short refunds its unused ``max_tokens``,
+and a request that never reached a model (shed 529, failed) refunds its input tokens too. Each
+record says what happened (its :class:`Outcome`) beside the HTTP status the client really got:
+a stream that fails after its headers were sent got 200, and its outcome is ``interrupted``.
+The usage record and the metrics name the key by ``key_id`` and the model by version; no key
+and no prompt text leave this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 
 from batcher.metrics import Metrics
+from batcher.types import Overloaded, Shed
 from gateway.api import InvalidRequest, RateLimited
 from gateway.limiter import Limiter
 from gateway.ratelimit import Limits
 from gateway.usage import UsageLog, UsageRecord
+
+
+class Outcome(enum.Enum):
+    """What happened to a request, whatever status its client saw."""
+
+    COMPLETED = "completed"  # answered in full
+    SHED = "shed"  # 529 at admission: the fleet could not take it within its tier's budget
+    EXPIRED = "expired"  # 529: admitted, but not dispatched before its deadline
+    RATE_LIMITED = "rate_limited"  # 429: its key's per-minute budget was used up
+    FAILED = "failed"  # an error answered before any output was sent
+    INTERRUPTED = "interrupted"  # a stream that failed after sending output (its status: 200)
+    CANCELLED = "cancelled"  # the client went away before its answer was whole (499)
+
+
+REJECTED = {Outcome.SHED: "shed", Outcome.EXPIRED: "expired"}  # admission_rejects reasons
+
+
+def outcome_of(error: BaseException) -> Outcome:
+    """The outcome of a request that ended with ``error`` before any output was sent."""
+    if isinstance(error, Shed):
+        return Outcome.SHED
+    if isinstance(error, Overloaded):
+        return Outcome.EXPIRED
+    if isinstance(error, RateLimited):
+        return Outcome.RATE_LIMITED
+    return Outcome.FAILED
 
 
 @dataclasses.dataclass(slots=True)
@@ -43,11 +74,14 @@ class Entry:
     first_token_at: float | None = None
     output_tokens: int = 0  # delivered to the client
     status: int = 500  # the HTTP status the client got (set as the request ends)
+    outcome: Outcome = Outcome.FAILED
     stop_reason: str | None = None
+    owed: int = 0  # output tokens in a whole answer not yet written
+    recorded: bool = True  # False: an idempotent repeat (replayed or refused) ran nothing, so nothing is recorded
 
     def delivered(self, tokens: int, now: float | None = None) -> None:
-        """Note output tokens sent to the client (the first call marks the first token)."""
-        if tokens and self.first_token_at is None:
+        """Note output tokens just written to the client (the first write marks the first token)."""
+        if self.first_token_at is None:
             self.first_token_at = time.monotonic() if now is None else now
         self.output_tokens += tokens
 
@@ -90,28 +124,30 @@ class Ledger:
         ttft = None if entry.first_token_at is None else entry.first_token_at - entry.started
         self.usage.record(UsageRecord(
             entry.request_id, time.time(), entry.tenant, entry.key_id, entry.model, entry.input_tokens,
-            entry.output_tokens, ttft, total, status, entry.stop_reason,
+            entry.output_tokens, ttft, total, status, entry.stop_reason, entry.outcome.value,
         ))
-        series = self._series.get((entry.model, entry.tier, status))
+        key = (entry.model, entry.tier, status, entry.outcome)
+        series = self._series.get(key)
         if series is None:
-            series = self._series[entry.model, entry.tier, status] = self._labelled(entry.model, entry.tier, status)
-        requests, latency, first_token, per_token, overloaded = series
+            series = self._series[key] = self._labelled(*key)
+        requests, latency, first_token, per_token, rejected = series
         requests.inc()
         latency.observe(total)
-        if ttft is not None:
+        if ttft is not None and entry.output_tokens:
             first_token.observe(ttft)
             if entry.output_tokens > 1:
                 per_token.observe((total - ttft) / (entry.output_tokens - 1))
-        if overloaded is not None:
-            overloaded.inc()
+        if rejected is not None:
+            rejected.inc()
 
-    def _labelled(self, model: str, tier: str, status: int) -> tuple:
-        """The metric series one (model, tier, status) writes to: looked up once, not per request."""
+    def _labelled(self, model: str, tier: str, status: int, outcome: Outcome) -> tuple:
+        """The metric series one (model, tier, status, outcome) writes to: looked up once."""
         metrics = self.metrics
+        reason = REJECTED.get(outcome)
         return (
             metrics.requests.labels(model, tier, str(status)),
             metrics.latency.labels(model, tier),
             metrics.ttft.labels(model, tier),
             metrics.time_per_output_token.labels(model, tier),
-            metrics.admission_rejects.labels(model, tier, "overloaded") if status == 529 else None,
+            metrics.admission_rejects.labels(model, tier, reason) if reason else None,
         )

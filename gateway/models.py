@@ -1,4 +1,5 @@
-"""The served models by name: every alias resolves to one versioned model, with its tokenizer.
+"""The served models by name: every alias resolves to one versioned model, with its tokenizer and
+chat template.
 
 Resolution happens once, at admission: the request runs on that version and the response names
 it, so a client that asked for ``ferry-fixed`` learns it got ``ferry-fixed@1``.
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 
 from batcher.config import ModelConfig
 from gateway.api import NotFound
+from gateway.chat import ChatTemplate, make_template
 from gateway.tokenizer import Tokenizer, make_tokenizer
 
 
@@ -18,6 +20,7 @@ from gateway.tokenizer import Tokenizer, make_tokenizer
 class ServedModel:
     config: ModelConfig
     tokenizer: Tokenizer
+    template: ChatTemplate
 
     @property
     def name(self) -> str:
@@ -26,7 +29,7 @@ class ServedModel:
 
 class Catalog:
     def __init__(self, models: Sequence[ModelConfig]) -> None:
-        self.models = [ServedModel(model, make_tokenizer(model.tokenizer)) for model in models]
+        self.models = [_served(model, f"models[{index}]") for index, model in enumerate(models)]
         self._by_name = {name: served for served in self.models for name in (served.name, *served.config.aliases)}
 
     def resolve(self, name: str) -> ServedModel:
@@ -39,3 +42,11 @@ class Catalog:
 
     def names(self) -> list[str]:
         return [served.name for served in self.models]
+
+
+def _served(model: ModelConfig, where: str) -> ServedModel:
+    """A model's tokenizer and template, loaded at start-up: a bad one names its model."""
+    try:
+        return ServedModel(model, make_tokenizer(model.tokenizer), make_template(model.chat_template, model.tokenizer))
+    except ValueError as exc:
+        raise ValueError(f"{where}.{exc}") from None

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from aiohttp import web
 
 from batcher.config import FerryConfig, default_config, load_config
-from gateway.app import make_app
-from gateway.bridge import Bridge, OpenCore, open_batchers
 from gateway.api import ShuttingDown
+from gateway.app import GATEWAY, make_app
+from gateway.bridge import Bridge, OpenCore, open_backends
 from gateway.connections import ConnectionCollector, ConnectionGuard, GuardedSite
 from gateway.logs import hide_request_bytes
 
@@ -45,7 +45,7 @@ async def serve(
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    bridge = Bridge(open_core or functools.partial(open_batchers, config))
+    bridge = Bridge(open_core or functools.partial(open_backends, config))
     try:
         try:
             await bridge.start()
@@ -55,7 +55,7 @@ async def serve(
         app = make_app(config, bridge)
         guard = ConnectionGuard(_connection_cap(config.server.max_connections), config.server.header_timeout_ms / 1000)
         app.middlewares.append(guard.track)
-        app["ferry"].metrics.registry.register(ConnectionCollector(guard))
+        app[GATEWAY].metrics.registry.register(ConnectionCollector(guard))
         app.on_shutdown.append(functools.partial(_drain, guard, bridge, config.server.shutdown_grace_ms / 1000))
         runner = web.AppRunner(
             app,

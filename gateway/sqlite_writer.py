@@ -15,6 +15,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Mapping
 
 FLUSH_INTERVAL = 0.05  # seconds a write may wait for the next commit
 _STOP = object()
@@ -23,11 +24,18 @@ _STOP = object()
 class SqliteWriter:
     """A queue of ``(statement, row)`` writes and the thread that commits them, in order."""
 
-    def __init__(self, path: str, schema: str, name: str) -> None:
+    def __init__(self, path: str, schema: str, name: str, migrations: Mapping[str, Mapping[str, str]] = {}) -> None:
+        """Open ``path``: bring its tables up to date (``migrations``: per table, the statement
+        that adds each column a table from an older release lacks), then run ``schema``."""
         self.path = path
         connection = sqlite3.connect(path)  # create the tables now: a bad path fails at start-up
         connection.execute("PRAGMA journal_mode=WAL")  # kept by the file: readers never wait for the writer
         with connection:
+            for table, added in migrations.items():
+                columns = {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
+                for column, statement in added.items():
+                    if columns and column not in columns:
+                        connection.execute(statement)
             connection.executescript(schema)
         connection.close()
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()

@@ -4,8 +4,8 @@ Seed 000 §1.1, §6.3: the server bills from its own count of tokens actually de
 request handler only puts a record on a queue (no I/O, no lock held across a write); one writer
 thread drains the queue in batches into SQLite (:mod:`gateway.sqlite_writer`). The table is
 append-only and keyed by request id, and inserts are ``INSERT OR IGNORE``: a record written
-twice (a retry, a replay after a restart) stays one row. SQLite survives a restart of the gateway; ``close()`` flushes what is
-queued before it returns.
+twice (a retry, a replay after a restart) stays one row. SQLite survives a restart of the
+gateway; ``close()`` flushes what is queued before it returns.
 
 API keys never reach this table: a record names the key by ``key_id`` (a short digest). The file
 is readable by the gateway's user only (:mod:`gateway.private`).
@@ -33,9 +33,11 @@ CREATE TABLE IF NOT EXISTS usage (
     ttft_s        REAL,
     total_s       REAL NOT NULL,
     status        INTEGER NOT NULL,
-    stop_reason   TEXT
+    stop_reason   TEXT,
+    outcome       TEXT
 )
 """
+_MIGRATIONS = {"usage": {"outcome": "ALTER TABLE usage ADD COLUMN outcome TEXT"}}  # columns added since the first release
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,6 +55,7 @@ class UsageRecord:
     total_s: float
     status: int  # the HTTP status the client got
     stop_reason: str | None
+    outcome: str | None = None  # what happened (gateway.ledger.Outcome); None in rows written before it existed
 
 
 _FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]
@@ -65,7 +68,7 @@ class UsageLog:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._writer = SqliteWriter(private_database(path), _SCHEMA, "usage-writer")
+        self._writer = SqliteWriter(private_database(path), _SCHEMA, "usage-writer", _MIGRATIONS)
 
     def record(self, record: UsageRecord) -> None:
         """Queue a record; returns at once (the caller is serving a request)."""

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batcher.admission import MARGIN, AdmissionControl, Load, budget
+from batcher.admission import MARGIN, AdmissionControl, BatchLoad, budget
 
 BUDGETS = (1.0, 0.3)  # paid may wait 1 s, free 300 ms
 PAID, FREE = 0, 1
@@ -15,7 +15,7 @@ CALL, BATCH = 0.2, 50
 
 def one_worker(queued, free_in=0.0, arrivals=(0.0, 0.0)):
     """One worker taking batches of 50 every 200 ms: 250 requests/s."""
-    return Load(queued, (free_in,), BATCH, CALL, arrivals)
+    return BatchLoad(queued, (free_in,), BATCH, CALL, arrivals)
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_a_new_request_waits_for_the_first_batch_with_room_for_it(queued, tier, 
 
 
 def test_workers_that_finish_together_release_their_places_together():
-    eight = Load((100, 250), (0.1,) * 8, BATCH, CALL, (1000.0, 0.0))
+    eight = BatchLoad((100, 250), (0.1,) * 8, BATCH, CALL, (1000.0, 0.0))
     assert eight.wait(PAID) == pytest.approx(0.1)  # 101st paid fits the 3rd of the 8 batches at 0.1 s
     # free: 351 ahead, and paid arriving at 1000/s passes them: 451 > 400 places at 0.1 s,
     # 651 + 2 sd of Poisson noise (2 x sqrt(300)) <= 800 places at 0.3 s
@@ -44,7 +44,7 @@ def test_workers_that_finish_together_release_their_places_together():
 
 
 def test_the_margin_allows_for_higher_tiers_arriving_faster_than_their_mean():
-    load = Load((0, 90), (0.1,), 100, CALL, (100.0, 0.0))  # 10 paid expected by 0.1 s, sd sqrt(10)
+    load = BatchLoad((0, 90), (0.1,), 100, CALL, (100.0, 0.0))  # 10 paid expected by 0.1 s, sd sqrt(10)
     assert load.dispatch_in(FREE, extra=0, margin=0.0) == pytest.approx(0.1)  # 90 + 10 <= 100
     assert load.dispatch_in(FREE, extra=0, margin=MARGIN) == pytest.approx(0.3)  # + 6.3 does not fit
 
@@ -56,7 +56,7 @@ def test_a_tier_whose_higher_tiers_take_every_place_would_wait_for_ever():
 
 def test_a_backend_that_has_not_measured_a_call_admits_everything():
     control = AdmissionControl(BUDGETS)
-    assert control.judge(Load((10_000, 10_000), (0.0,), BATCH, 0.0), FREE, 0.0).admitted
+    assert control.judge(BatchLoad((10_000, 10_000), (0.0,), BATCH, 0.0), FREE, 0.0).admitted
 
 
 def test_free_budget_shrinks_with_paid_pressure_before_paid_is_touched():
@@ -104,7 +104,7 @@ def test_an_unknown_tier_is_refused():
         AdmissionControl(BUDGETS).judge(one_worker((0, 0)), 2, 0.0)
 
 
-def walk(load: Load, tier: int, extra: int, margin: float) -> float:
+def walk(load: BatchLoad, tier: int, extra: int, margin: float) -> float:
     """The definition, batch by batch: the first dispatch with room for everything ahead."""
     ahead = sum(load.queued[: tier + 1]) + extra
     passing = sum(load.arrivals[:tier])
@@ -130,6 +130,6 @@ def walk(load: Load, tier: int, extra: int, margin: float) -> float:
 def test_the_closed_form_agrees_with_walking_batch_by_batch(workers, call, batch, phases, queued, share, margin):
     free_in = tuple(call * phase for phase in phases[:workers])
     paid_rate = share * workers * batch / call
-    load = Load(queued, free_in, batch, call, (paid_rate, 0.0))
+    load = BatchLoad(queued, free_in, batch, call, (paid_rate, 0.0))
     for tier in (PAID, FREE):
         assert load.dispatch_in(tier, 1, margin) == pytest.approx(walk(load, tier, 1, margin), abs=1e-9)

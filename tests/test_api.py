@@ -8,10 +8,13 @@ import json
 
 import pytest
 
-from batcher.config import KeyConfig, ModelConfig
+from batcher.backend import Delta, Finished, Started, Usage
+from batcher.config import FixedModelConfig, KeyConfig
 from batcher.types import Overloaded, RequestFailed
 from gateway import api
+from gateway.answer import Answer
 from gateway.auth import KeyRing
+from gateway.chat import Labelled
 from gateway.models import Catalog
 from gateway.tokenizer import ByteTokenizer, make_tokenizer
 
@@ -122,8 +125,9 @@ def test_the_prompt_is_system_then_labelled_turns():
     request = api.parse_message_request(body(
         system="be brief", messages=[{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
     ))
-    assert api.render_prompt(request) == "System: be brief\n\nUser: hello\n\nAssistant: hi"
-    assert api.render_prompt(api.parse_message_request(body())) == "User: hi"
+    assert Labelled().render(request.system, request.messages) == "System: be brief\n\nUser: hello\n\nAssistant: hi"
+    request = api.parse_message_request(body())
+    assert Labelled().render(request.system, request.messages) == "User: hi"
 
 
 def test_context_window_counts_prompt_plus_max_tokens():
@@ -144,8 +148,9 @@ def test_context_window_counts_prompt_plus_max_tokens():
     ],
 )
 def test_an_answer_stops_at_the_earliest_stop_sequence_then_at_max_tokens(output, stops, max_tokens, expected):
-    request = api.MessageRequest("m", (("user", "x"),), max_tokens, stop_sequences=stops)
-    assert api.complete(output, request, BYTES) == expected
+    answer = Answer(stops, max_tokens, BYTES)
+    answer.push([Started(0.0), Delta(output, BYTES.count(output)), Finished("end_turn", Usage(1, 1))])
+    assert answer.completion() == expected
 
 
 def test_a_whole_message_has_the_messages_api_shape():
@@ -172,8 +177,8 @@ def parse_sse(data: bytes) -> list[tuple[str, dict]]:
 
 
 def test_a_stream_sends_the_events_in_the_messages_api_order():
-    completion = api.Completion("olleh", "max_tokens", None, 5)
-    raw = api.stream_start("msg_1", "m@1", 7) + api.PING + api.stream_end(completion)
+    raw = (api.stream_start("msg_1", "m@1", 7) + api.PING + api.BLOCK_START + api.text_delta("olleh")
+           + api.stream_stop("max_tokens", None, 5))
     events = parse_sse(raw)
     assert [name for name, _ in events] == [
         "message_start", "ping", "content_block_start", "content_block_delta",
@@ -188,8 +193,8 @@ def test_a_stream_sends_the_events_in_the_messages_api_order():
 
 
 def test_an_empty_answer_streams_no_delta_and_an_error_event_has_the_error_body():
-    names = [name for name, _ in parse_sse(api.stream_end(api.Completion("", "end_turn", None, 0)))]
-    assert "content_block_delta" not in names
+    names = [name for name, _ in parse_sse(api.BLOCK_START + api.stream_stop("end_turn", None, 0))]
+    assert names == ["content_block_start", "content_block_stop", "message_delta", "message_stop"]
     [(name, data)] = parse_sse(api.stream_error(Overloaded("busy")))
     assert (name, data) == ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
 
@@ -235,7 +240,7 @@ def test_the_byte_tokenizer_counts_utf8_bytes():
     tokenizer = make_tokenizer("bytes")
     assert tokenizer.count("héllo") == 6
     assert tokenizer.truncate("héllo", 2) == "h" and tokenizer.truncate("héllo", 3) == "hé"
-    with pytest.raises(ValueError, match="tokenizer: expected one of"):
+    with pytest.raises(ValueError, match="tokenizer: expected 'bytes' or a tokenizer.json"):
         make_tokenizer("bpe")
 
 
@@ -253,7 +258,7 @@ def test_keys_by_value_or_by_digest_and_in_either_header():
 
 
 def test_aliases_resolve_to_one_version():
-    catalog = Catalog([ModelConfig(name="m@2", worker=("echo",), aliases=("m", "latest"))])
+    catalog = Catalog([FixedModelConfig(name="m@2", worker=("echo",), aliases=("m", "latest"))])
     assert catalog.resolve("m").name == catalog.resolve("latest").name == "m@2"
     with pytest.raises(api.NotFound, match="'m@1' is not served here; try one of: latest, m, m@2"):
         catalog.resolve("m@1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from batcher.arrivals import Trace, bursty, piecewise, poisson, tier_mix, tier_picks
+from batcher.sim.arrivals import Trace, bursty, piecewise, poisson, tier_mix, tier_picks
 
 
 def test_poisson_offers_the_rate_within_the_window():

@@ -157,7 +157,7 @@ async def test_one_poison_input_among_fifty_fails_alone(autojump_clock):
     failed = [r for r in requests if r.state is State.FAILED]
     assert [r.input for r in failed] == ["r37 ☠"]
     assert isinstance(failed[0].error, RequestFailed)
-    assert "failed on 3 attempts" in str(failed[0].error) and "poison marker" in str(failed[0].error)
+    assert str(failed[0].error) == "the input failed on 3 attempts; last: the model raised ValueError"
     assert [r.result() for r in requests if r is not failed[0]] == [t[::-1] for t in inputs if "☠" not in t]
     # 2 whole tries, then the half holding r37 is split: 50 -> 25 -> 13 -> 6 -> 3 -> 1
     assert batcher.stats.bisections == 5
@@ -184,7 +184,7 @@ async def test_cancelled_requests_leave_the_queue_at_once_and_never_reach_a_work
 
         async def caller(text: str, patience: float) -> None:
             with trio.move_on_after(patience):
-                results[text] = await batcher.submit(text, "paid")
+                results[text] = await batcher.answer(text, "paid")
 
         async with trio.open_nursery() as nursery:
             for i in range(10):
@@ -219,7 +219,7 @@ async def test_a_request_that_cannot_be_dispatched_by_its_deadline_is_overloaded
         outcomes.add(texts("busy", 50))
         await trio.sleep(0.01)
         with pytest.raises(Overloaded, match="not dispatched within 1.000s"):
-            await batcher.submit("late", "paid", timeout=1.0)
+            await batcher.answer("late", "paid", timeout=1.0)
         assert trio.current_time() == pytest.approx(1.01)
     assert "late" not in fleet.inputs_seen()
     assert batcher.stats.expired == 1
@@ -243,7 +243,7 @@ async def test_each_request_ends_exactly_once(autojump_clock):
 async def test_unknown_tier_is_refused_by_name(autojump_clock):
     async with running(Fleet()) as batcher:
         with pytest.raises(ValueError, match="tier: expected one of \\['paid', 'free'\\], got 'gold'"):
-            await batcher.submit("x", "gold")
+            await batcher.answer("x", "gold")
 
 
 async def test_batch_sizes_and_queue_waits_by_tier_are_counted_for_metrics(autojump_clock):
@@ -274,7 +274,7 @@ async def test_over_budget_arrivals_are_shed_free_first_with_the_real_drain_time
     queue = QueueConfig(wait_budgets=(1.0, 0.3))
     async with open_batcher(fleet, pool, SizeOrTimeout(50, T), queue) as batcher:
         outcomes = Outcomes(batcher)
-        await batcher.submit("warm-up", "paid")  # one answered call: the fleet drains 50 / 0.2 s
+        await batcher.answer("warm-up", "paid")  # one answered call: the fleet drains 50 / 0.2 s
         assert batcher.load().drain_rate == pytest.approx(250.0)
         outcomes.add(texts("busy", 50))  # the only worker is busy until t + 0.2
         await trio.sleep(0.01)
@@ -294,13 +294,13 @@ async def test_over_budget_arrivals_are_shed_free_first_with_the_real_drain_time
 async def test_a_request_past_its_deadline_is_told_when_to_retry(autojump_clock):
     fleet = Fleet()
     async with running(fleet, workers=1) as batcher:
-        await batcher.submit("warm-up", "paid")
+        await batcher.answer("warm-up", "paid")
         outcomes = Outcomes(batcher)
         outcomes.add(texts("busy", 50))
         await trio.sleep(0.01)
         waiting = outcomes.add(texts("waiting", 100))
         with pytest.raises(Overloaded) as shed:
-            await batcher.submit("late", "free", timeout=0.05)
+            await batcher.answer("late", "free", timeout=0.05)
         expired_at = trio.current_time()
         await outcomes.wait(150)
     drained = max(r.dispatched_at for r in waiting) - expired_at  # the 100 queued ahead of it

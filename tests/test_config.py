@@ -72,7 +72,7 @@ def test_a_minimal_file_takes_the_defaults():
         (MINIMAL + "workers = true\n", "f.toml: models[0].workers: expected int, got True"),
         (MINIMAL + "hang_timeout_ms = 0\n", "f.toml: models[0].hang_timeout_ms: expected milliseconds > 0"),
         (MINIMAL + "mode = 'continuous'\n", "f.toml: models[0].mode: expected one of ['fixed']"),
-        (MINIMAL + "tokenizer = 'bpe'\n", "f.toml: models[0].tokenizer: expected one of ['bytes']"),
+        (MINIMAL + "tokenizer = 'bpe'\n", "f.toml: models[0].tokenizer: expected 'bytes' or a path to a tokenizer.json"),
         (MINIMAL + "context_window = 0\n", "f.toml: models[0].context_window: expected 1..16777216"),
         (MINIMAL.replace("worker = [\"echo\"]", "worker = 'echo'"), "f.toml: models[0].worker: expected a list"),
         (MINIMAL.replace("name = \"m@1\"\n", ""), "f.toml: models[0]: missing field 'name'"),

@@ -11,12 +11,13 @@ import contextlib
 
 import pytest
 
+from batcher.backend import Delta, Failed, Finished, Job, Started
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import open_batcher
 from batcher.policy import SizeOrTimeout
-from batcher.types import Overloaded, State
+from batcher.sim.workers import SimulatedWorker, constant
+from batcher.types import Overloaded
 from gateway.bridge import Bridge, CoreStopped
-from workers.simulated import SimulatedWorker, constant
 
 
 class Core:
@@ -42,6 +43,18 @@ class Core:
         return [text for worker in self.spawned for call in worker.calls for text in call]
 
 
+def job(text: str, tier: str | None = "paid", deadline: float | None = None) -> Job:
+    return Job(text, text.encode(), 100, tier, deadline=deadline)
+
+
+async def until_ended(handle) -> list:
+    """Every event of one job, in order, once it has ended."""
+    events = []
+    while not handle.ended or handle.events:
+        events += await handle.wait()
+    return events
+
+
 def run(core, body):
     """Start a bridge over ``core``, run ``await body(bridge)``, stop the bridge; body's result."""
 
@@ -60,12 +73,12 @@ def test_a_burst_crosses_in_one_hop_each_way_per_batch():
     core = Core(max_batch=50)
 
     async def burst(bridge):
-        handles = [bridge.submit("m", f"r{i}", "paid") for i in range(100)]
-        return bridge, await asyncio.gather(*(h.future for h in handles))
+        handles = [bridge.submit("m", job(f"r{i}")) for i in range(100)]
+        return bridge, await asyncio.gather(*(until_ended(h) for h in handles))
 
     bridge, done = run(core, burst)
-    assert [request.output for request in done] == [f"r{i}"[::-1] for i in range(100)]
-    assert all(request.state is State.DONE for request in done)
+    assert [[type(e) for e in events] for events in done] == [[Started, Delta, Finished]] * 100
+    assert [events[1].text for events in done] == [f"r{i}"[::-1] for i in range(100)]
     assert bridge.hops_to_trio == 1  # 100 submits from one loop iteration: one hop
     assert bridge.hops_to_asyncio <= 2  # two batches of 50, finishing together or apart
 
@@ -74,17 +87,17 @@ def test_a_cancelled_handle_leaves_the_queue_before_any_worker_sees_it():
     core = Core(max_batch=50, max_wait=60.0)
 
     async def leave(bridge):
-        handle = bridge.submit("m", "never", "paid")
-        batcher = bridge.batcher("m")
-        while batcher.queue.count == 0:
+        handle = bridge.submit("m", job("never"))
+        while (await bridge.snapshots())["m"].status["queued"] == 0:
             await asyncio.sleep(0.001)
         bridge.cancel(handle)
-        while batcher.stats.cancelled == 0:
+        while (snapshot := (await bridge.snapshots())["m"]).stats.cancelled == 0:
             await asyncio.sleep(0.001)
-        return handle, batcher.queue.count, batcher.stats.calls
+        await asyncio.sleep(0.05)  # nothing more arrives for a job its caller left
+        return handle, snapshot.status["queued"], snapshot.stats.calls
 
     handle, queued, calls = run(core, leave)
-    assert handle.future.cancelled()
+    assert handle.left and handle.events == []
     assert (queued, calls) == (0, 0)
     assert core.inputs_seen() == []
 
@@ -93,21 +106,21 @@ def test_a_request_past_its_deadline_comes_back_failed_with_overloaded():
     core = Core(max_batch=50, max_wait=60.0)
 
     async def late(bridge):
-        return await bridge.submit("m", "late", "free", timeout=0.01).future
+        return await until_ended(bridge.submit("m", job("late", "free", deadline=0.01)))
 
-    request = run(core, late)
-    assert request.state is State.FAILED and isinstance(request.error, Overloaded)
+    [failed] = run(core, late)
+    assert isinstance(failed, Failed) and isinstance(failed.error, Overloaded) and failed.retryable
 
 
 def test_an_unknown_tier_fails_that_request_alone():
     async def mixed(bridge):
-        bad = bridge.submit("m", "x", "gold")
-        good = bridge.submit("m", "y", "paid")
-        with pytest.raises(CoreStopped, match="tier: expected one of"):
-            await bad.future
-        return (await good.future).output
+        bad = bridge.submit("m", job("x", "gold"))
+        good = bridge.submit("m", job("y"))
+        return await until_ended(bad), await until_ended(good)
 
-    assert run(Core(), mixed) == "y"
+    [failed], good = run(Core(), mixed)
+    assert isinstance(failed.error, CoreStopped) and "tier: expected one of" in str(failed.error)
+    assert good[1].text == "y"
 
 
 def test_after_stop_nothing_is_accepted_and_a_failed_start_raises():
@@ -118,7 +131,7 @@ def test_after_stop_nothing_is_accepted_and_a_failed_start_raises():
         await bridge.stop()
         assert not bridge.running
         with pytest.raises(CoreStopped):
-            bridge.submit("m", "x", "paid")
+            bridge.submit("m", job("x"))
 
         @contextlib.asynccontextmanager
         async def broken():

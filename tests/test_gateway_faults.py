@@ -80,6 +80,35 @@ def test_workers_that_cannot_start_stop_serve_with_the_reason(tmp_path):
         Gateway(tmp_path, bad)
 
 
+def test_a_fleet_that_crashes_on_every_call_answers_500_in_time_and_stays_not_ready(tmp_path):
+    config = (CONFIG.replace("wait_budget_ms = 10000", "wait_budget_ms = 1000")  # paid; hang_timeout 1 s
+              .replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["echo", "--crash-on-call", "1"]'))
+    gateway = Gateway(tmp_path, config)
+    try:
+        async def main():
+            async with aiohttp.ClientSession(headers={"x-api-key": PAID}) as session:
+                async def one(index: int) -> tuple[int, dict, float]:
+                    started = asyncio.get_running_loop().time()
+                    async with session.post(f"{gateway.url}/v1/messages", json=message(f"r{index}")) as reply:
+                        return reply.status, await reply.json(), asyncio.get_running_loop().time() - started
+
+                return await asyncio.gather(*(one(index) for index in range(20)))
+
+        results = asyncio.run(asyncio.wait_for(main(), 60))
+        # dispatched: 500 (it crashed every worker that took it); queued while every worker was
+        # down: 529 (not dispatched within its budget)
+        kinds = {(status, body["error"]["type"]) for status, body, _ in results}
+        assert (500, "api_error") in kinds and kinds <= {(500, "api_error"), (529, "overloaded_error")}
+        assert not any("pid" in body["error"]["message"] for _, body, _ in results)
+        assert max(seconds for _, _, seconds in results) < 2.0 + 2.0  # budget + hang_timeout, + slack
+        for _ in range(10):  # between crash cycles too: its workers restart, none has served
+            status, _, body = gateway.request("GET", "/readyz")
+            assert (status, body["models"]["echo@1"]["ready"]) == (503, False)
+            time.sleep(0.1)
+    finally:
+        assert gateway.stop() == 0
+
+
 HUNG = CONFIG.replace("shutdown_grace_ms = 10000", "shutdown_grace_ms = 2000") + """
 [[models]]
 name = "hung@1"
@@ -125,4 +154,5 @@ def test_sigterm_with_requests_stuck_in_a_hung_worker_drains_within_the_grace_an
             assert answer.startswith(b"HTTP/1.1 200 ") and b"event: message_start" in answer
             assert answer.endswith(b"event: error\ndata: " + said.encode() + b"\n\n\r\n0\r\n\r\n")
     assert len(answers) == 4
-    assert sorted(r.status for r in read_usage(str(state / "usage.sqlite"))) == [503] * 4  # not 499
+    records = read_usage(str(state / "usage.sqlite"))  # the status each client got, not 499
+    assert sorted((r.status, r.outcome) for r in records) == [(200, "failed")] * 2 + [(503, "failed")] * 2

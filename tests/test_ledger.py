@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batcher.metrics import Metrics
 from gateway.api import InvalidRequest, RateLimited
-from gateway.ledger import Entry, Ledger
+from gateway.ledger import Entry, Ledger, Outcome
 from gateway.limiter import MemoryLimiter
 from gateway.ratelimit import Limits
 from gateway.usage import UsageLog, read_usage
@@ -68,13 +68,13 @@ def test_a_request_that_never_reached_a_model_gets_everything_back(ledger):
     async def scenario():
         shed = entry("r1", input_tokens=500, max_tokens=500)
         await ledger.charge(shed)
-        shed.status = 529
+        shed.status, shed.outcome = 529, Outcome.SHED
         await ledger.close(shed)
         await ledger.charge(entry("r2", input_tokens=500, max_tokens=500))  # the whole minute again
 
     asyncio.run(scenario())
     found = samples(ledger.metrics)
-    assert found[("ferry_admission_rejects_total", (("model", "m@1"), ("reason", "overloaded"), ("tier", "paid")))] == 1
+    assert found[("ferry_admission_rejects_total", (("model", "m@1"), ("reason", "shed"), ("tier", "paid")))] == 1
 
 
 def test_a_charge_bigger_than_the_plan_is_a_400_naming_the_limit(ledger):

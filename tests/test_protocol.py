@@ -1,28 +1,57 @@
 """The frame codec: round trips, one byte at a time, and every way a frame can be bad."""
 
+import dataclasses
 import struct
+import typing
 
 import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from workers.engine.engine import EngineStats
+from workers.engine.sequence import FinishReason
 from workers.protocol import (
+    Abort,
+    Accepted,
+    Add,
     Error,
+    Finished,
+    FinishReasonName,
     FrameDecoder,
+    Message,
     ProtocolError,
     Ready,
     Result,
     RunBatch,
+    Stats,
+    Tokens,
+    Usage,
     decode_body,
     encode,
 )
 
+ADD = Add(
+    rid=7, prompt_tokens=[1, 2, 3] * 1000, max_tokens=64, tier=1, tenant="acme", temperature=0.7, top_p=0.9,
+    top_k=40, seed=None, stop_token_ids=[2, 50256], ignore_eos=False,
+)
+STATS = Stats(
+    step=12, running=3, waiting=1, queued_tokens=900, free_blocks=40, used_blocks=24, total_blocks=64,
+    cached_blocks=5, preemptions=2, prefix_queries=1500, prefix_hits=320, computed_tokens=2100, generated_tokens=36,
+)
 EVERY_KIND = [
     Ready(pid=4242, model="sleep-200ms"),
     RunBatch(id=1, inputs=["a", "", "ünïcödé ✓", "x" * 10_000]),
+    Accepted(id=1),
     Result(id=1, outputs=["a", "", "✓"]),
     Error(id=9, message="ValueError: boom"),
+    ADD,
+    dataclasses.replace(ADD, rid=8, seed=2**63, ignore_eos=True, tenant="", stop_token_ids=[], temperature=0),
+    Abort(rid=7),
+    Tokens(rid=7, ids=[4242]),
+    Finished(rid=7, reason="stop_token", usage=Usage(prompt_tokens=3000, cached_tokens=2992, output_tokens=12)),
+    Finished(rid=8, reason="too_long", usage=Usage(prompt_tokens=90_000, cached_tokens=0, output_tokens=0)),
+    STATS,
 ]
 
 
@@ -60,6 +89,13 @@ def test_encoding_an_oversized_message_is_refused():
         encode(RunBatch(id=1, inputs=["x" * 200]), max_frame=100)
 
 
+def _fields(message) -> dict:
+    return {"kind": message.kind, **{f.name: getattr(message, f.name) for f in dataclasses.fields(message)}}
+
+
+_USAGE = {"prompt_tokens": 1, "cached_tokens": 0, "output_tokens": 1}
+
+
 def _frame(fields) -> bytes:
     body = msgpack.packb(fields)
     return struct.pack(">I", len(body)) + body
@@ -78,6 +114,18 @@ def _frame(fields) -> bytes:
         (msgpack.packb({"kind": "result", "id": 1, "outputs": ["a", 2]}), "result.outputs"),
         (msgpack.packb({"kind": "result", "id": True, "outputs": []}), "result.id"),
         (msgpack.packb({"kind": "run_batch", "id": 1, "inputs": "abc"}), "run_batch.inputs"),
+        (msgpack.packb({**_fields(ADD), "seed": "42"}), "add.seed"),
+        (msgpack.packb({**_fields(ADD), "ignore_eos": 1}), "add.ignore_eos"),
+        (msgpack.packb({**_fields(ADD), "top_p": "0.9"}), "add.top_p"),
+        (msgpack.packb({**_fields(ADD), "prompt_tokens": [1, True]}), "add.prompt_tokens"),
+        (msgpack.packb({k: v for k, v in _fields(ADD).items() if k != "tenant"}), "expected .*'tenant'"),
+        (msgpack.packb({"kind": "abort", "rid": None}), "abort.rid"),
+        (msgpack.packb({"kind": "tokens", "rid": 1, "ids": 5}), "tokens.ids"),
+        (msgpack.packb({"kind": "finished", "rid": 1, "reason": "exploded", "usage": _USAGE}), "finished.reason"),
+        (msgpack.packb({"kind": "finished", "rid": 1, "reason": "eos", "usage": [1, 2, 3]}), "finished.usage"),
+        (msgpack.packb({"kind": "finished", "rid": 1, "reason": "eos", "usage": {**_USAGE, "x": 1}}), "finished.usage"),
+        (msgpack.packb({"kind": "finished", "rid": 1, "reason": "eos", "usage": {"prompt_tokens": 1}}), "finished.usage"),
+        (msgpack.packb({**_fields(STATS), "running": -0.5}), "stats.running"),
     ],
 )
 def test_a_malformed_frame_says_what_is_wrong(body, complaint):
@@ -93,10 +141,15 @@ def test_any_bytes_decode_to_messages_or_a_protocol_error(data):
         messages = FrameDecoder(max_frame=200).feed(data)
     except ProtocolError:
         return
-    assert all(isinstance(m, Ready | RunBatch | Result | Error) for m in messages)
+    assert all(isinstance(m, typing.get_args(Message)) for m in messages)
 
 
 @given(st.lists(st.text(max_size=50), min_size=1, max_size=50), st.integers(0, 2**62))
 def test_any_batch_round_trips(inputs, call_id):
     message = RunBatch(id=call_id, inputs=inputs)
     assert FrameDecoder().feed(encode(message)) == [message]
+
+
+def test_the_continuous_frames_say_what_the_engine_says():
+    assert typing.get_args(FinishReasonName) == tuple(reason.value for reason in FinishReason)
+    assert [f.name for f in dataclasses.fields(Stats)] == [f.name for f in dataclasses.fields(EngineStats)]

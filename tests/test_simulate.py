@@ -10,16 +10,17 @@ import numpy as np
 import pytest
 import trio
 
-from batcher.arrivals import Trace, poisson
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import DeadlineUnreachable, open_batcher
-from batcher.load import Replay, drive
 from batcher.policy import AIMD, IdleAware, SizeOrTimeout, SlackDriven
-from batcher.simulate import Scenario, Service, simulate
+from batcher.sim.arrivals import Trace, poisson
+from batcher.sim.load import drive
+from batcher.sim.replay import Replay, ReplayBatcher
+from batcher.sim.simulate import Scenario, Service, simulate
+from batcher.sim.workers import SimulatedWorker, linear
 from batcher.types import Overloaded, Request, State
 from tests.conftest import Fleet
 from workers.faults import FaultPlan
-from workers.simulated import SimulatedWorker, linear
 
 
 async def _ended(batcher, inputs, timeout=None) -> list[Request]:
@@ -113,7 +114,7 @@ def test_a_replayed_trace_is_scheduled_exactly_as_on_time_arrivals_are(policy, q
 
     async def replayed() -> list[Request]:
         ended: list[Request] = []
-        async with open_batcher(Fleet(), pool, policy, queue) as batcher:
+        async with open_batcher(Fleet(), pool, policy, queue, batcher=ReplayBatcher) as batcher:
             batcher.feed(Replay(batcher, trace.times, trace.tier, trace.tiers, trace.deadlines, ended.append))
             while len(ended) < len(trace):
                 await trio.sleep(1.0)
@@ -143,7 +144,7 @@ def test_every_request_is_answered_or_dropped_with_a_reason_exactly_once():
     report = run.report
     assert report.offered == len(scenario.trace)
     assert report.completed + sum(report.errors.values()) == report.offered
-    assert set(report.errors) <= {"DeadlineUnreachable", "Overloaded", "RequestFailed"}
+    assert set(report.errors) <= {"DeadlineUnreachable", "Overloaded", "RequestFailed", "WorkersFailed"}
     assert report.errors["DeadlineUnreachable"] > 0 and report.restarts > 0 and report.retries > 0
     assert sum(report.dropped_by_tier.values()) == report.dropped
     assert run.virtual_seconds > 8.0 and run.requests_per_cpu_second > 0
@@ -166,7 +167,7 @@ def test_conservation_holds_request_by_request_under_faults():
 
         start = trio.current_time()
         pool = PoolConfig(workers=6, hang_timeout=0.6)
-        async with open_batcher(spawn, pool, SlackDriven(50, 0.2, 0.02)) as batcher:
+        async with open_batcher(spawn, pool, SlackDriven(50, 0.2, 0.02), batcher=ReplayBatcher) as batcher:
             batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, trace.deadlines + start, on_done))
             while len(ended) < len(trace):
                 await trio.sleep(1.0)

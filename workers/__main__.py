@@ -5,7 +5,8 @@ them: at start-up the worker moves the protocol onto private descriptors, points
 and fd 0 at /dev/null. A stray ``print`` (or a C library writing to fd 1) then lands in the log
 instead of corrupting a frame. The private descriptors are not inherited by children.
 
-The loop is deliberately plain and blocking: one call at a time, exactly like a GPU. The worker
+The loop is deliberately plain and blocking: one call at a time, exactly like a GPU (the
+``engine`` kind runs its own loop instead, one decode step at a time: ``workers/engine/serve.py``). The worker
 exits when the pool closes its stdin, and also when its parent disappears (a watchdog thread
 notices re-parenting), so a killed gateway never leaves workers behind.
 """
@@ -18,9 +19,10 @@ import sys
 import threading
 import time
 
-from workers.faults import Fault, FaultInjector, add_fault_arguments, plan_from_args
+from workers.engine.serve import add_engine_arguments, serve
+from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
 from workers.models import Model, add_model_arguments, load_model
-from workers.protocol import Error, FrameDecoder, Ready, Result, RunBatch, encode
+from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, encode
 
 CRASH_EXIT_CODE = 3
 
@@ -31,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(kinds)
     for sub in kinds.choices.values():
         add_fault_arguments(sub)
+    add_engine_arguments(kinds)  # continuous mode: its own loop (workers/engine/serve.py)
     return parser
 
 
@@ -85,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     protocol_in, protocol_out = claim_protocol_fds()
     exit_with_parent()
-    injector = FaultInjector(plan_from_args(args))
+    if args.kind == "engine":
+        return serve(args, protocol_in, protocol_out)
+    injector = FaultInjector(plan_from_args(args), instance_from_env())
     model = load_model(args)
     with os.fdopen(protocol_out, "wb") as out:
         out.write(encode(Ready(pid=os.getpid(), model=model.name)))
@@ -96,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not isinstance(message, RunBatch):
                     print(f"worker: unexpected {message.kind} frame", file=sys.stderr)
                     return 2
+                out.write(encode(Accepted(id=message.id)))  # before any fault: the call is ours now
+                out.flush()
                 out.write(encode(serve_call(model, injector, message)))
                 out.flush()
     return 0

@@ -5,6 +5,13 @@ A plan is data (flags on the worker's command line, or fields in a simulation); 
 simulated worker both consult the same injector, so a fault plan means the same thing in virtual
 time and against real processes. Calls are counted from 1 in each process: a worker restarted
 after ``--crash-on-call 3`` crashes again on its own third call.
+
+The random faults (``--crash-prob``, ``--hang-prob``) draw from a generator seeded with ``--seed``
+and the process's *instance*: its slot and start number in the pool that spawned it (the pool
+passes them in :data:`INSTANCE_ENV`). Each process then has its own schedule, and a rerun with
+the same seed repeats every process's schedule. Without an instance (a worker started by hand,
+a simulated worker), the seed alone picks it: a replacement started with the same seed would
+repeat its predecessor's schedule, crash for crash, and a 5 % crash rate would compound.
 """
 
 from __future__ import annotations
@@ -12,7 +19,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import os
 import random
+from collections.abc import Mapping
+
+INSTANCE_ENV = "FERRY_WORKER_INSTANCE"
+"""Environment variable naming a worker process among its pool's: ``"SLOT:START"``."""
 
 
 class Fault(enum.Enum):
@@ -83,13 +95,21 @@ def plan_from_args(args: argparse.Namespace) -> FaultPlan:
     return FaultPlan(**{field.name: getattr(args, field.name) for field in dataclasses.fields(FaultPlan)})
 
 
-class FaultInjector:
-    """Counts calls and decides, for each, which fault (if any) the plan injects."""
+def instance_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
+    """This process's instance as its pool named it (``"SLOT:START"``), or None if started by hand."""
+    return environ.get(INSTANCE_ENV) or None
 
-    def __init__(self, plan: FaultPlan) -> None:
+
+class FaultInjector:
+    """Counts calls and decides, for each, which fault (if any) the plan injects.
+
+    ``instance`` (see the module doc) gives each process of a pool its own random schedule.
+    """
+
+    def __init__(self, plan: FaultPlan, instance: str | None = None) -> None:
         self.plan = plan
         self.calls = 0
-        self._random = random.Random(plan.seed)
+        self._random = random.Random(plan.seed if instance is None else f"{plan.seed}/{instance}")
 
     def next_call(self, inputs: list[str]) -> Fault | None:
         """The fault for the next call on ``inputs``; crashes win over hangs over bad inputs."""

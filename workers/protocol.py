@@ -15,8 +15,29 @@ Fixed mode::
 
     worker -> pool   ready   {pid, model}                 once, after the model has loaded
     pool -> worker   run_batch {id, inputs: [str]}
+    worker -> pool   accepted {id}                        at once, before the model runs
     worker -> pool   result  {id, outputs: [str]}         one output per input, in order
     worker -> pool   error   {id, message}                the call failed; the worker lives on
+
+``accepted`` tells the pool that the call reached a live worker: a worker that dies before
+accepting a call (its pipe closes first) died of something else, so the call is not held
+against its inputs (:class:`NotDelivered`).
+
+Continuous mode (``python -m workers engine``; a step is one forward pass)::
+
+    worker -> pool   ready   {pid, model}
+    pool -> worker   add     {rid, prompt_tokens, max_tokens, tier, tenant, temperature, top_p,
+                              top_k, seed (nil: unseeded), stop_token_ids, ignore_eos}
+    pool -> worker   abort   {rid}                        an unknown rid is ignored
+    worker -> pool   tokens  {rid, ids}                   each step's tokens, one frame per rid,
+                                                          all of a step's frames in one write
+    worker -> pool   finished {rid, reason, usage: {prompt_tokens, cached_tokens, output_tokens}}
+    worker -> pool   stats   {step, running, waiting, queued_tokens, free_blocks, used_blocks,
+                              total_blocks, cached_blocks, preemptions, prefix_queries,
+                              prefix_hits, computed_tokens, generated_tokens}   every ~200 ms
+
+A rid's last ``tokens`` frame precedes its ``finished`` frame; for ``eos`` and ``stop_token``
+the last id is the stop token itself (generated and billed; not text to show).
 
 This is the only module that ``batcher`` and ``workers`` share.
 """
@@ -25,8 +46,9 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import types
 import typing
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import msgpack
 
@@ -42,6 +64,12 @@ class ProtocolError(Exception):
 
 class WorkerLost(Exception):
     """The worker's end of the pipe closed: it exited, crashed or was killed."""
+
+
+class NotDelivered(WorkerLost):
+    """The worker was gone before it accepted a call (its pipe closed on send, or before the
+    ``accepted`` frame): the call cannot have caused its death, so it does not count against
+    the call's inputs."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,6 +91,14 @@ class RunBatch:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Accepted:
+    """The worker has read call ``id`` and is running it; its answer follows."""
+
+    kind: ClassVar[str] = "accepted"
+    id: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Result:
     """The outputs of call ``id``, one per input, in the inputs' order."""
 
@@ -80,21 +116,113 @@ class Error:
     message: str
 
 
-Message = Ready | RunBatch | Result | Error
+@dataclasses.dataclass(frozen=True, slots=True)
+class Add:
+    """Queue sequence ``rid`` (the pool's number, unique among the worker's live sequences)."""
+
+    kind: ClassVar[str] = "add"
+    rid: int
+    prompt_tokens: list[int]
+    max_tokens: int
+    tier: int
+    tenant: str
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop_token_ids: list[int]
+    ignore_eos: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Abort:
+    """Drop sequence ``rid`` (its client went away); a ``finished`` frame says ``aborted``."""
+
+    kind: ClassVar[str] = "abort"
+    rid: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tokens:
+    """The tokens sequence ``rid`` generated in one step, in order."""
+
+    kind: ClassVar[str] = "tokens"
+    rid: int
+    ids: list[int]
+
+
+FinishReasonName = Literal["eos", "stop_token", "max_tokens", "aborted", "too_long"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """A finished sequence's tokens: its prompt, the part of it the prefix cache supplied, its output."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finished:
+    """Sequence ``rid`` ended; no frame names it afterwards."""
+
+    kind: ClassVar[str] = "finished"
+    rid: int
+    reason: FinishReasonName
+    usage: Usage
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stats:
+    """The engine's load (gauges) and its counters since it started, in blocks and tokens."""
+
+    kind: ClassVar[str] = "stats"
+    step: int
+    running: int
+    waiting: int
+    queued_tokens: int
+    free_blocks: int
+    used_blocks: int
+    total_blocks: int
+    cached_blocks: int
+    preemptions: int
+    prefix_queries: int
+    prefix_hits: int
+    computed_tokens: int
+    generated_tokens: int
+
+
+Message = Ready | RunBatch | Accepted | Result | Error | Add | Abort | Tokens | Finished | Stats
 _KINDS: dict[str, type] = {cls.kind: cls for cls in typing.get_args(Message)}
 
 
 def _check(value: object, hint: object) -> bool:
-    """True when a decoded msgpack value matches a field's annotation (int, str, list[X])."""
+    """True when a decoded msgpack value matches a field's annotation: int, float, str, bool,
+    list[X], X | None, a Literal of strings, or a dataclass (a map of exactly its fields)."""
     if hint is int:
         return type(value) is int
     if hint is float:
         return type(value) in (int, float)
     if hint is str:
         return type(value) is str
-    if typing.get_origin(hint) is list:
+    if hint is bool:
+        return type(value) is bool
+    origin = typing.get_origin(hint)
+    if origin is list:
         (item,) = typing.get_args(hint)
         return type(value) is list and all(_check(v, item) for v in value)
+    if origin is types.UnionType:
+        return any(_check(value, option) for option in typing.get_args(hint))
+    if origin is Literal:
+        return type(value) is str and value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if dataclasses.is_dataclass(hint):
+        fields = _field_hints(hint)
+        if type(value) is not dict or value.keys() != fields.keys():
+            return False
+        return all(_check(value[name], field) for name, field in fields.items())
     raise TypeError(f"protocol field annotation not supported: {hint!r}")
 
 
@@ -106,10 +234,17 @@ def _field_hints(cls: type) -> dict[str, object]:
 _FIELDS = {kind: _field_hints(cls) for kind, cls in _KINDS.items()}
 
 
+def _to_map(value: object) -> dict[str, object]:
+    """A message (or a dataclass inside one) as a map; lists go out as they are, uncopied."""
+    return {
+        f.name: _to_map(v) if dataclasses.is_dataclass(v := getattr(value, f.name)) else v
+        for f in dataclasses.fields(value)
+    }
+
+
 def encode(message: Message, max_frame: int = MAX_FRAME_BYTES) -> bytes:
     """One frame: the 4-byte length and the msgpack map of ``message``."""
-    fields = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
-    body = msgpack.packb({"kind": message.kind, **fields}, use_bin_type=True)
+    body = msgpack.packb({"kind": message.kind, **_to_map(message)}, use_bin_type=True)
     if len(body) > max_frame:
         raise ProtocolError(f"{message.kind} frame of {len(body)} bytes exceeds {max_frame}")
     return _HEADER.pack(len(body)) + body
@@ -132,6 +267,8 @@ def decode_body(body: bytes) -> Message:
     for name, hint in hints.items():
         if not _check(fields[name], hint):
             raise ProtocolError(f"{kind}.{name} is not a {hint}")
+        if dataclasses.is_dataclass(hint):
+            fields[name] = hint(**fields[name])
     return _KINDS[kind](**fields)
 
 

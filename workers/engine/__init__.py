@@ -19,6 +19,7 @@ sequence owns a block table (its blocks, in order). Token ``p`` of a sequence li
 One concept per file, each small (nano-vllm's shape):
 
 - ``sequence``       pure: a request's tokens, sampling parameters, state and timestamps
+- ``config``         pure: :class:`~workers.engine.config.EngineConfig`, the cache and step limits
 - ``batch``          pure: the :class:`~workers.engine.batch.ForwardBatch` one step hands the model
 - ``block_manager``  pure: blocks, block tables, ref counts, LRU free list, prefix cache
 - ``scheduler``      pure: one token budget per step, chunked prefill, preemption
@@ -26,6 +27,8 @@ One concept per file, each small (nano-vllm's shape):
 - ``model``          torch: a Llama-family network whose attention reads and writes the paged cache
 - ``sampler``        torch: greedy, temperature, top-k, top-p, per-request seeds
 - ``engine``         ``add`` / ``abort`` / ``step``: the scheduler, the block manager and a runner
+- ``simulated``      pure: a runner with no model, its steps priced by the cost model
+- ``serve``          ``python -m workers engine``: the engine behind the framed pipe
 
 The engine talks to the network through the :class:`~workers.engine.batch.Runner` protocol: the
 torch model runner in a worker process, or a simulated runner priced by the cost model, so the

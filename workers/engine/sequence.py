@@ -10,6 +10,8 @@ tokens, so the sequence resumes exactly where it was once its tokens are compute
     num_computed    ---------- 7 ---------->|      one token (g1) still to compute: a decode
 
 State moves WAITING -> RUNNING -> FINISHED, and RUNNING -> WAITING on a preemption.
+``block_hashes`` is the hash chain of the sequence's full blocks of tokens (the block manager
+extends it as blocks fill); tokens never change once appended, so neither do the hashes.
 """
 
 from __future__ import annotations
@@ -76,17 +78,21 @@ class Sequence:
     arrival: float = 0.0
     output_ids: list[int] = dataclasses.field(default_factory=list)
     num_computed: int = 0
-    num_cached: int = 0  # tokens the prefix cache supplied at the last admission
+    num_cached: int = 0  # tokens the prefix cache supplied at the first admission (billed as cached)
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
     block_table: list[int] = dataclasses.field(default_factory=list)
+    block_hashes: list[bytes] = dataclasses.field(default_factory=list)
     first_scheduled: float | None = None
     first_token: float | None = None
+    finished_at: float | None = None
     preemptions: list[float] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError(f"sequence {self.rid}: expected at least one prompt token")
+        if self.tier < 0:
+            raise ValueError(f"sequence {self.rid} tier: expected >= 0, got {self.tier}")
 
     @property
     def num_tokens(self) -> int:
@@ -99,6 +105,15 @@ class Sequence:
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    def tokens(self, start: int, stop: int) -> list[int]:
+        """``token_ids[start:stop]`` without building the whole list (a prompt may be 50,000 long)."""
+        prompt = len(self.prompt_ids)
+        if stop <= prompt:
+            return self.prompt_ids[start:stop]
+        if start >= prompt:
+            return self.output_ids[start - prompt : stop - prompt]
+        return self.prompt_ids[start:] + self.output_ids[: stop - prompt]
 
     @property
     def remaining(self) -> int:

@@ -4,22 +4,22 @@ A :class:`Scenario` names everything a run depends on: the arrivals (a :class:`T
 flush policy by name and parameters (as a config file gives it), the workers, their service
 time model and fault rates, and the queue settings. :func:`simulate` runs it under
 ``trio.testing.MockClock(autojump_threshold=0)`` through the very ``Batcher`` and ``WorkerPool``
-that serve real traffic, with in-process :class:`~workers.simulated.SimulatedWorker` s in place
+that serve real traffic, with in-process :class:`~batcher.sim.workers.SimulatedWorker` s in place
 of GPU processes: an hour of traffic takes a minute of CPU, and the same seed gives the same
 answer in a fresh process. (Not always twice in one process: trio breaks ties between timers
 that expire at the very same virtual instant by object identity, so a later run may order two
 such wake-ups the other way; the numbers then differ a little, as between two seeds.)
 
-The trace is handed to the batcher as a :class:`~batcher.load.Replay` feed and every outcome is
-recorded into arrays (:class:`~batcher.report.Recorder`), so neither the clock nor the memory
+The trace is handed to the batcher as a :class:`~batcher.sim.replay.Replay` feed and every outcome is
+recorded into arrays (:class:`~batcher.sim.report.Recorder`), so neither the clock nor the memory
 pays per arrival more than the scheduler itself does.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
-import itertools
 import json
 import logging
 import math
@@ -32,15 +32,15 @@ import numpy as np
 import trio
 import trio.testing
 
-from batcher.arrivals import Trace, bursty, poisson
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import open_batcher
-from batcher.load import Replay
 from batcher.policy import POLICIES, make_policy
-from batcher.report import Recorder, Report, Samples
+from batcher.sim.arrivals import Trace, bursty, poisson
+from batcher.sim.replay import Replay, ReplayBatcher
+from batcher.sim.report import Recorder, Report, Samples
+from batcher.sim.workers import SimulatedWorker, linear
 from batcher.stats import Stats
 from workers.faults import FaultPlan
-from workers.simulated import SimulatedWorker, linear
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -121,15 +121,18 @@ class Progress:
 
 
 class _Fleet:
-    """Spawns simulated workers; each one (restarts included) gets its own seed."""
+    """Spawns simulated workers; each one (restarts included) gets its own seed, a function of
+    its slot and of how many workers that slot has had, not of the order in which trio happens
+    to run the slots' start-ups, so a run is a function of the scenario's seed."""
 
     def __init__(self, scenario: Scenario) -> None:
         self._scenario = scenario
-        self._spawned = itertools.count()
+        self._spawned: collections.Counter[int] = collections.Counter()
 
     def __call__(self, slot: int) -> SimulatedWorker:
-        scenario, number = self._scenario, next(self._spawned)
-        seed = scenario.seed * 1_000_003 + scenario.faults.seed * 7_919 + number
+        scenario, number = self._scenario, self._spawned[slot]
+        self._spawned[slot] += 1
+        seed = scenario.seed * 1_000_003 + scenario.faults.seed * 7_919 + slot * 65_537 + number
         service = linear(scenario.service.fixed, scenario.service.per_input, scenario.service.jitter, seed)
         return SimulatedWorker(service, dataclasses.replace(scenario.faults, seed=seed), record=False)
 
@@ -141,7 +144,6 @@ def simulate(
     if not len(scenario.trace):
         raise ValueError("simulate: the trace has no arrival")
     recorder = Recorder(len(scenario.trace))
-    seed_trio_scheduler(scenario.seed)
     pool_log = logging.getLogger("ferry.pool")
     level = pool_log.level
     pool_log.setLevel(logging.ERROR)  # faults by the thousand: the report counts them
@@ -154,15 +156,6 @@ def simulate(
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     report = recorder.report(scenario.queue.tiers, stats, scenario.workers)
     return Simulation(scenario, report, virtual, cpu, wall, recorder.samples())
-
-
-def seed_trio_scheduler(seed: int) -> None:
-    """Make the run a function of the seed: trio reverses each batch of tasks that became
-    runnable at the same moment with probability 1/2, drawn from a module-level generator
-    (``trio._core._run._r``, private: if it moves, runs stay correct but may differ in ties)."""
-    generator = getattr(getattr(getattr(trio, "_core", None), "_run", None), "_r", None)
-    if generator is not None:
-        generator.seed(seed)
 
 
 async def _run(
@@ -181,7 +174,7 @@ async def _run(
 
     pool = PoolConfig(workers=scenario.workers, hang_timeout=scenario.hang_timeout)
     policy = make_policy(scenario.policy, **scenario.params)
-    async with open_batcher(_Fleet(scenario), pool, policy, scenario.queue) as batcher:
+    async with open_batcher(_Fleet(scenario), pool, policy, scenario.queue, batcher=ReplayBatcher) as batcher:
         batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, deadlines, ended))
         async with trio.open_nursery() as nursery:
             if progress is not None:

@@ -1,0 +1,133 @@
+"""What the gateway hands a backend, what a backend says back, and the protocol both modes keep.
+
+A backend is whatever turns a :class:`Job` into text: the fixed-mode :class:`~batcher.fixed.Batcher`
+(one ``run_batch`` call answers a whole batch) or the continuous mode's engine pool (one engine
+step makes one token for many sequences). The gateway, admission, accounting and metrics see
+only this module, so a second backend plugs in without a second gateway (DESIGN §1-2).
+
+Everything runs on the trio thread and nothing blocks. ``submit`` takes a callback rather than
+returning a channel: a task per request would undo the batched hand-offs, while a callback lets
+a finished batch of 50 (or a decode step of 200 sequences) queue its events for the bridge in
+one pass. A job's events arrive in this order, and end with exactly one of the last two::
+
+    Started ─> Delta ─> Delta ─> ... ─> Finished (stop reason, usage)
+                                 └────> Failed (error, retryable, tokens already sent)
+
+A job that is shed at admission gets ``Failed`` at once, from inside ``submit``. A cancelled
+job gets no further event. Events are named tuples: immutable like frozen dataclasses, and three
+times cheaper to make, which counts at three events per request (``experiments/bridge_cost.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sampling:
+    """How to pick tokens, as the client asked (None: the model's default). Fixed-mode models
+    ignore it; the continuous engine honours each field, and a ``seed`` makes a sampled answer
+    reproducible whatever else shares its batch."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Job:
+    """One request as a backend sees it, checked and priced by the gateway; never changes.
+
+    ``prompt`` is the rendered input (a fixed-mode worker's one string) and ``prompt_tokens``
+    its token ids under the model's tokenizer (what a continuous engine prefills, and what
+    admission prices). ``deadline`` is the seconds it may wait for a worker after reaching the
+    core; None means its tier's wait budget.
+    """
+
+    prompt: str
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    tier: str | None = None
+    tenant: str = ""
+    deadline: float | None = None
+    sampling: Sampling = Sampling()
+    stop_sequences: tuple[str, ...] = ()
+
+
+class Usage(NamedTuple):
+    """Tokens a job used, as the backend counts them (the gateway bills what it delivered)."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied
+
+
+class Started(NamedTuple):
+    """A worker has the job; ``queued`` is the seconds it waited for one."""
+
+    queued: float
+
+
+class Delta(NamedTuple):
+    """More output: ``text`` (never a split character) worth ``tokens`` tokens."""
+
+    text: str
+    tokens: int
+
+
+class Finished(NamedTuple):
+    """The job ended normally: ``stop_reason`` is ``end_turn`` (the model stopped) or
+    ``max_tokens``; the gateway's stop-sequence matcher decides ``stop_sequence`` itself."""
+
+    stop_reason: str
+    usage: Usage
+
+
+class Failed(NamedTuple):
+    """The job ended without a whole answer. ``retryable``: sending the same request again may
+    well succeed (overload, a worker lost mid-stream), as opposed to an input that fails on its
+    own. ``tokens_sent`` counts the tokens of the deltas emitted before it."""
+
+    error: Exception  # a FerryError from a backend; the bridge's own when the core is gone
+    retryable: bool
+    tokens_sent: int = 0
+
+
+Event = Started | Delta | Finished | Failed
+OnEvent = Callable[[Event], None]
+TERMINAL_EVENTS = (Finished, Failed)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A backend's state, copied on the trio thread so the asyncio side can read it freely:
+    ``ready`` and ``status`` are what ``/readyz`` shows, ``stats`` and ``load`` what ``/metrics``
+    exports."""
+
+    ready: bool
+    status: Mapping[str, Any]
+    stats: Any
+    load: Any
+
+
+class Backend(Protocol):
+    """A backend as the bridge, admission and metrics see it; every method runs on the trio
+    thread and returns at once."""
+
+    def submit(self, job: Job, on_event: OnEvent) -> object:
+        """Start a job; its events go to ``on_event`` (see the module doc). Returns the ticket
+        that :meth:`cancel` takes. Raises ``ValueError`` for a job the backend cannot take at
+        all (an unknown tier), before any event."""
+
+    def cancel(self, ticket: object) -> None:
+        """The caller went away: drop the job (from its queue, or its output); no more events."""
+
+    def load(self) -> Any:
+        """What overload admission judges new jobs by (:class:`~batcher.admission.Load`)."""
+
+    def snapshot(self) -> Snapshot:
+        """An immutable copy of the backend's state, for health checks and metrics."""

@@ -1,0 +1,7 @@
+"""Virtual-time replay of the production scheduler (DESIGN §1): arrivals, load drivers, trace
+replay, simulated workers, reports and ``ferry simulate``.
+
+Nothing in the production core imports this package: it drives the real
+:class:`~batcher.fixed.Batcher` and :class:`~batcher.pool.WorkerPool` from the outside, with
+in-process :class:`~batcher.sim.workers.SimulatedWorker`\\ s under ``trio.testing.MockClock``.
+"""

@@ -1,0 +1,137 @@
+"""The time of one engine step on a GPU, from the model's shape and the GPU's speeds. Pure.
+
+A step reads every weight once, whatever the batch (seed 000 §2.3: that read is what batching
+shares), reads the KV of every token in its sequences' contexts, and does 2 FLOPs per parameter
+per token it computes (§2.4), plus attention: each query token multiplies with the keys and the
+values of every earlier token of its sequence (2 x 2 FLOPs per head dimension, per head, per
+layer, per key)::
+
+    memory  = (weights + KV bytes per token x sum(context_lens)) / bandwidth
+    compute = (2 x params x sum(query_lens) + attention FLOPs) / FLOP/s
+    step    = max(memory, compute)
+
+The step is the larger of the two, a roofline, not their sum: inside each kernel the GPU
+streams memory while it multiplies, so a decode step costs its memory traffic and a long
+prefill costs its FLOPs; adding them would charge a mixed step twice for the same time. Both
+are upper-bound speeds (no kernel launches, no sampling, no all-reduce between tensor-parallel
+GPUs, which simply add their bandwidth and FLOP/s): seed 000's own caveat, plan with measured
+figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelShape:
+    """A Llama-family decoder's dimensions; ``stated_params`` overrides the count the shape gives
+    (seed 000 reasons with a round 70B)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    tied_embeddings: bool = False
+    bytes_per_param: int = 2
+    bytes_per_kv: int = 2
+    stated_params: int | None = None
+
+    @property
+    def params(self) -> int:
+        if self.stated_params is not None:
+            return self.stated_params
+        attention = (
+            self.hidden * self.heads * self.head_dim * 2 + self.hidden * self.kv_heads * self.head_dim * 2
+        )
+        layer = attention + 3 * self.hidden * self.ffn + 2 * self.hidden  # SwiGLU, two RMSNorms
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * layer + embeddings + self.hidden  # the final norm
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, every layer, every KV head (seed 000 §2.1)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_kv
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hardware:
+    """``gpus`` identical GPUs in tensor parallel: their bandwidth and FLOP/s add up."""
+
+    name: str
+    bandwidth: float  # bytes/s of one GPU's memory
+    flops: float  # dense 16-bit FLOP/s of one GPU
+    gpus: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepCost:
+    memory_seconds: float
+    compute_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_seconds, self.compute_seconds)
+
+
+class CostModel:
+    """Prices a step from its ``query_lens`` and ``context_lens`` (a ForwardBatch's own fields)."""
+
+    def __init__(self, shape: ModelShape, hardware: Hardware) -> None:
+        self.shape, self.hardware = shape, hardware
+        self._bandwidth = hardware.bandwidth * hardware.gpus
+        self._flops = hardware.flops * hardware.gpus
+
+    def attention_flops(self, query_len: int, context_len: int) -> int:
+        """A chunk of ``query_len`` tokens ending at ``context_len``: token ``p`` reads ``p + 1`` keys."""
+        pairs = query_len * context_len - query_len * (query_len - 1) // 2
+        shape = self.shape
+        return 4 * shape.layers * shape.heads * shape.head_dim * pairs
+
+    def step(self, query_lens: list[int], context_lens: list[int]) -> StepCost:
+        shape = self.shape
+        memory = shape.weight_bytes + shape.kv_bytes_per_token * sum(context_lens)
+        compute = 2 * shape.params * sum(query_lens)
+        compute += sum(self.attention_flops(q, c) for q, c in zip(query_lens, context_lens))
+        return StepCost(memory / self._bandwidth, compute / self._flops)
+
+
+H100 = Hardware("H100 SXM", bandwidth=3.35e12, flops=989e12)
+
+LLAMA_70B = ModelShape(
+    "llama-70b",
+    layers=80,
+    hidden=8192,
+    heads=64,
+    kv_heads=8,
+    head_dim=128,
+    ffn=28672,
+    vocab=128256,
+    stated_params=70_000_000_000,
+)  # seed 000 §2.1-2.4: the shape of Llama 3 70B, priced as the seed's round 70B, 16-bit
+
+SMOLLM2_135M = ModelShape(
+    "smollm2-135m",
+    layers=30,
+    hidden=576,
+    heads=9,
+    kv_heads=3,
+    head_dim=64,
+    ffn=1536,
+    vocab=49152,
+    tied_embeddings=True,
+)
+
+PRESETS: dict[str, CostModel] = {
+    "llama-70b": CostModel(LLAMA_70B, dataclasses.replace(H100, gpus=8)),
+    "smollm2-135m": CostModel(SMOLLM2_135M, H100),
+}
+"""Named (model, hardware) pairs: the seed's 70B on 8 x H100, and SmolLM2-135M on one H100."""

@@ -1,0 +1,167 @@
+"""``add`` / ``abort`` / ``step``: the scheduler and block manager driving a runner.
+
+One :meth:`Engine.step` asks the scheduler what to compute, turns that into a
+:class:`~workers.engine.batch.ForwardBatch`, has the runner execute it, and hands the sampled
+tokens back to the scheduler. Everything a batch says about a sequence is derived afresh from
+that sequence alone, every step: its positions start at its own ``num_computed``, its slots come
+from its own block table, its context length is its own. Nothing is carried over from whichever
+sequence last used the same blocks, which is how seed 001's "new request inherits the old one's
+position offset" bug cannot happen here (``tests/test_engine_core.py`` pins it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable
+
+from workers.engine.batch import ForwardBatch, Runner, Sample
+from workers.engine.config import EngineConfig
+from workers.engine.scheduler import Schedule, Scheduler
+from workers.engine.sequence import FinishReason, SamplingParams, Sequence
+
+GREEDY = SamplingParams()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finished:
+    """A sequence that ended: why, and its usage in tokens (``detail`` says more for TOO_LONG)."""
+
+    rid: int
+    reason: FinishReason
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The engine's load: gauges now, and counters since it started (tokens, not requests)."""
+
+    step: int  # steps run
+    running: int
+    waiting: int
+    queued_tokens: int  # tokens still to compute for the work accepted, at most (max_tokens assumed)
+    free_blocks: int  # cached ones included: they are evicted on demand
+    used_blocks: int
+    total_blocks: int
+    cached_blocks: int  # free blocks still holding a prefix
+    preemptions: int
+    prefix_queries: int
+    prefix_hits: int
+    computed_tokens: int  # prompt chunks and decodes computed
+    generated_tokens: int  # tokens sampled
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What one step produced: each sequence's new token, the sequences that ended, the load."""
+
+    tokens: dict[int, int]
+    finished: list[Finished]
+    preempted: list[int]
+    scheduled_tokens: int
+    stats: EngineStats
+
+
+def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
+    """The flat batch for ``schedule``, before its sequences' ``num_computed`` moves on."""
+    input_ids, positions, slots, query_lens, context_lens, tables, samples = [], [], [], [], [], [], []
+    for seq, n in zip(schedule.seqs, schedule.num_tokens):
+        start, end, table = seq.num_computed, seq.num_computed + n, seq.block_table
+        input_ids += seq.tokens(start, end)
+        positions += range(start, end)
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        query_lens.append(n)
+        context_lens.append(end)
+        tables.append(list(table))
+        samples.append(Sample(seq.sampling, len(seq.output_ids)) if end == seq.num_tokens else None)
+    return ForwardBatch(input_ids, positions, slots, query_lens, context_lens, tables, samples)
+
+
+class Engine:
+    """The continuous engine over one runner (a model in a worker, or a simulation)."""
+
+    def __init__(
+        self, runner: Runner, config: EngineConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if config.block_size != runner.block_size or config.num_blocks > runner.num_blocks:
+            raise ValueError(
+                f"EngineConfig: block_size {config.block_size} and num_blocks {config.num_blocks} must fit "
+                f"the runner's cache ({runner.num_blocks} blocks of {runner.block_size})"
+            )
+        self.runner, self.config, self.clock = runner, config, clock
+        self.scheduler = Scheduler(config, runner.eos_token_ids)
+        self._rids = itertools.count()
+        self.steps = self.computed_tokens = self.generated_tokens = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.scheduler.sequences or self.scheduler.finished)
+
+    def add(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams = GREEDY,
+        *,
+        tier: int = 0,
+        tenant: str = "",
+        rid: int | None = None,
+    ) -> int:
+        """Queue a sequence; returns its rid (``rid``, or the next free number). It runs from the
+        next step on; one that could never fit the cache is reported finished by that step."""
+        if rid is None:
+            rid = next(r for r in self._rids if r not in self.scheduler.sequences)
+        seq = Sequence(rid, list(prompt_ids), sampling, tier=tier, tenant=tenant, arrival=self.clock())
+        self.scheduler.add(seq)
+        return rid
+
+    def abort(self, rid: int) -> bool:
+        """End ``rid`` (False if unknown): its blocks are free before the next step runs."""
+        return self.scheduler.abort(rid, self.clock())
+
+    def step(self) -> StepOutput:
+        scheduler = self.scheduler
+        schedule = scheduler.schedule(self.clock())
+        tokens: dict[int, int] = {}
+        if schedule.seqs:
+            sampled = self.runner.execute(forward_batch(schedule, self.config.block_size))
+            tokens = scheduler.postprocess(schedule, sampled, self.clock())
+            self.steps += 1
+        scheduled = sum(schedule.num_tokens)
+        self.computed_tokens += scheduled
+        self.generated_tokens += len(tokens)
+        finished = [self._finished(seq) for seq in scheduler.finished]
+        scheduler.finished = []
+        preempted = [seq.rid for seq in schedule.preempted]
+        return StepOutput(tokens, finished, preempted, scheduled, self.stats())
+
+    def stats(self) -> EngineStats:
+        scheduler, blocks = self.scheduler, self.scheduler.blocks
+        queued = sum(
+            s.num_prompt + s.sampling.max_tokens - 1 - s.num_computed for s in scheduler.sequences.values()
+        )
+        return EngineStats(
+            step=self.steps,
+            running=len(scheduler.running),
+            waiting=scheduler.num_waiting,
+            queued_tokens=queued,
+            free_blocks=blocks.num_free,
+            used_blocks=blocks.num_used,
+            total_blocks=blocks.num_blocks,
+            cached_blocks=blocks.num_evictable,
+            preemptions=scheduler.preemptions,
+            prefix_queries=blocks.prefix_queries,
+            prefix_hits=blocks.prefix_hits,
+            computed_tokens=self.computed_tokens,
+            generated_tokens=self.generated_tokens,
+        )
+
+    def _finished(self, seq: Sequence) -> Finished:
+        assert seq.finish_reason is not None
+        detail = self.scheduler.details.pop(seq.rid, "")
+        return Finished(
+            seq.rid, seq.finish_reason, seq.num_prompt, seq.num_cached, len(seq.output_ids), detail
+        )

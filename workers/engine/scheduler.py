@@ -1,0 +1,193 @@
+"""Which tokens of which sequences the next step computes: one budget, no phases. Pure.
+
+Theory of operation. Each step has ``max_batch_tokens`` to spend. Running sequences come first,
+in priority order (tier, then arrival): a decode costs one token, a sequence still prefilling
+takes a chunk of what is left, less one token for each decode behind it, so a 50,000-token
+prompt advances ~500 tokens a step while every running decode still gets its token. Then, with
+what is left, waiting sequences are admitted by tier (0, paid, before 1, free), FIFO within a
+tier, each with a first chunk that fits the budget and the block manager's watermark::
+
+    budget 512   [ A decode 1 ][ B last 400 of its prompt ][ C decode 1 ][ D admitted: first 110 ]
+                  running, tier then arrival order ...........................   waiting, by tier
+
+When a running sequence's next tokens find no free block, the scheduler preempts by recompute
+the lowest-tier, newest running sequence (the last in priority order; possibly the one asking):
+its blocks go back (its full blocks stay cached, so its recompute is mostly prefix hits), its
+tokens stay, and it returns to the head of its tier's queue. A prompt chunk with nobody left to
+preempt shrinks to the room there is instead. A step that preempted admits nothing: memory is
+short, a new sequence would only be preempted in turn. A sequence alone in the cache that still
+cannot grow would loop forever; it ends with ``TOO_LONG`` instead, as does a prompt longer than
+the whole cache, on arrival.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections import deque
+
+from workers.engine.block_manager import BlockManager, cdiv
+from workers.engine.config import EngineConfig
+from workers.engine.sequence import FinishReason, Sequence, Status
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schedule:
+    """One step's decision: ``seqs[i]`` computes its next ``num_tokens[i]`` tokens."""
+
+    seqs: list[Sequence]
+    num_tokens: list[int]
+    preempted: list[Sequence]
+
+
+def priority(seq: Sequence) -> tuple[int, float, int]:
+    return seq.tier, seq.arrival, seq.rid
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int] = frozenset()) -> None:
+        self.config = config
+        self.eos_token_ids = eos_token_ids
+        self.blocks = BlockManager(
+            config.num_blocks, config.block_size, config.watermark_blocks, config.model_version
+        )
+        self.waiting: dict[int, deque[Sequence]] = {}  # tier -> FIFO
+        self.running: list[Sequence] = []  # in priority order
+        self.sequences: dict[int, Sequence] = {}  # every unfinished sequence, by rid
+        self.finished: list[Sequence] = []  # finished since the engine last took them
+        self.details: dict[int, str] = {}  # rid -> why a sequence ended the way it did, where it needs saying
+        self.preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(queue) for queue in self.waiting.values())
+
+    def add(self, seq: Sequence) -> None:
+        if seq.rid in self.sequences:
+            raise ValueError(f"rid {seq.rid}: already in the engine")
+        self.sequences[seq.rid] = seq
+        needed = cdiv(seq.num_prompt, self.config.block_size)
+        if needed > self.config.num_blocks:
+            self._finish(seq, FinishReason.TOO_LONG, seq.arrival, self._too_long(needed))
+        else:
+            self.waiting.setdefault(seq.tier, deque()).append(seq)
+
+    def abort(self, rid: int, now: float) -> bool:
+        """End ``rid`` and free its blocks now; False if no such sequence is in the engine."""
+        seq = self.sequences.get(rid)
+        if seq is None:
+            return False
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        else:
+            self.waiting[seq.tier].remove(seq)
+        self._finish(seq, FinishReason.ABORTED, now)
+        return True
+
+    def schedule(self, now: float) -> Schedule:
+        budget, seqs, counts, preempted = self.config.max_batch_tokens, [], [], []
+        decodes = sum(1 for seq in self.running if seq.remaining == 1)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            decodes -= seq.remaining == 1
+            n = min(seq.remaining, budget - decodes)
+            while n > 0 and not self.blocks.grow(seq, n):
+                if self.running[-1] is not seq:
+                    victim = self.running.pop()
+                    decodes -= victim.remaining == 1
+                    self.preempt(victim, now)
+                    preempted.append(victim)
+                elif seq.remaining > 1 and self.blocks.room(seq) > 0:
+                    n = min(n, self.blocks.room(seq))  # nobody left to preempt: a smaller chunk
+                elif i == 0:  # alone, and still no room: it can never finish
+                    self.running.pop()
+                    needed = cdiv(seq.num_computed + n, self.config.block_size)
+                    self._finish(seq, FinishReason.TOO_LONG, now, self._too_long(needed))
+                    n = 0
+                else:
+                    self.running.pop()
+                    self.preempt(seq, now)
+                    preempted.append(seq)
+                    n = 0
+            if n > 0:
+                seqs.append(seq)
+                counts.append(n)
+                budget -= n
+            i += 1
+        if not preempted:
+            self._admit(budget, now, seqs, counts)
+        return Schedule(seqs, counts, preempted)
+
+    def _admit(self, budget: int, now: float, seqs: list[Sequence], counts: list[int]) -> None:
+        """Admit waiting sequences by tier, then FIFO, while budget, blocks and the cap allow."""
+        for tier in sorted(self.waiting):
+            queue = self.waiting[tier]
+            while queue and budget > 0 and len(self.running) < self.config.max_seqs:
+                seq = queue[0]
+                hits = self.blocks.lookup(seq)
+                n = min(seq.num_tokens - len(hits) * self.config.block_size, budget)
+                if not self.blocks.admit(seq, hits, n):
+                    return  # strict priority: nothing behind it jumps the queue
+                queue.popleft()
+                seq.status = Status.RUNNING
+                if seq.first_scheduled is None:
+                    seq.first_scheduled = now
+                bisect.insort(self.running, seq, key=priority)
+                seqs.append(seq)
+                counts.append(n)
+                budget -= n
+
+    def preempt(self, seq: Sequence, now: float) -> None:
+        """Send a running ``seq`` (already out of ``running``) back to the head of its tier."""
+        self.blocks.free_blocks(seq)
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        seq.preemptions.append(now)
+        self.waiting.setdefault(seq.tier, deque()).appendleft(seq)
+        self.preemptions += 1
+
+    def postprocess(self, schedule: Schedule, tokens: list[int | None], now: float) -> dict[int, int]:
+        """Record what the step computed and sampled; returns each sequence's new token by rid."""
+        new: dict[int, int] = {}
+        ended = False
+        for seq, n, token in zip(schedule.seqs, schedule.num_tokens, tokens, strict=True):
+            self.blocks.computed(seq, n)
+            if seq.remaining:
+                continue  # a prompt chunk short of the last token: nothing sampled
+            assert token is not None, f"the runner sampled nothing for sequence {seq.rid}"
+            seq.output_ids.append(token)
+            new[seq.rid] = token
+            if seq.first_token is None:
+                seq.first_token = now
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason, now)
+                ended = True
+        if ended:
+            self.running = [seq for seq in self.running if not seq.finished]
+        return new
+
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        if token in self.eos_token_ids and not seq.sampling.ignore_eos:
+            return FinishReason.EOS
+        if token in seq.sampling.stop_token_ids:
+            return FinishReason.STOP_TOKEN
+        if len(seq.output_ids) >= seq.sampling.max_tokens:
+            return FinishReason.MAX_TOKENS
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason, now: float, detail: str = "") -> None:
+        """Mark ``seq`` finished and free its blocks; the caller takes it out of its queue."""
+        self.blocks.free_blocks(seq)
+        seq.status, seq.finish_reason, seq.finished_at = Status.FINISHED, reason, now
+        del self.sequences[seq.rid]
+        self.finished.append(seq)
+        if detail:
+            self.details[seq.rid] = detail
+
+    def _too_long(self, blocks: int) -> str:
+        return (
+            f"needs {blocks} blocks of {self.config.block_size} tokens alone; "
+            f"the KV cache holds {self.config.num_blocks}"
+        )

@@ -1,0 +1,175 @@
+"""``python -m workers engine``: the continuous engine behind the framed pipe (DESIGN §4, §6).
+
+The loop. While the engine has work, each turn takes whatever frames have already arrived
+(``poll`` with timeout 0, at most 1 MiB, so a flood of ``add`` frames cannot stall running
+decodes), runs one step, and writes that step's ``tokens`` and ``finished`` frames, plus
+``stats`` when 200 ms have passed, in one write. While idle it blocks on the pipe, waking only
+to send ``stats``. EOF on the pipe ends it (exit 0); the parent watchdog of
+``workers/__main__.py`` ends it when the gateway dies.
+
+A frame that breaks the protocol exits 2: one that does not decode, a kind the engine does not
+take, an ``add`` the engine refuses (a rid already live, sampling out of range, an empty
+prompt; the gateway validates requests, so these are the pool's bugs). The pool treats that like
+a crash and restarts the worker. An ``abort`` of a rid the engine does not hold (it has just
+finished) is ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import select
+import sys
+import time
+from collections.abc import Callable
+from typing import BinaryIO
+
+from workers.engine.batch import Runner
+from workers.engine.config import EngineConfig
+from workers.engine.cost_model import PRESETS
+from workers.engine.engine import Engine, StepOutput
+from workers.engine.sequence import SamplingParams
+from workers.engine.simulated import SimulatedRunner
+from workers.protocol import (
+    Abort,
+    Add,
+    Finished,
+    FrameDecoder,
+    Message,
+    ProtocolError,
+    Ready,
+    Stats,
+    Tokens,
+    Usage,
+    encode,
+)
+
+STATS_INTERVAL = 0.2
+READ_LIMIT = 1 << 20
+BAD_START, PROTOCOL_FAULT = 2, 2
+
+
+def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
+    engine = kinds.add_parser(
+        "engine", help="the continuous LLM engine: paged KV cache, one token budget a step"
+    )
+    source = engine.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", metavar="DIR", help="a Hugging Face model directory")
+    source.add_argument(
+        "--simulated",
+        choices=sorted(PRESETS),
+        help="no model: seeded tokens, each step as long as this preset costs",
+    )
+    engine.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    size = engine.add_mutually_exclusive_group()
+    size.add_argument("--num-blocks", type=int, help="KV cache blocks (default: the runner's choice)")
+    size.add_argument("--kv-memory-gb", type=float, help="KV cache size in GiB, instead of --num-blocks")
+    engine.add_argument(
+        "--max-batch-tokens", type=int, default=512, help="token budget of a step (default 512)"
+    )
+    engine.add_argument("--max-seqs", type=int, default=256, help="running sequences at most (default 256)")
+    engine.add_argument(
+        "--watermark", type=float, default=0.01, help="fraction of blocks admissions leave free"
+    )
+    engine.add_argument("--model-version", default="", help="prefix cache salt (default: the model's name)")
+    engine.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    engine.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
+    engine.add_argument(
+        "--sim-eos-prob", type=float, default=0.0, help="--simulated: chance a token ends its answer"
+    )
+
+
+def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
+    """The runner the command line names, and the model name ``ready`` announces."""
+    size = {"block_size": args.block_size, "num_blocks": args.num_blocks, "kv_memory_gb": args.kv_memory_gb}
+    if args.simulated:
+        runner = SimulatedRunner(PRESETS[args.simulated], eos_prob=args.sim_eos_prob, wait=time.sleep, **size)
+        return runner, f"sim-{args.simulated}"
+    from workers.engine.model import ModelRunner  # torch: imported only by a real engine
+
+    runner = ModelRunner(args.model, dtype=args.dtype, device=args.device, **size)
+    return runner, os.path.basename(os.path.normpath(args.model))
+
+
+def serve(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> int:
+    try:
+        runner, name = load_runner(args)
+        config = EngineConfig(
+            block_size=runner.block_size,
+            num_blocks=runner.num_blocks,
+            max_batch_tokens=args.max_batch_tokens,
+            max_seqs=args.max_seqs,
+            watermark=args.watermark,
+            model_version=args.model_version or name,
+        )
+    except ValueError as exc:
+        print(f"engine worker: {exc}", file=sys.stderr)
+        return BAD_START
+    engine = Engine(runner, config)
+    with os.fdopen(protocol_out, "wb") as out:
+        out.write(encode(Ready(pid=os.getpid(), model=name)))
+        out.flush()
+        try:
+            run(engine, protocol_in, out)
+        except ProtocolError as exc:
+            print(f"engine worker: protocol fault: {exc}", file=sys.stderr)
+            return PROTOCOL_FAULT
+    return 0
+
+
+def run(engine: Engine, protocol_in: int, out: BinaryIO, clock: Callable[[], float] = time.monotonic) -> None:
+    """Serve frames from ``protocol_in`` until EOF (see the module's docstring)."""
+    decoder = FrameDecoder()
+    poller = select.poll()
+    poller.register(protocol_in, select.POLLIN)
+    next_stats = clock()
+    while True:
+        timeout = 0.0 if engine.has_work else max(0.0, next_stats - clock()) * 1000
+        taken = 0
+        while taken < READ_LIMIT and poller.poll(timeout):
+            data = os.read(protocol_in, 1 << 16)
+            if not data:
+                return
+            taken, timeout = taken + len(data), 0.0
+            for message in decoder.feed(data):
+                handle(engine, message)
+        frames = step_frames(engine.step()) if engine.has_work else []
+        if clock() >= next_stats:
+            frames.append(encode(Stats(**dataclasses.asdict(engine.stats()))))
+            next_stats = clock() + STATS_INTERVAL
+        if frames:
+            out.write(b"".join(frames))
+            out.flush()
+
+
+def handle(engine: Engine, message: Message) -> None:
+    if isinstance(message, Abort):
+        engine.abort(message.rid)
+        return
+    if not isinstance(message, Add):
+        raise ProtocolError(f"unexpected {message.kind} frame")
+    try:
+        sampling = SamplingParams(
+            max_tokens=message.max_tokens,
+            temperature=message.temperature,
+            top_p=message.top_p,
+            top_k=message.top_k,
+            seed=message.seed,
+            stop_token_ids=tuple(message.stop_token_ids),
+            ignore_eos=message.ignore_eos,
+        )
+        engine.add(message.prompt_tokens, sampling, tier=message.tier, tenant=message.tenant, rid=message.rid)
+    except ValueError as exc:
+        raise ProtocolError(f"add {message.rid} refused: {exc}") from None
+
+
+def step_frames(output: StepOutput) -> list[bytes]:
+    """A step's frames: every new token, then every sequence that ended (its last token first)."""
+    frames = [encode(Tokens(rid=rid, ids=[token])) for rid, token in output.tokens.items()]
+    for done in output.finished:
+        usage = Usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
+        frames.append(encode(Finished(rid=done.rid, reason=done.reason.value, usage=usage)))
+        if done.detail:
+            print(f"engine worker: rid {done.rid} {done.reason.value}: {done.detail}", file=sys.stderr)
+    return frames

@@ -1,0 +1,87 @@
+"""A runner with no model: tokens from a seeded hash, the step's time from the cost model. Pure.
+
+The engine cannot tell it from the torch runner: same :class:`~workers.engine.batch.Runner`
+protocol, same cache geometry, a token for every sequence whose ``samples[i]`` is set. Each
+token is a hash of the runner's seed, the request's seed, the output index and the last token
+and position of the sequence's chunk, so a sequence's answer depends on nothing else in its
+batch and comes out the same after a preemption and recompute (like greedy decoding, two
+sequences with the same tokens continue alike). It never draws an end-of-sequence token unless
+``eos_prob`` asks for them, from the same hash.
+
+Each step's price, :attr:`SimulatedRunner.last_step_seconds`, is what the cost model says that
+batch would take: a trio task replays traffic in virtual time with
+``await trio.sleep(runner.last_step_seconds)``; a worker process passes ``wait=time.sleep`` to
+behave like the GPU in real time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable
+
+from workers.engine.batch import ForwardBatch
+from workers.engine.cost_model import CostModel
+
+_KEY = struct.Struct(">5Q")
+
+
+class SimulatedRunner:
+    def __init__(
+        self,
+        cost: CostModel,
+        *,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_memory_gb: float | None = None,
+        eos_token_id: int = 2,
+        eos_prob: float = 0.0,
+        seed: int = 0,
+        wait: Callable[[float], object] | None = None,
+    ) -> None:
+        """Size the cache by ``num_blocks``, or by ``kv_memory_gb`` GiB of the model's KV (1024
+        blocks when neither is given)."""
+        if num_blocks is not None and kv_memory_gb is not None:
+            raise ValueError("SimulatedRunner: give num_blocks or kv_memory_gb, not both")
+        if kv_memory_gb is not None:
+            num_blocks = int(kv_memory_gb * 2**30) // (cost.shape.kv_bytes_per_token * block_size)
+        if not 0.0 <= eos_prob <= 1.0:
+            raise ValueError(f"SimulatedRunner eos_prob: expected a probability in [0, 1], got {eos_prob}")
+        self.cost, self.block_size, self.num_blocks = (
+            cost,
+            block_size,
+            1024 if num_blocks is None else num_blocks,
+        )
+        self.eos_token_ids = frozenset({eos_token_id})
+        self._eos, self._eos_prob, self._seed, self._wait = eos_token_id, eos_prob, seed, wait
+        self.last_step_seconds = 0.0
+        self.total_seconds = 0.0
+
+    def execute(self, batch: ForwardBatch) -> list[int | None]:
+        tokens: list[int | None] = []
+        end = 0
+        for query_len, sample in zip(batch.query_lens, batch.samples):
+            end += query_len
+            if sample is None:
+                tokens.append(None)
+                continue
+            key = (
+                self._seed,
+                sample.params.seed or 0,
+                sample.index,
+                batch.input_ids[end - 1],
+                batch.positions[end - 1],
+            )
+            digest = hashlib.blake2b(_KEY.pack(*(value % 2**64 for value in key)), digest_size=16).digest()
+            tokens.append(self._token(digest))
+        self.last_step_seconds = self.cost.step(batch.query_lens, batch.context_lens).seconds
+        self.total_seconds += self.last_step_seconds
+        if self._wait is not None:
+            self._wait(self.last_step_seconds)
+        return tokens
+
+    def _token(self, digest: bytes) -> int:
+        if int.from_bytes(digest[:8]) < self._eos_prob * 2**64:
+            return self._eos
+        token = int.from_bytes(digest[8:]) % (self.cost.shape.vocab - 1)
+        return token + (token >= self._eos)  # every id but the end-of-sequence one
