@@ -20,8 +20,9 @@ they take new work, preferring a worker it has not failed on:
 so one poison input among 50 costs about 2·log2(50) extra calls, its own request fails, and
 the other 49 succeed. Requests whose callers have gone are pruned before every (re)send.
 
-None of this runs forever. A dispatched request is due by its dispatch deadline plus one
-``hang_timeout``: past that it fails (:class:`~batcher.types.WorkersFailed`), wherever it is (in
+None of this runs forever. A dispatched request whose batch a worker has failed (a crash, a
+hang, a protocol fault) is due by its dispatch deadline plus one ``hang_timeout``: past that it
+fails (:class:`~batcher.types.WorkersFailed`), wherever it is (in
 the retry backlog while every worker restarts, or in a retried call still running), so a fleet
 that crashes or hangs on every call answers each request with a clear error on time. And
 :attr:`WorkerPool.ready` stays false from the moment every slot has lost its worker until a
@@ -244,6 +245,7 @@ class WorkerPool:
                 log.warning("worker %d (pid %s) %s on batch %d of %d inputs (%s); restarting it",
                             slot.index, worker.pid, fault, batch.id, len(requests), detail)
                 self._down(slot)
+                batch.worker_faults += 1
                 self._failed(batch, slot, f"a worker {fault}")
                 return answered
             if isinstance(reply, Error):
@@ -291,7 +293,8 @@ class WorkerPool:
             self.stats.bisections += 1
             half = len(live) // 2
             for part in (live[:half], live[half:]):
-                piece = Batch(next(self._batch_ids), part, "bisect", suspect=True, last_error=error, hangs=batch.hangs)
+                piece = Batch(next(self._batch_ids), part, "bisect", suspect=True, last_error=error, hangs=batch.hangs,
+                              worker_faults=batch.worker_faults)
                 self._retry.append(piece)
         else:
             self.stats.retries += 1
@@ -352,7 +355,14 @@ class WorkerPool:
 
     def _due(self, batch: Batch) -> float:
         """When the first of a batch's requests must have its answer: its dispatch deadline
-        plus one hang timeout (a request dispatched in time, whose call hangs, is failed then)."""
+        plus one hang timeout (a request dispatched in time, whose call hangs, is failed then).
+
+        Only once a worker has failed the batch (crashed, hung, broke the protocol): a batch
+        that live workers answered with the model's error is an input being isolated, and
+        bisection bounds that in calls (2 + 2 log2 n + 2), not in time, so its batch mates
+        are still served."""
+        if not batch.worker_faults:
+            return math.inf
         return min((request.deadline for request in batch.requests), default=math.inf) + self.config.hang_timeout
 
     def _watched(self) -> Iterator[Batch]:
@@ -376,7 +386,7 @@ class WorkerPool:
 
     def _drop_overdue(self, batch: Batch, now: float) -> list[Request]:
         """Fail the batch's requests that are due by ``now``; return the ones still waiting."""
-        hang = self.config.hang_timeout
+        hang = self.config.hang_timeout if batch.worker_faults else math.inf
         for request in batch.prune():
             if request.deadline + hang <= now:
                 self.stats.timed_out += 1

@@ -140,7 +140,9 @@ class Batch:
     ``failures`` counts failed calls of this exact batch; ``failed_on`` names the worker slots
     they failed on, so a retry goes elsewhere when it can. A ``suspect`` batch is a half of a
     batch that failed twice: it is split again at its first failure. ``hangs`` counts its calls
-    (and its parent's) killed as hung: each doubles the time its next call may take.
+    (and its parent's) killed as hung: each doubles the time its next call may take;
+    ``worker_faults`` counts its calls (and its parent's) lost to a worker's crash, hang or
+    protocol fault, which start its requests' answer deadline.
     ``last_error`` is what its requests are told if they fail: no pid, no slot.
     """
 
@@ -152,6 +154,7 @@ class Batch:
     suspect: bool = False
     last_error: str = ""
     hangs: int = 0
+    worker_faults: int = 0  # its calls (and its parent's) that a worker failed, not the model
 
     @property
     def inputs(self) -> list[str]:

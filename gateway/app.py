@@ -36,6 +36,7 @@ from gateway import api
 from gateway.answer import Answer
 from gateway.auth import KeyRing
 from gateway.bridge import Bridge, Handle
+from gateway.connections import key_before_body, read_body
 from gateway.idempotency import IdempotencyStore
 from gateway.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.limiter import Limiter, open_limiter
@@ -60,7 +61,8 @@ class Gateway:
         self.catalog = Catalog(config.models)
         self.metrics = metrics
         self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
-        self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"))
+        self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"), config.state.idempotency_ttl_s,
+                                            config.state.idempotency_max_entries)
         self.safety: SafetyCheck = Blocklist(config.safety.blocklist, config.safety.refusal)
         self.ping_interval = config.server.ping_interval_ms / 1000
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -82,7 +84,7 @@ class Gateway:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
         principal = self.keys.authenticate(request.headers)
-        body = await request.read()
+        body = await read_body(request, self.config.server.body_timeout_ms / 1000)
         call = api.parse_message_request(body)
         model = self.catalog.resolve(call.model)
         prompt = model.template.render(call.system, call.messages)
@@ -328,12 +330,12 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     metrics = Metrics()
     for model in config.models:
         metrics.track(model.name, config.queue().tiers)
-    gateway = Gateway(config, bridge, open_limiter(config.limits), metrics)
+    gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
     app = web.Application(middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes)
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
-    app.router.add_post("/v1/messages", gateway.messages)
+    app.router.add_post("/v1/messages", gateway.messages, expect_handler=key_before_body(gateway.keys))
     app.router.add_get("/metrics", gateway.metrics_text)
     app.router.add_get("/v1/models", gateway.models)
     app.router.add_get("/healthz", gateway.healthz)

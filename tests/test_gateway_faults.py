@@ -1,17 +1,21 @@
-"""A real ``ferry serve`` under faults: a worker SIGKILLed under load costs no request, and
-SIGTERM lets the requests already in flight finish before the gateway and its workers exit."""
+"""A real ``ferry serve`` under faults: a worker SIGKILLed under load costs no request;
+SIGTERM lets the requests already in flight finish before the gateway and its workers exit,
+and answers those stuck in a hung worker when the grace period ends."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
+import threading
 import time
 
 import aiohttp
 import pytest
 
+from gateway.usage import read_usage
 from tests.gateway_process import CONFIG, PAID, Gateway, alive, message
 
 
@@ -103,3 +107,52 @@ def test_a_fleet_that_crashes_on_every_call_answers_500_in_time_and_stays_not_re
             time.sleep(0.1)
     finally:
         assert gateway.stop() == 0
+
+
+HUNG = CONFIG.replace("shutdown_grace_ms = 10000", "shutdown_grace_ms = 2000") + """
+[[models]]
+name = "hung@1"
+workers = 1
+worker = ["echo", "--hang-on-call", "1"]
+max_batch = 50
+max_wait_ms = 1
+hang_timeout_ms = 60000
+"""
+
+
+def test_sigterm_with_requests_stuck_in_a_hung_worker_drains_within_the_grace_and_answers_them(tmp_path):
+    state = tmp_path / "state"
+    gateway = Gateway(tmp_path, HUNG + f'\n[state]\ndir = "{state}"\n')
+    answers: dict[int, bytes] = {}
+
+    def send(index: int) -> None:  # even: streamed
+        body = json.dumps(message(f"r{index}", model="hung@1", stream=index % 2 == 0)).encode()
+        with socket.create_connection((gateway.host, gateway.port), timeout=30) as connection:
+            connection.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + PAID.encode()
+                               + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            answers[index] = b"".join(iter(lambda: connection.recv(65536), b""))
+
+    clients = [threading.Thread(target=send, args=(index,)) for index in range(4)]
+    for client in clients:
+        client.start()
+    gateway.wait_for(lambda models: models["hung@1"]["workers"][0]["state"] == "busy")
+    time.sleep(0.3)  # the two streams have sent their headers (ping_interval_ms = 100)
+    began = time.monotonic()
+    gateway.process.send_signal(signal.SIGTERM)
+    assert gateway.process.wait(30) == 0
+    drain = time.monotonic() - began
+    for client in clients:
+        client.join()
+    gateway.stop()
+    assert drain < 2.0 + 1.5  # the grace, then the bounded answer window (it took twice the grace)
+    said = '{"type":"error","error":{"type":"overloaded_error","message":"the server is shutting down: not done within 2000 ms"}}'
+    for index, answer in sorted(answers.items()):
+        if index % 2:  # a whole request: its 503, with when to retry
+            assert answer.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in answer
+            assert answer.endswith(said.encode())
+        else:  # a stream: its error event, then the end of the stream
+            assert answer.startswith(b"HTTP/1.1 200 ") and b"event: message_start" in answer
+            assert answer.endswith(b"event: error\ndata: " + said.encode() + b"\n\n\r\n0\r\n\r\n")
+    assert len(answers) == 4
+    records = read_usage(str(state / "usage.sqlite"))  # the status each client got, not 499
+    assert sorted((r.status, r.outcome) for r in records) == [(200, "failed")] * 2 + [(503, "failed")] * 2

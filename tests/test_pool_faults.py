@@ -15,7 +15,7 @@ import trio
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import open_batcher
 from batcher.policy import SizeOrTimeout
-from batcher.types import WorkersFailed
+from batcher.types import RequestFailed, State, WorkersFailed
 from tests.conftest import Fleet
 from tests.test_batcher import HANG, SERVICE, Outcomes, T, running, texts
 from workers.faults import FaultPlan
@@ -146,3 +146,23 @@ async def test_a_hang_among_slowed_calls_is_detected_at_three_recent_call_times(
     # 2.2 (not 2.0); the replacement is up at 2.3 and answers its retry at 2.7
     assert [r.finished_at for r in batch] == [pytest.approx(1.0 + 1.2 + 0.1 + 0.4)] * 50
     assert batcher.stats.restarts == 1
+
+
+async def test_a_poisoned_batch_under_tier_budgets_still_serves_its_batch_mates(autojump_clock):
+    """The answer deadline bounds time lost to workers (crashes, hangs), not the isolation of a
+    bad input: live workers answered with the model's error, so bisection runs its course,
+    bounded in calls, though it outlasts the free tier's 0.3 s budget + one hang timeout."""
+    poison = FaultPlan(poison="☠")
+    queue = QueueConfig(tiers=("paid", "free"), wait_budgets=(1.0, 0.3))
+    pool = PoolConfig(workers=2, hang_timeout=HANG)
+    async with open_batcher(Fleet(every=poison), pool, SizeOrTimeout(50, T), queue) as batcher:
+        outcomes = Outcomes(batcher)
+        inputs = texts("r", 50)
+        inputs[37] = "r37 ☠"
+        requests = outcomes.add(inputs, tier="free")
+        await outcomes.wait(50)
+    failed = [r for r in requests if r.state is State.FAILED]
+    assert [r.input for r in failed] == ["r37 ☠"] and isinstance(failed[0].error, RequestFailed)
+    assert [r.result() for r in requests if r is not failed[0]] == [t[::-1] for t in inputs if "☠" not in t]
+    assert max(r.finished_at for r in requests) > 0.3 + HANG  # past the deadline a worker fault would have
+    assert batcher.stats.timed_out == 0

@@ -59,8 +59,11 @@ def exit_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> Result | Error:
-    """Run one call with whatever fault the plan injects into it."""
+GARBAGE = b"\x00\x00\x00\x03\xc1\xc1\xc1"  # a frame of 3 bytes that no msgpack decoder accepts
+
+
+def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> bytes:
+    """Run one call with whatever fault the plan injects into it; the answer's frame."""
     fault = injector.next_call(call.inputs)
     if injector.plan.chatter:
         print(f"chatter: call {injector.calls} with {len(call.inputs)} inputs", flush=True)
@@ -76,12 +79,14 @@ def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> Result 
             raise ValueError(injector.poison_message(call.inputs))
         outputs = model.run_batch(call.inputs)
     except Exception as exc:  # the model's failure is the call's, not the worker's
-        return Error(id=call.id, message=f"{type(exc).__name__}: {exc}")
+        return encode(Error(id=call.id, message=f"{type(exc).__name__}: {exc}"))
     if injector.plan.slow_factor != 1.0:
         time.sleep((injector.plan.slow_factor - 1.0) * (time.monotonic() - started))
     if fault is Fault.WRONG_COUNT:
         outputs = outputs[:-1]
-    return Result(id=call.id, outputs=outputs)
+    if fault is Fault.GARBAGE:
+        return GARBAGE
+    return encode(Result(id=call.id, outputs=outputs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
                 out.write(encode(Accepted(id=message.id)))  # before any fault: the call is ours now
                 out.flush()
-                out.write(encode(serve_call(model, injector, message)))
+                out.write(serve_call(model, injector, message))
                 out.flush()
     return 0
 

@@ -34,6 +34,7 @@ class Fault(enum.Enum):
     HANG = "hang"  # the call never returns
     POISON = "poison"  # the model raises: one input contains the poison marker
     WRONG_COUNT = "wrong_count"  # one output fewer than inputs
+    GARBAGE = "garbage"  # the answer is a frame that is not msgpack: a protocol fault
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,7 +48,9 @@ class FaultPlan:
     slow_factor: float = 1.0
     poison: str | None = None
     wrong_count_on_call: int | None = None
+    garbage_on_call: int | None = None
     chatter: bool = False
+    only_slot: int | None = None  # inject faults only in the pool's worker of this slot
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -57,12 +60,14 @@ class FaultPlan:
                 raise ValueError(f"fault plan {name}: expected 0..1, got {value}")
         if self.slow_factor <= 0:
             raise ValueError(f"fault plan slow_factor: expected > 0, got {self.slow_factor}")
-        for name in ("crash_on_call", "hang_on_call", "wrong_count_on_call"):
+        for name in ("crash_on_call", "hang_on_call", "wrong_count_on_call", "garbage_on_call"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"fault plan {name}: calls count from 1, got {value}")
         if self.poison == "":
             raise ValueError("fault plan poison: the marker must not be empty")
+        if self.only_slot is not None and self.only_slot < 0:
+            raise ValueError(f"fault plan only_slot: expected a slot >= 0, got {self.only_slot}")
 
     def argv(self) -> list[str]:
         """The worker flags that reproduce this plan (the inverse of :func:`plan_from_args`)."""
@@ -86,7 +91,10 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--slow-factor", type=float, default=1.0, metavar="F", help="every call takes F times as long")
     group.add_argument("--poison", metavar="MARKER", help="fail any batch with an input containing MARKER")
     group.add_argument("--wrong-count-on-call", type=int, metavar="K", help="return one output too few on call K")
+    group.add_argument("--garbage-on-call", type=int, metavar="K", help="answer call K with a frame that is not msgpack")
     group.add_argument("--chatter", action="store_true", help="print to stdout on every call")
+    group.add_argument("--only-slot", type=int, metavar="S",
+                       help="inject these faults only in the pool's worker of slot S (one straggler, one crasher)")
     group.add_argument("--seed", type=int, default=0, help="seed of the random faults")
 
 
@@ -107,6 +115,9 @@ class FaultInjector:
     """
 
     def __init__(self, plan: FaultPlan, instance: str | None = None) -> None:
+        slot = None if instance is None else int(instance.split(":", 1)[0])
+        if plan.only_slot is not None and slot is not None and slot != plan.only_slot:
+            plan = FaultPlan(seed=plan.seed)  # another slot's worker: a healthy one
         self.plan = plan
         self.calls = 0
         self._random = random.Random(plan.seed if instance is None else f"{plan.seed}/{instance}")
@@ -125,6 +136,8 @@ class FaultInjector:
             return Fault.POISON
         if call == plan.wrong_count_on_call:
             return Fault.WRONG_COUNT
+        if call == plan.garbage_on_call:
+            return Fault.GARBAGE
         return None
 
     def poison_message(self, inputs: list[str]) -> str:

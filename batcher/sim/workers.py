@@ -19,7 +19,7 @@ import trio
 
 from workers.faults import Fault, FaultInjector, FaultPlan
 from workers.models import mirror
-from workers.protocol import Error, NotDelivered, Result, RunBatch, WorkerLost
+from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
 
 ServiceTime = Callable[[int], float]
 """Seconds one call of a given batch size takes."""
@@ -93,6 +93,8 @@ class SimulatedWorker:
         outputs = mirror(request.inputs)
         if fault is Fault.WRONG_COUNT:
             outputs.pop()
+        if fault is Fault.GARBAGE:
+            raise ProtocolError("frame is not msgpack (simulated garbage)")
         return Result(request.id, outputs)
 
     def kill(self) -> None:
