@@ -7,8 +7,10 @@ the pool queued for it and reads its frames back a step at a time (``batcher.eng
 
     tokens    the ticket's Output turns ids into events (a stream's deltas, or held text)
     finished  the rest of the text and Finished, or the error (too long for the cache)
-    stats     the engine's load: free blocks for dispatch, the token rate for admission, and
-              liveness: an engine that sends no stats for ``stats_timeout`` is killed
+    stats     the engine's load: free blocks for dispatch; the token rate for admission,
+              measured while the replica is backlogged (work waits here or in its engine), so
+              it is what the engine can do, not how little it was asked; and liveness: an
+              engine that sends no stats for ``stats_timeout`` is killed
 
 Its :attr:`load` is the router's measure: the tokens it still owes its tickets, a ticket's
 ``remaining`` being its prompt not yet prefilled (less the prefix the replica holds) plus its
@@ -90,7 +92,7 @@ class Replica:
         self.total_blocks = 0
         self.stats: Stats | None = None
         self.stats_at = 0.0
-        self.busy = False  # the engine had work at its last report
+        self.busy = False  # it had a backlog at its last report (work its engine could not start)
         self.computed, self.generated = TokenRate(), TokenRate()
         self.carried = dict.fromkeys(COUNTERS, 0)  # counters of its engines that died
         self.served = False
@@ -210,7 +212,7 @@ class Replica:
         if last is not None and stats.step > last.step:
             steps = stats.step - last.step
             self._pool_stats.step_tokens.observe((stats.computed_tokens - last.computed_tokens) / steps, steps)
-        busy = stats.running + stats.waiting > 0
+        busy = stats.waiting > 0 or self.queue.count + len(self.reruns) > 0  # backlogged: saturated
         self.computed.update(now, stats.computed_tokens, busy and self.busy)
         self.generated.update(now, stats.generated_tokens)
         self.stats, self.stats_at, self.busy, self.free_blocks = stats, now, busy, stats.free_blocks

@@ -11,12 +11,16 @@ above, while the higher tiers' new arrivals keep passing it::
     wait(t)     = sum(queued[0..t]) / (rate - sum(arrivals[0..t-1]))      (inf when <= 0)
     pressure(t) = wait(t): everything queued is backlog, since a replica with room takes at once
 
-``rate`` is tokens computed per second while the engines are busy (prompt chunks and decodes
-alike), measured from their ``stats`` frames by :class:`TokenRate`. It is a throughput, so a
-lightly loaded fleet under-reports its capacity, but then its queues are empty and every wait
-is 0; under overload the engines are saturated and the rate is what they can do. KV memory
-enters through the queue: a replica whose cache is full takes nothing, so its requests wait in
-the pool, and the wait grows.
+``rate`` is tokens computed per second while the engines are backlogged (prompt chunks and
+decodes alike), measured from their ``stats`` frames by :class:`TokenRate`: a saturated engine's
+throughput is its capacity. Until a backlog has been seen there is nothing to measure, and
+nothing waits, so everything is admitted. KV memory enters through the queue: a replica whose
+cache is full takes nothing, so its requests wait in the pool, and the wait grows.
+
+The estimate is the seed's fluid one and errs on the side of shedding: a queued request starts
+when the one ahead of it has *started*, which under continuous batching is sooner than when the
+work ahead has been computed, unless the engines are full (``max_seqs`` or KV), which is when
+the estimate matters.
 
 Deliberately simpler than the fixed mode's :class:`~batcher.admission.BatchLoad`: a continuous
 engine admits work every step (a few ms on a GPU), so there is no batch phase to predict.
