@@ -115,9 +115,6 @@ def _script(text: str, input_tokens: int) -> list:
 @contextlib.asynccontextmanager
 async def in_process(backend: ScriptedBackend, config: str = CONFIG, state_dir: str | None = None):
     """A started bridge over ``backend`` (as model ``scripted@1``) and a client for its app."""
-    if state_dir is not None:
-        config += f'\n[state]\ndir = "{state_dir}"\n'
-    parsed = parse_config(config)
 
     @contextlib.asynccontextmanager
     async def core():
@@ -126,6 +123,16 @@ async def in_process(backend: ScriptedBackend, config: str = CONFIG, state_dir: 
             yield {"scripted@1": backend}
             nursery.cancel_scope.cancel()
 
+    async with in_process_core(core, config, state_dir) as opened:
+        yield opened
+
+
+@contextlib.asynccontextmanager
+async def in_process_core(core, config: str, state_dir: str | None = None):
+    """A started bridge over the trio core ``core()`` opens, and a client for its app."""
+    if state_dir is not None:
+        config += f'\n[state]\ndir = "{state_dir}"\n'
+    parsed = parse_config(config)
     bridge = Bridge(core)
     await bridge.start()
     client = TestClient(TestServer(make_app(parsed, bridge)))

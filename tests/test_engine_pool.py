@@ -1,12 +1,14 @@
 """The engine pool over real engine worker processes (simulated engines: seeded ASCII tokens, each
 step as long as a 70B model on 8 x H100 would take, 5 ms or more): queues on the gateway side,
-cancellation, the KV limit, and engines that die or fall silent under streams and whole answers.
+cancellation, the KV limit, engines that die or fall silent under streams and whole answers, and
+one step's tokens crossing the bridge together.
 
 The real clock runs these (subprocess I/O); bounds are generous and nothing asserts speed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -20,6 +22,7 @@ from batcher.engine_worker import EngineProcess
 from batcher.process_worker import process_workers
 from batcher.types import Expired, ReplicaLost, TooLarge
 from gateway.tokenizer import ByteTokenizer
+from tests.harness import KEY, in_process_core, run, sse
 from tests.test_worker_processes import wait_for
 
 QUEUE = QueueConfig(wait_budgets=(10.0, 10.0))
@@ -169,3 +172,48 @@ async def test_with_every_engine_down_a_lost_answer_waits_for_the_restart_and_co
             await client.done.wait()
         assert isinstance(client.events[-1], Finished) and len(client.text) == 200
         assert pool.snapshot().stats.retries == 1 and pool.ready
+
+
+IN_PROCESS = """
+[[tiers]]
+name = "paid"
+wait_budget_ms = 10000
+[[keys]]
+key = "sk-harness-paid-01"
+tenant = "harness"
+tier = "paid"
+[[models]]
+name = "sim@1"
+mode = "continuous"
+simulated = "llama-70b"
+workers = 1
+num_blocks = 64
+max_batch_tokens = 64
+max_seqs = 16
+"""
+
+
+def test_the_tokens_of_one_engine_step_cross_to_the_http_side_in_one_hop(tmp_path):
+    @contextlib.asynccontextmanager
+    async def core():
+        async with engines(workers=1) as pool:
+            yield {"sim@1": pool}
+
+    async def body():
+        async with in_process_core(core, IN_PROCESS, str(tmp_path)) as (client, bridge):
+            async def one(index: int) -> list:
+                request = {"model": "sim@1", "max_tokens": 30, "stream": True,
+                           "messages": [{"role": "user", "content": f"stream {index}"}]}
+                response = await client.post("/v1/messages", json=request, headers={"x-api-key": KEY})
+                return sse(await response.read())
+
+            streams = await asyncio.gather(*(one(i) for i in range(16)))
+            await asyncio.sleep(0.5)  # the engine's report of its last steps
+            hops = bridge.hops_to_asyncio
+            snapshot = (await bridge.snapshots())["sim@1"]
+            return streams, hops, snapshot.stats.step_tokens.count
+
+    streams, hops, steps = run(body)
+    texts = ["".join(d["delta"]["text"] for name, d in events if name == "content_block_delta") for events in streams]
+    assert all(len(text) == 30 for text in texts)
+    assert 30 <= steps and hops <= steps + 16  # 480 tokens crossed in about a hop per step, not 480 hops
