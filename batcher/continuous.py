@@ -56,6 +56,7 @@ from batcher.types import Expired, ReplicaLost, Request, RequestFailed, State, T
 from workers.engine.block_manager import cdiv
 from workers.protocol import Abort, Add
 
+
 class EnginePool:
     """The continuous :class:`~batcher.backend.Backend` (see the module doc)."""
 

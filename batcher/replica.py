@@ -48,8 +48,23 @@ STOP_IDS = ("eos", "stop_token")  # the last id of such a sequence is the stop t
 class Ticket:
     """One submitted job and where it stands: what :meth:`EnginePool.submit` returns."""
 
-    __slots__ = ("out", "tier", "arrival", "deadline", "hashes", "cost", "replica", "request", "rid",
-                 "dispatched_at", "remaining", "prefilling", "attempts", "rerun_due", "closed")
+    __slots__ = (
+        "arrival",
+        "attempts",
+        "closed",
+        "cost",
+        "deadline",
+        "dispatched_at",
+        "hashes",
+        "out",
+        "prefilling",
+        "remaining",
+        "replica",
+        "request",
+        "rerun_due",
+        "rid",
+        "tier",
+    )
 
     def __init__(self, out: Output, tier: int, arrival: float, deadline: float, hashes: list[bytes]) -> None:
         self.out, self.tier, self.arrival, self.deadline, self.hashes = out, tier, arrival, deadline, hashes

@@ -67,7 +67,7 @@ class TokenRate:
     readings, ``tau`` seconds long in memory. Readings of a busy engine only, when ``busy`` says
     so: then it measures what the engine can do, not how little it was asked."""
 
-    __slots__ = ("tau", "value", "_last")
+    __slots__ = ("_last", "tau", "value")
 
     def __init__(self, tau: float = 2.0) -> None:
         self.tau = tau

@@ -39,8 +39,19 @@ class Tokenizer(Protocol):
 class Output:
     """The events of one job, from its ids (see the module doc)."""
 
-    __slots__ = ("job", "on_event", "_tokenizer", "_decoder", "_parts", "_pending", "_watch", "_longest",
-                 "generated", "sent", "started")
+    __slots__ = (
+        "_decoder",
+        "_longest",
+        "_parts",
+        "_pending",
+        "_tokenizer",
+        "_watch",
+        "generated",
+        "job",
+        "on_event",
+        "sent",
+        "started",
+    )
 
     def __init__(self, job: Job, on_event: OnEvent, tokenizer: Tokenizer) -> None:
         self.job, self.on_event, self._tokenizer = job, on_event, tokenizer

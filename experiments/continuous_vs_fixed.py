@@ -39,12 +39,14 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batcher.config import converted_dir  # noqa: E402
-from experiments.common import RESULTS, markdown  # noqa: E402
+from batcher.config import converted_dir
+from experiments.common import RESULTS, markdown
 
 KEY = "sk-bench-paid-0001"
-WORDS = ("ferry river pilot crossing morning fog deck cars bicycles winter spring trees hills "
-         "tickets coins walker cart truck trailer bridge bank capital city harbour").split()
+WORDS = [
+    "ferry", "river", "pilot", "crossing", "morning", "fog", "deck", "cars", "bicycles", "winter", "spring",
+    "trees", "hills", "tickets", "coins", "walker", "cart", "truck", "trailer", "bridge", "bank", "city",
+]
 
 
 def config(model_dir: str, max_batch: int, max_tokens: int) -> str:

@@ -9,7 +9,6 @@ to be cut or killed. The tiny checkpoint and SmolLM2 run in ``tests/test_continu
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -139,7 +138,7 @@ def test_a_stop_sequence_split_across_two_tokens_ends_the_answer_and_is_never_sh
     assert reply["usage"]["output_tokens"] == at
     streamed = asyncio.run(_one_stream(gateway, {**request, "stop_sequences": [stop]}))
     assert streamed["text"] == text[:at] and stop not in "".join(streamed["text"])
-    delta = [data for name, data in streamed["events"] if name == "message_delta"][0]
+    delta = next(data for name, data in streamed["events"] if name == "message_delta")
     assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
     assert delta["usage"]["output_tokens"] == at
 
@@ -232,7 +231,7 @@ def test_metrics_parse_and_show_every_family_after_a_short_run(gateway):
         whole(gateway, body(f"metrics {i}", 20))
     asyncio.run(_one_stream(gateway, body("metrics stream", 20)))
     time.sleep(0.5)  # the engines' next reports
-    status, _, raw = gateway.request("GET", "/metrics")
+    raw = gateway.request("GET", "/metrics")[2]
     families = {f.name: f for f in text_string_to_metric_families(raw["raw"].decode())}
     assert {name: families[name].type for name in FAMILIES} == FAMILIES
 
