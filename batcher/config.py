@@ -314,6 +314,7 @@ class ContinuousModelConfig(ModelConfig):
     affinity_bound: int = 2048  # tokens: a prefix holder busier than the least loaded by more loses it
     stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
     max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
+    temperature: float = 1.0  # of a request that names none (the Messages API's default); 0: greedy
 
     def __post_init__(self) -> None:
         _require(bool(self.model) != bool(self.simulated), "model", "a model (or simulated), not both",
@@ -342,6 +343,7 @@ class ContinuousModelConfig(ModelConfig):
         _require(self.device in ("", "cpu", "cuda"), "device", "'cpu' or 'cuda'", self.device)
         _require(self.affinity_bound >= 0, "affinity_bound", "tokens >= 0", self.affinity_bound)
         _require(0 < self.stats_timeout_ms < math.inf, "stats_timeout_ms", "milliseconds > 0", self.stats_timeout_ms)
+        _require(0.0 <= self.temperature <= 1.0, "temperature", "a number in 0..1", self.temperature)
         self.pool()  # checks workers and max_attempts with the pool's own rules
 
     @property

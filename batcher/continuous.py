@@ -262,7 +262,7 @@ class EnginePool:
             self.router.sent(r.index, ticket.hashes)
             r.send(Add(
                 rid, list(job.prompt_tokens), job.max_tokens, ticket.tier, job.tenant,
-                1.0 if sampling.temperature is None else sampling.temperature,  # the Messages API's default
+                config.temperature if sampling.temperature is None else sampling.temperature,
                 1.0 if sampling.top_p is None else sampling.top_p,
                 0 if sampling.top_k is None else sampling.top_k,
                 sampling.seed, [], False,
