@@ -1,6 +1,6 @@
 """The engine pool over real engine worker processes (simulated engines: seeded ASCII tokens, each
 step as long as a 70B model on 8 x H100 would take, 5 ms or more): queues on the gateway side,
-cancellation, the KV limit, engines that die or fall silent under streams and whole answers, and
+cancellation, the KV limit, admission in tokens, engines that die or fall silent under streams and whole answers, and
 one step's tokens crossing the bridge together.
 
 The real clock runs these (subprocess I/O); bounds are generous and nothing asserts speed.
@@ -20,7 +20,7 @@ from batcher.config import ContinuousModelConfig, QueueConfig
 from batcher.continuous import open_engine_pool
 from batcher.engine_worker import EngineProcess
 from batcher.process_worker import process_workers
-from batcher.types import Expired, ReplicaLost, TooLarge
+from batcher.types import Expired, ReplicaLost, Shed, TooLarge
 from gateway.tokenizer import ByteTokenizer
 from tests.harness import KEY, in_process_core, run, sse
 from tests.test_worker_processes import wait_for
@@ -217,3 +217,22 @@ def test_the_tokens_of_one_engine_step_cross_to_the_http_side_in_one_hop(tmp_pat
     texts = ["".join(d["delta"]["text"] for name, d in events if name == "content_block_delta") for events in streams]
     assert all(len(text) == 30 for text in texts)
     assert 30 <= steps and hops <= steps + 16  # 480 tokens crossed in about a hop per step, not 480 hops
+
+
+async def test_with_paid_work_backlogged_a_free_job_is_shed_at_once_with_a_retry_after():
+    config = ContinuousModelConfig(name="sim@1", simulated="llama-70b", workers=1, num_blocks=64,
+                                   max_batch_tokens=64, max_seqs=1)
+    spawn = process_workers(config.engine_argv(), 1, kind=EngineProcess)
+    budgets = QueueConfig(wait_budgets=(30.0, 0.05))
+    async with open_engine_pool(config, budgets, spawn, ByteTokenizer()) as pool:
+        paid = [Client() for _ in range(3)]
+        tickets = [pool.submit(job(40 + i, 300, stream=True), c) for i, c in enumerate(paid)]  # one runs, two wait
+        await wait_for(lambda: pool.load().measured)  # a backlogged report or two: the rate is known
+        free = Client()
+        pool.submit(Job("f", tuple(b"free question"), 50, "free", "acme", stream=True), free)
+        [shed] = free.events
+        assert isinstance(shed.error, Shed) and shed.retryable and shed.error.retry_after > 0.05
+        assert "is over the budget" in str(shed.error) and pool.snapshot().stats.shed[1] == 1
+        assert not any(c.done.is_set() for c in paid)  # paid is untouched
+        for ticket in tickets:
+            pool.cancel(ticket)
