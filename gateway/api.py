@@ -101,6 +101,11 @@ def error_response(error: BaseException) -> tuple[int, bytes, dict[str, str]]:
     return kind.status, dumps(error_body(kind, message)), headers
 
 
+def error_reply(kind: ErrorKind, message: str) -> tuple[int, bytes]:
+    """Status and body of an error known only by its kind (aiohttp's own 404, 405...)."""
+    return kind.status, dumps(error_body(kind, message))
+
+
 def retry_after_headers(seconds: float) -> dict[str, str]:
     """``Retry-After`` in whole seconds (HTTP allows no fraction; rounded up, at least 1) and
     ``retry-after-ms`` with the estimate itself, which the Anthropic SDKs read first."""
@@ -129,13 +134,16 @@ class MessageRequest:
     top_k: int | None = None
     stream: bool = False
     stop_sequences: tuple[str, ...] = ()
+    user_id: str | None = None  # metadata.user_id: the session an alias's split keeps together
 
 
-def parse_message_request(body: bytes) -> MessageRequest:
+def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest:
     """Check a body; raise :class:`InvalidRequest` naming the first field that is wrong.
 
     ``temperature``, ``top_p`` and ``top_k`` pass to the model's sampler (fixed-mode models
-    ignore them); ``metadata`` and unknown fields are accepted and ignored.
+    ignore them); ``metadata.user_id`` keeps a user on one version of an alias; other
+    ``metadata`` and unknown fields are accepted and ignored. ``counting``: a
+    ``count_tokens`` body, which has no ``max_tokens`` (1 stands in).
     """
     try:
         document = json.loads(body)
@@ -150,7 +158,7 @@ def parse_message_request(body: bytes) -> MessageRequest:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(f"messages: expected a non-empty array, got {_json_type(messages)}")
     turns = tuple(_message(message, f"messages.{index}") for index, message in enumerate(messages))
-    max_tokens = _required(document, "max_tokens")
+    max_tokens = document.get("max_tokens", 1) if counting else _required(document, "max_tokens")
     if not _is_int(max_tokens) or max_tokens < 1:
         raise InvalidRequest(f"max_tokens: expected an integer >= 1, got {_show(max_tokens)}")
     system = document.get("system")
@@ -174,6 +182,9 @@ def parse_message_request(body: bytes) -> MessageRequest:
         raise InvalidRequest("stop_sequences: expected non-empty strings, got an empty one")
     if not isinstance(document.get("metadata"), dict | None):
         raise InvalidRequest(f"metadata: expected an object, got {_json_type(document['metadata'])}")
+    user_id = (document.get("metadata") or {}).get("user_id")
+    if user_id is not None:
+        _text(user_id, "metadata.user_id")
     return MessageRequest(
         model=model,
         messages=turns,
@@ -184,6 +195,7 @@ def parse_message_request(body: bytes) -> MessageRequest:
         top_k=top_k,
         stream=stream,
         stop_sequences=stop_sequences,
+        user_id=user_id,
     )
 
 

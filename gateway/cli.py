@@ -2,6 +2,7 @@
 
     ferry demo     push a few hundred requests through 8 reference workers and print the run
     ferry serve    the HTTP gateway (gateway/server.py)
+    ferry reload | status | drain | weights   a running gateway's admin socket (gateway/control.py)
     ferry simulate a scenario through the production batcher in virtual time (batcher/simulate.py)
 """
 
@@ -17,6 +18,7 @@ from batcher.config import PoolConfig
 from batcher.process_worker import process_workers
 from batcher.sim import simulate
 from batcher.sim.load import open_loop
+from gateway.control import add_control_commands
 from gateway.server import add_serve_command
 
 
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--duration", type=float, default=1.0, help="seconds of arrivals")
     sub.set_defaults(run=demo)
     add_serve_command(commands)
+    add_control_commands(commands)
     sub = commands.add_parser("simulate", help=simulate.main.__doc__, description=simulate.__doc__.split("\n\n")[0])
     simulate.add_arguments(sub)
     sub.set_defaults(run=simulate.main)

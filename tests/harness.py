@@ -72,6 +72,7 @@ class ScriptedBackend:
         self.playing: list[_Play] = []
         self.cancelled: list[str] = []  # prompts of the jobs whose callers left
         self.ticks = 0
+        self.queue = None  # the queue settings of the last retune
 
     def submit(self, job: Job, on_event) -> _Play:
         script = job.prompt.rsplit("User: ", 1)[-1]
@@ -82,6 +83,9 @@ class ScriptedBackend:
     def cancel(self, play: _Play) -> None:
         play.cancelled = True
         self.cancelled.append(play.job.prompt)
+
+    def retune(self, queue) -> None:
+        self.queue = queue
 
     def snapshot(self) -> Snapshot:
         return Snapshot(True, {"playing": len(self.playing)}, Stats(), BatchLoad((0,), (), 1, 0.0))
@@ -113,20 +117,24 @@ def _script(text: str, input_tokens: int) -> list:
 
 
 @contextlib.asynccontextmanager
-async def in_process(backend: ScriptedBackend, config: str = CONFIG, state_dir: str | None = None):
-    """A started bridge over ``backend`` (as model ``scripted@1``) and a client for its app."""
+async def playing(backend: ScriptedBackend):
+    """A scripted backend, running its ticks, for as long as the core keeps it open."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(backend.run)
+        yield backend
+        nursery.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def in_process(backend: ScriptedBackend, config: str = CONFIG, state_dir: str | None = None,
+                     others: dict[str, ScriptedBackend] | None = None):
+    """A started bridge over ``backend`` (as model ``scripted@1``; ``others`` by version name)
+    and a client for its app."""
     if state_dir is not None:
         config += f'\n[state]\ndir = "{state_dir}"\n'
     parsed = parse_config(config)
-
-    @contextlib.asynccontextmanager
-    async def core():
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(backend.run)
-            yield {"scripted@1": backend}
-            nursery.cancel_scope.cancel()
-
-    bridge = Bridge(core)
+    backends = {"scripted@1": backend, **(others or {})}
+    bridge = Bridge(lambda model, queue: playing(backends[model.name]), parsed.models, parsed.queue())
     await bridge.start()
     client = TestClient(TestServer(make_app(parsed, bridge)))
     await client.start_server()
