@@ -73,6 +73,7 @@ class ScriptedBackend:
         self.cancelled: list[str] = []  # prompts of the jobs whose callers left
         self.ticks = 0
         self.queue = None  # the queue settings of the last retune
+        self.closed = False  # the core has closed it
 
     def submit(self, job: Job, on_event) -> _Play:
         script = job.prompt.rsplit("User: ", 1)[-1]
@@ -123,18 +124,25 @@ async def playing(backend: ScriptedBackend):
         nursery.start_soon(backend.run)
         yield backend
         nursery.cancel_scope.cancel()
+    backend.closed = True
 
 
 @contextlib.asynccontextmanager
 async def in_process(backend: ScriptedBackend, config: str = CONFIG, state_dir: str | None = None,
-                     others: dict[str, ScriptedBackend] | None = None):
-    """A started bridge over ``backend`` (as model ``scripted@1``; ``others`` by version name)
-    and a client for its app."""
+                     others: dict | None = None):
+    """A started bridge over ``backend`` (as model ``scripted@1``) and a client for its app.
+    ``others`` are the backends of other versions by name, or what opens one (a function
+    returning an async context manager)."""
     if state_dir is not None:
         config += f'\n[state]\ndir = "{state_dir}"\n'
     parsed = parse_config(config)
     backends = {"scripted@1": backend, **(others or {})}
-    bridge = Bridge(lambda model, queue: playing(backends[model.name]), parsed.models, parsed.queue())
+
+    def launch(model, queue):
+        found = backends[model.name]
+        return playing(found) if isinstance(found, ScriptedBackend) else found()
+
+    bridge = Bridge(launch, parsed.models, parsed.queue())
     await bridge.start()
     client = TestClient(TestServer(make_app(parsed, bridge)))
     await client.start_server()

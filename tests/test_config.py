@@ -84,6 +84,15 @@ def test_a_minimal_file_takes_the_defaults():
          "f.toml: keys[0].key_sha256: expected 64 lowercase hex digits"),
         (MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\n"
          "[[keys]]\nkey = 'sk-000000001'\ntenant = 'u'\ntier = 'paid'\n", "f.toml: keys: expected distinct keys"),
+        ("[aliases]\nm = 1\n" + MINIMAL, "f.toml: aliases.m: expected a table of model versions to weights, got 1"),
+        ("[aliases]\nm = {}\n" + MINIMAL, "f.toml: aliases.m: expected a table of model versions to weights"),
+        ("[aliases]\nm = { 'm@2' = 1 }\n" + MINIMAL, "f.toml: aliases.m: expected model versions, one of ['m@1'], got 'm@2'"),
+        ("[aliases]\nm = { 'm@1' = -1 }\n" + MINIMAL, "f.toml: aliases.m.m@1: expected a weight >= 0, got -1"),
+        ("[aliases]\nm = { 'm@1' = 0 }\n" + MINIMAL, "f.toml: aliases.m: expected weights adding up to more than 0"),
+        ("[aliases]\nm = { 'm@1' = true }\n" + MINIMAL, "f.toml: aliases.m.m@1: expected a weight >= 0, got True"),
+        ("[aliases]\n'm@1' = { 'm@1' = 1 }\n" + MINIMAL, "f.toml: aliases.m@1: expected a name no model uses"),
+        ("[admin]\ntoken_sha256 = 'x'\n" + MINIMAL, "f.toml: admin.token_sha256: expected 64 lowercase hex digits"),
+        ("[admin]\ntoken = 'x'\n" + MINIMAL, "f.toml: admin: unknown field 'token'"),
     ],
 )
 def test_every_mistake_names_the_file_and_the_field(text, message):
