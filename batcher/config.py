@@ -293,6 +293,9 @@ class SafetyConfig:
     refusal: str = "I can't help with that."
 
 
+ADMIN_SOCKET, ADMIN_TOKEN = "admin.sock", "admin.token"  # their default names in the [state] dir
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AdminConfig:
     """The admin interface of ``ferry reload | status | drain | weights``: a Unix socket (never
@@ -362,7 +365,7 @@ class FerryConfig:
 
     def admin_socket(self) -> str:
         """Where the admin interface listens."""
-        return os.path.expanduser(self.admin.socket) if self.admin.socket else self.state.path("admin.sock")
+        return os.path.expanduser(self.admin.socket) if self.admin.socket else self.state.path(ADMIN_SOCKET)
 
     def queue(self) -> QueueConfig:
         """The batchers' queue settings: these tiers, in this priority order, with their budgets."""

@@ -34,13 +34,12 @@ from collections.abc import Callable, Iterator
 
 from aiohttp import web
 
-from batcher.config import FerryConfig
+from batcher.config import ADMIN_TOKEN, FerryConfig
 from gateway.rollout import ReloadFailed, Rollout
 
 log = logging.getLogger("ferry.admin")
 
 ROLLOUT = web.AppKey("rollout", Rollout)
-TOKEN_FILE = "admin.token"
 
 
 class AdminError(Exception):
@@ -136,7 +135,7 @@ async def _body(request: web.Request) -> dict:
 async def start_admin(rollout: Rollout, config: FerryConfig) -> web.AppRunner:
     """Listen on the admin socket (refusing one another live ferry owns); return the runner."""
     path = config.admin_socket()
-    digest = config.admin.token_sha256 or _draw_token(config.state.path(TOKEN_FILE))
+    digest = config.admin.token_sha256 or _draw_token(config.state.path(ADMIN_TOKEN))
     if os.path.exists(path):
         if _answers(path):
             raise RuntimeError(f"admin socket {path} is in use by another ferry serve; set [admin] socket")

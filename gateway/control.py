@@ -24,8 +24,9 @@ import sys
 import time
 import tomllib
 
-from batcher.config import StateConfig
-from gateway.admin import TOKEN_FILE
+from batcher.config import ADMIN_SOCKET, ADMIN_TOKEN, StateConfig
+
+CONTROL_COMMANDS = ("reload", "status", "drain", "weights")
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -54,11 +55,11 @@ def _address(args: argparse.Namespace) -> tuple[str, str]:
         return value if isinstance(value, dict) else {}
 
     state = os.path.expanduser(table("state").get("dir", StateConfig().dir))
-    path = args.socket or os.path.expanduser(table("admin").get("socket") or os.path.join(state, "admin.sock"))
+    path = args.socket or os.path.expanduser(table("admin").get("socket") or os.path.join(state, ADMIN_SOCKET))
     token = os.environ.get("FERRY_ADMIN_TOKEN")
     if token is None:
         try:
-            with open(os.path.join(state, TOKEN_FILE), encoding="utf-8") as file:
+            with open(os.path.join(state, ADMIN_TOKEN), encoding="utf-8") as file:
                 token = file.read().strip()
         except OSError:
             token = ""
