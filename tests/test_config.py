@@ -29,12 +29,16 @@ def test_the_example_file_loads_with_every_field():
     acme, hobbyist = config.keys
     assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
     assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()
-    fixed, echo = config.models
+    fixed, echo, canary = config.models
     assert (fixed.name, fixed.aliases, fixed.mode, fixed.worker) == (
-        "ferry-fixed@1", ("ferry-fixed",), "fixed", ("sleep", "--latency-ms", "200"))
+        "ferry-fixed@1", (), "fixed", ("sleep", "--latency-ms", "200"))
     assert (fixed.max_batch, fixed.max_wait_ms, fixed.context_window, fixed.tokenizer) == (50, 150, 8192, "bytes")
     assert fixed.pool() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3)
     assert (echo.name, echo.workers, echo.max_wait_ms) == ("echo@1", 2, 5)
+    assert (canary.name, canary.policy) == ("ferry-fixed@2", "idle_aware")
+    [alias] = config.aliases
+    assert (alias.name, alias.weights) == ("ferry-fixed", (("ferry-fixed@1", 95), ("ferry-fixed@2", 5)))
+    assert config.admin.socket == "" and config.admin_socket().endswith("/admin.sock")
 
 
 def test_the_embedded_default_is_8_sleep_workers_on_loopback_with_two_demo_keys():
