@@ -187,18 +187,37 @@ def _prompt(prompt: object) -> str:
 
 
 class _Route:
-    """What both routes share: parsing into a Call plus ``include_usage``, and the error shape."""
+    """What both routes share; each says what its request adds to the common fields (its
+    ``_input``), how its answer's text appears in a choice (``_answer``), and how its chunks do."""
 
     error_response = staticmethod(error_response)
     error_reply = staticmethod(error_reply)
+    object: str
+    default_max_tokens: int | None
 
     def __init__(self, call: Call, include_usage: bool) -> None:
         self.call = call
         self.include_usage = include_usage
 
-    def _body(self, head: Head, choice: dict[str, Any], output_tokens: int) -> bytes:
+    @classmethod
+    def parse(cls, body: bytes) -> _Route:
+        document = _document(body)
+        fields = _common(document, cls.default_max_tokens)
+        return cls(Call(**fields, **cls._input(document)), _include_usage(document, fields["stream"]))
+
+    def whole(self, head: Head, completion: api.Completion, blocked: bool) -> bytes:
+        choice = {"index": 0, **self._answer(completion.text), "logprobs": None,
+                  "finish_reason": finish_reason(completion.stop_reason, blocked)}
         return api.dumps({"id": head.request_id, "object": self.object, "created": head.created,
-                          "model": head.model, "choices": [choice], "usage": _usage(head, output_tokens)})
+                          "model": head.model, "choices": [choice], "usage": _usage(head, completion.output_tokens)})
+
+    @staticmethod
+    def _input(document: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _answer(text: str) -> dict[str, Any]:
+        raise NotImplementedError
 
 
 class ChatCompletions(_Route):
@@ -207,19 +226,16 @@ class ChatCompletions(_Route):
     id_prefix = "chatcmpl-"
     idempotency_scope = "chat.completions:"
     object = "chat.completion"
+    default_max_tokens = None  # the rest of the context window
 
-    @classmethod
-    def parse(cls, body: bytes) -> ChatCompletions:
-        document = _document(body)
-        fields = _common(document, None)
+    @staticmethod
+    def _input(document: dict[str, Any]) -> dict[str, Any]:
         system, turns = _chat_turns(_required(document, "messages"))
-        return cls(Call(**fields, system=system, turns=turns), _include_usage(document, fields["stream"]))
+        return {"system": system, "turns": turns}
 
-    def whole(self, head: Head, completion: api.Completion, blocked: bool) -> bytes:
-        message = {"role": "assistant", "content": completion.text, "refusal": None}
-        choice = {"index": 0, "message": message, "logprobs": None,
-                  "finish_reason": finish_reason(completion.stop_reason, blocked)}
-        return self._body(head, choice, completion.output_tokens)
+    @staticmethod
+    def _answer(text: str) -> dict[str, Any]:
+        return {"message": {"role": "assistant", "content": text, "refusal": None}}
 
     def stream(self, head: Head) -> Chunks:
         return Chunks(head, "chat.completion.chunk", self.include_usage, lambda text: {"delta": {"content": text}},
@@ -232,18 +248,15 @@ class Completions(_Route):
     id_prefix = "cmpl-"
     idempotency_scope = "completions:"
     object = "text_completion"
+    default_max_tokens = DEFAULT_COMPLETION_TOKENS
 
-    @classmethod
-    def parse(cls, body: bytes) -> Completions:
-        document = _document(body)
-        fields = _common(document, DEFAULT_COMPLETION_TOKENS)
-        prompt = _prompt(_required(document, "prompt"))
-        return cls(Call(**fields, prompt=prompt), _include_usage(document, fields["stream"]))
+    @staticmethod
+    def _input(document: dict[str, Any]) -> dict[str, Any]:
+        return {"prompt": _prompt(_required(document, "prompt"))}
 
-    def whole(self, head: Head, completion: api.Completion, blocked: bool) -> bytes:
-        choice = {"index": 0, "text": completion.text, "logprobs": None,
-                  "finish_reason": finish_reason(completion.stop_reason, blocked)}
-        return self._body(head, choice, completion.output_tokens)
+    @staticmethod
+    def _answer(text: str) -> dict[str, Any]:
+        return {"text": text}
 
     def stream(self, head: Head) -> Chunks:
         return Chunks(head, "text_completion", self.include_usage, lambda text: {"text": text},

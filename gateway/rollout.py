@@ -195,8 +195,11 @@ class Rollout:
             self.applied = new
             self.overrides = {alias: held for alias, held in self.overrides.items() if held[1] > begun}
             self._route()
+            listed = {model.name for model in new.models}
+            for name in [n for n, v in self.versions.items() if v.state is State.STOPPED and n not in listed]:
+                del self.versions[name]  # drained with `ferry drain`, and now gone from the file too
             for name in changes.drain:
-                self._start_drain(name, forget=True)
+                self._start_drain(name)
         done = [f"opened {', '.join(s.name for s in served)}" if served else "",
                 f"back in service {', '.join(changes.revive)}" if changes.revive else "",
                 f"draining {', '.join(changes.drain)}" if changes.drain else ""]
@@ -212,10 +215,12 @@ class Rollout:
     async def _open(self, served: list[ServedModel], new: FerryConfig) -> None:
         """Start every new version at once; if any fails, close the rest and raise."""
         gateway = self.gateway
+        before = {}
         for model in served:
             stopping = self.versions.get(model.name)
             if stopping is not None and stopping.drain is not None:
                 await asyncio.shield(stopping.drain)  # a version the file lists again while its workers stop
+            before[model.name] = self.versions.get(model.name)  # a stopped one stays stopped if this fails
             self.versions[model.name] = Version(model, State.STARTING)
             gateway.metrics.track(model.name, new.queue().tiers)
         outcomes = await asyncio.gather(*(gateway.bridge.open(model.config) for model in served), return_exceptions=True)
@@ -224,8 +229,11 @@ class Rollout:
             if failed:
                 if model.name not in failed:
                     await gateway.bridge.close(model.name)
-                del self.versions[model.name]
                 gateway.metrics.untrack(model.name)
+                if before[model.name] is None:
+                    del self.versions[model.name]
+                else:
+                    self.versions[model.name] = before[model.name]  # type: ignore[assignment]
             else:
                 self.versions[model.name].state = State.SERVING
         if failed:
@@ -284,7 +292,7 @@ class Rollout:
                 if name in split.shares and split.among(serving) is None:
                     raise ValueError(f"{name}: the last version with weight in alias {alias!r}; "
                                      "shift its weight to another version first")
-            task = self._start_drain(name, forget=False)
+            task = self._start_drain(name)
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -293,14 +301,16 @@ class Rollout:
             return f"{name}: back in service (a reload listed it again)"
         return f"{name}: drained, its workers stopped"
 
-    def _start_drain(self, name: str, forget: bool) -> asyncio.Task[None]:
+    def _start_drain(self, name: str) -> asyncio.Task[None]:
         version = self.versions[name]
         version.state = State.DRAINING
         self._route()
-        version.drain = asyncio.ensure_future(self._drain(name, forget))
+        version.drain = asyncio.ensure_future(self._drain(name))
         return version.drain
 
-    async def _drain(self, name: str, forget: bool) -> None:
+    async def _drain(self, name: str) -> None:
+        """Wait until no request holds the version (at most the grace), then stop it; forget it
+        unless the file still lists it (then it shows as stopped, and a reload restarts it)."""
         gateway, version = self.gateway, self.versions[name]
         grace = gateway.config.server.shutdown_grace_ms / 1000
         try:
@@ -312,7 +322,7 @@ class Rollout:
         await gateway.bridge.close(name)
         gateway.metrics.untrack(name)
         version.state, version.drain = State.STOPPED, None
-        if forget:
+        if name not in {model.name for model in self.applied.models}:
             del self.versions[name]
         log.info("%s: drained and stopped", name)
 
