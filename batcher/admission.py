@@ -20,8 +20,8 @@ at once, so a free request waits 20 ms or 220 ms depending on which side of that
 falls, and paid requests queued now take places in the next batches but not in the ones after.
 The fluid estimate (with or without the paid arrival rate) was measured to be wrong by 1.2x to
 2.5x in the burst experiment (``experiments/burst.py --virtual``); this one predicts the
-dispatch time of most admitted requests to the millisecond in virtual time (README, "Measured:
-a burst at 3x capacity").
+dispatch time of most admitted requests to the millisecond in virtual time
+(experiments/README.md, "A burst at 3× capacity").
 
 The product is the tiering. ``pressure(h)`` is how far tier h's queue reaches past the next
 dispatch (the part of its wait that is backlog, not the phase of the calls); as the paid queue

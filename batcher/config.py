@@ -59,7 +59,7 @@ class PoolConfig:
     """How many workers, and how the pool judges and repairs them."""
 
     workers: int = 8
-    hang_timeout: float = 1.0  # a call running longer than this is a hung worker
+    hang_timeout: float = 1.0  # a call running longer is a hung worker (longer if the fleet's calls are: pool.py)
     max_attempts: int = 3  # tries of one batch before it is split; of one input before it fails
     start_timeout: float = 120.0  # from spawn to `ready` (model load)
     restart_backoff: float = 0.1  # first wait before a restart; doubles on each failed start
@@ -144,13 +144,24 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20  # a larger body is answered 413 by aiohttp's own limit
     shutdown_grace_ms: int = 30_000  # SIGTERM: in-flight requests get this long to finish
     ping_interval_ms: int = 5_000  # a stream waiting this long gets a `ping` event
+    # Connections (gateway/connections.py). The headers of a request are due within
+    # header_timeout_ms of the connection's opening or of their first byte (Go servers commonly
+    # set 10 s); its body within body_timeout_ms of the headers (4 MiB in 60 s is ~0.6 Mbit/s);
+    # a keep-alive connection with nothing to do is closed after idle_timeout_ms (nginx's 75 s,
+    # longer than the 60 s a load balancer in front usually keeps an idle connection).
+    header_timeout_ms: int = 10_000
+    body_timeout_ms: int = 60_000
+    idle_timeout_ms: int = 75_000
+    max_connections: int = 10_000  # beyond it, the oldest idle connection is closed, else a 503
 
     def __post_init__(self) -> None:
         _require(bool(self.host), "host", "an address", self.host)
         _require(0 <= self.port <= 65535, "port", "0..65535", self.port)
         _require(1024 <= self.max_body_bytes <= 1 << 30, "max_body_bytes", "1 KiB..1 GiB", self.max_body_bytes)
         _require(self.shutdown_grace_ms >= 0, "shutdown_grace_ms", "milliseconds >= 0", self.shutdown_grace_ms)
-        _require(self.ping_interval_ms > 0, "ping_interval_ms", "milliseconds > 0", self.ping_interval_ms)
+        for name in ("ping_interval_ms", "header_timeout_ms", "body_timeout_ms", "idle_timeout_ms"):
+            _require(getattr(self, name) > 0, name, "milliseconds > 0", getattr(self, name))
+        _require(1 <= self.max_connections <= 1_000_000, "max_connections", "1..1000000", self.max_connections)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -267,10 +278,12 @@ class LimitsConfig:
     store: str = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
     lease_share: float = 0.0  # > 0: each gateway serves a hot key from this share of its budget
+    redis_timeout_ms: int = 100  # a Redis call not answered within it: local buckets until Redis is back
 
     def __post_init__(self) -> None:
         _require(self.store in ("memory", "redis"), "store", "'memory' or 'redis'", self.store)
         _require(0.0 <= self.lease_share <= 1.0, "lease_share", "a share in 0..1", self.lease_share)
+        _require(1 <= self.redis_timeout_ms <= 10_000, "redis_timeout_ms", "1..10000 milliseconds", self.redis_timeout_ms)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -278,10 +291,17 @@ class StateConfig:
     """Where the gateway keeps what must outlive it: usage records and idempotent answers."""
 
     dir: str = "~/.local/state/ferry"
+    idempotency_ttl_s: int = 86_400  # an idempotent answer is replayed this long (Stripe keeps keys 24 h)
+    idempotency_max_entries: int = 1_000_000  # answers kept at most; past it the oldest go first
+
+    def __post_init__(self) -> None:
+        _require(self.idempotency_ttl_s >= 1, "idempotency_ttl_s", "seconds >= 1", self.idempotency_ttl_s)
+        _require(self.idempotency_max_entries >= 1, "idempotency_max_entries", ">= 1", self.idempotency_max_entries)
 
     def path(self, name: str) -> str:
+        """``name`` inside the state directory, which is created private (0700) if missing."""
         directory = os.path.expanduser(self.dir)
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         return os.path.join(directory, name)
 
 

@@ -111,7 +111,7 @@ class Batcher:
             "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
             "retries": stats.retries,
         }
-        return Snapshot(self.pool.live_workers > 0, status, stats.copy(), self.load())
+        return Snapshot(self.pool.ready, status, stats.copy(), self.load())
 
     def retune(self, queue: QueueConfig) -> None:
         """The tiers' new wait budgets, for arrivals from now on: admission judges by them and

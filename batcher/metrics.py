@@ -104,6 +104,7 @@ class _CoreCollector(Collector):
                 ("ferry_worker_restarts", "Workers killed (crash, hang, protocol fault) and restarted.", "restarts"),
                 ("ferry_batch_retries", "Batches re-dispatched whole after a failed call.", "retries"),
                 ("ferry_bisections", "Failed batches split in two to isolate a bad input.", "bisections"),
+                ("ferry_unanswered_requests", "Dispatched requests no worker answered in time (500).", "timed_out"),
             )
         ]
         sizes = HistogramMetricFamily("ferry_batch_size", "Requests per flushed batch.", labels=["model"])

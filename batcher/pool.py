@@ -1,10 +1,13 @@
 """WorkerPool: N workers, one call each at a time, kept alive and honest.
 
-Each worker slot (one GPU) has a supervisor task that spawns the worker, waits for ``ready``,
-then serves the batches handed to it one by one. A call that crashes the worker, breaks the
-protocol, or runs past ``hang_timeout`` costs the worker its life: the supervisor kills it and
-starts a new one after a backoff (doubling while starts keep failing). A call that returns an
-error, or the wrong number of outputs, fails without killing the worker.
+Each worker slot (one GPU) has a :class:`~batcher.supervisor.Supervisor` that spawns the worker,
+waits for ``ready``, watches the process for its whole life and restarts it after a backoff when
+it dies; the pool's part is what the worker does while it lives: serve the batches handed to it
+one by one. A call that crashes the worker, breaks the protocol, or runs past ``hang_timeout``
+costs the worker its life. A call that returns an error, or the wrong number of outputs, fails
+without killing the worker. A worker that dies while idle is noticed at once (its slot takes no
+more work and restarts), and a call sent to a worker that was already gone (its pipe closed on
+send) is not the call's fault: it goes to another worker and does not count as an attempt.
 
 Either way the batch is not lost. It goes to the retry backlog, which idle workers drain before
 they take new work, preferring a worker it has not failed on:
@@ -17,6 +20,25 @@ they take new work, preferring a worker it has not failed on:
 so one poison input among 50 costs about 2·log2(50) extra calls, its own request fails, and
 the other 49 succeed. Requests whose callers have gone are pruned before every (re)send.
 
+None of this runs forever. A dispatched request whose batch a worker has failed (a crash, a
+hang, a protocol fault) is due by its dispatch deadline plus one ``hang_timeout``: past that it
+fails (:class:`~batcher.types.WorkersFailed`), wherever it is (in
+the retry backlog while every worker restarts, or in a retried call still running), so a fleet
+that crashes or hangs on every call answers each request with a clear error on time. And
+:attr:`WorkerPool.ready` stays false from the moment every slot has lost its worker until a
+call is answered again (:class:`~batcher.supervisor.Readiness`).
+
+A slow fleet is not a hung worker. A call's hang timeout is the larger of ``hang_timeout`` and
+:data:`SLOW_CALLS` recent call times (the EWMA of answered calls), doubled for each time this
+batch was already killed as hung, and never more than :data:`MAX_STRETCH` x ``hang_timeout``. A
+worker that hangs among healthy ones is killed at ``hang_timeout`` and its batch answered by
+the next; a fleet whose every call outlasts ``hang_timeout`` loses one worker, the retry of that
+batch gets twice the time and is answered, and from then on calls are judged by their own pace.
+
+What a caller is told names what went wrong (a worker crashed, hung, broke the protocol; the
+model raised ValueError), never a pid, a slot or a traceback; the log has the detail, and no
+input text.
+
 The pool speaks to workers through the :class:`Worker` protocol, so the same supervision runs
 real processes (:mod:`batcher.process_worker`) and simulated ones (``batcher.sim.workers``) under
 ``trio.testing.MockClock``.
@@ -27,43 +49,42 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
+import functools
 import itertools
 import logging
+import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import trio
 
 from batcher.config import PoolConfig
 from batcher.stats import Stats
-from batcher.types import Batch, Request, RequestFailed
-from workers.protocol import Error, ProtocolError, Result, RunBatch, WorkerLost
+from batcher.supervisor import Process, Readiness, Supervisor, WorkerStartError
+from batcher.types import Batch, Request, RequestFailed, WorkersFailed
+from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
+
+__all__ = ["SlotState", "Spawn", "Worker", "WorkerInfo", "WorkerPool", "WorkerStartError"]
 
 log = logging.getLogger("ferry.pool")
 
+SLOW_CALLS = 3.0
+"""A call may run this many recent call times before it counts as hung (if over hang_timeout)."""
+MAX_STRETCH = 8.0
+"""However slow the fleet, a call that runs past this many hang_timeouts is hung."""
 
-class Worker(Protocol):
-    """One worker process (or its simulation), from the pool's side of the pipe."""
 
-    pid: int | None
-
-    async def start(self) -> None:
-        """Spawn and wait for ``ready``; raise WorkerLost or ProtocolError if it never comes."""
+class Worker(Process, Protocol):
+    """One fixed-mode worker process (or its simulation), from the pool's side of the pipe."""
 
     async def call(self, request: RunBatch) -> Result | Error:
-        """Send one call and wait for its answer; raise WorkerLost or ProtocolError."""
-
-    async def stop(self) -> None:
-        """Kill the worker and reap it; safe to call more than once, or before start."""
+        """Send one call and wait for its answer; raise WorkerLost (NotDelivered if the worker
+        was gone before the call reached it) or ProtocolError."""
 
 
 Spawn = Callable[[int], Worker]
 """Makes a fresh, unstarted worker for a slot index (which picks its GPU)."""
-
-
-class WorkerStartError(Exception):
-    """A worker did not come up when the pool started: the configuration is wrong."""
 
 
 class SlotState(enum.Enum):
@@ -83,14 +104,16 @@ class WorkerInfo:
 
 
 class _Slot:
-    __slots__ = ("index", "state", "worker", "restarts", "inbox", "outbox", "busy_since")
+    __slots__ = ("busy_since", "call", "call_ends", "idle_scope", "inbox", "index", "outbox", "state", "supervisor")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.state = SlotState.STARTING
-        self.worker: Worker | None = None
-        self.restarts = 0
+        self.supervisor: Supervisor[Worker]
         self.busy_since = 0.0  # when its current call was sent
+        self.call: Batch | None = None  # the batch its worker is running...
+        self.call_ends = 0.0  # ...until its hang timeout
+        self.idle_scope = trio.CancelScope()  # cancelled when the worker dies while idle
         self.outbox, self.inbox = trio.open_memory_channel[Batch](1)
 
 
@@ -104,11 +127,17 @@ class WorkerPool:
         """Called with (batch size, seconds) for every call answered in full: policy feedback."""
         self.call_seconds = 0.0
         """Recent duration of an answered call (an EWMA; 0 until the first answer)."""
-        self._spawn = spawn
         self._slots = [_Slot(index) for index in range(config.workers)]
+        for slot in self._slots:
+            slot.supervisor = Supervisor(
+                slot.index, spawn, config, self.stats, functools.partial(self._serve, slot),
+                on_exit=functools.partial(self._exited, slot), on_down=functools.partial(self._down, slot),
+            )
         self._idle: list[_Slot] = []  # by slot index: the lowest idle GPU takes the next batch
         self._retry: deque[Batch] = deque()
         self._batch_ids = itertools.count(1)
+        self._readiness = Readiness(config.workers)
+        self._overdue_changed = trio.Event()  # wakes the task that fails overdue requests
 
     @property
     def idle_count(self) -> int:
@@ -123,6 +152,12 @@ class WorkerPool:
         """Workers up and able to take a call (idle or busy), not starting or restarting."""
         return sum(slot.state is not SlotState.STARTING for slot in self._slots)
 
+    @property
+    def ready(self) -> bool:
+        """Whether this fleet should be sent traffic (``/readyz``): a worker is up, and a call
+        has been answered since every slot last lost its worker, if that ever happened."""
+        return self.live_workers > 0 and self._readiness.proven
+
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
         call at the recent call time (0 once overdue). Admission plans with it (DESIGN §8)."""
@@ -135,7 +170,8 @@ class WorkerPool:
 
     def workers(self) -> list[WorkerInfo]:
         return [
-            WorkerInfo(slot.index, slot.worker.pid if slot.worker else None, slot.state, slot.restarts)
+            WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None, slot.state,
+                       slot.supervisor.restarts)
             for slot in self._slots
         ]
 
@@ -159,93 +195,93 @@ class WorkerPool:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every worker, report started once all are ready, then supervise forever."""
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fail_overdue)
             async with trio.open_nursery() as starting:
                 for slot in self._slots:
-                    starting.start_soon(nursery.start, self._supervise, slot)
+                    starting.start_soon(nursery.start, slot.supervisor.run)
             task_status.started()
-
-    async def _supervise(self, slot: _Slot, *, task_status: trio.TaskStatus[None]) -> None:
-        backoff = self.config.restart_backoff
-        first = True
-        while True:
-            worker = slot.worker = self._spawn(slot.index)
-            slot.state = SlotState.STARTING
-            try:
-                with trio.fail_after(self.config.start_timeout):
-                    await worker.start()
-            except (WorkerLost, ProtocolError, OSError, trio.TooSlowError) as exc:
-                with trio.CancelScope(shield=True):
-                    await worker.stop()
-                if first:
-                    raise WorkerStartError(f"worker {slot.index} did not start: {exc!r}") from exc
-                log.warning("worker %d failed to restart (%r); next try in %.1fs", slot.index, exc, backoff)
-            else:
-                if first:
-                    first = False
-                    task_status.started()
-                try:
-                    if await self._serve(slot, worker):
-                        backoff = self.config.restart_backoff
-                finally:
-                    slot.state = SlotState.STARTING
-                    with trio.CancelScope(shield=True):
-                        await worker.stop()
-            slot.restarts += 1
-            self.stats.restarts += 1
-            await trio.sleep(backoff)
-            backoff = min(max(2 * backoff, 0.01), self.config.max_restart_backoff)
 
     async def _serve(self, slot: _Slot, worker: Worker) -> bool:
         """Serve batches until the worker must die; True if it answered at least one call."""
         answered = False
-        self._became_idle(slot)
-        while True:
-            batch = await slot.inbox.receive()
-            if not batch.prune():
+        while not slot.supervisor.exited:
+            with trio.CancelScope() as slot.idle_scope:
                 self._became_idle(slot)
+                batch = await slot.inbox.receive()
+            if slot.idle_scope.cancelled_caught:
+                return answered  # it died while idle: nothing was lost
+            requests = batch.prune()
+            if not requests:
                 continue
-            self.stats.calls += 1
+            if slot.supervisor.exited:  # it died after this batch was handed to it
+                self._undelivered(slot, batch, "it had exited")
+                return answered
             started = trio.current_time()
+            timeout = self._hang_timeout(batch)
+            slot.call, slot.call_ends = batch, started + timeout
+            if self._due(batch) < slot.call_ends:  # a retry that may outlast its requests' time
+                self._overdue_changed.set()
             fault = None
             try:
-                with trio.fail_after(self.config.hang_timeout):
-                    reply = await worker.call(RunBatch(batch.id, batch.inputs))
+                with trio.fail_after(timeout):
+                    reply = await worker.call(RunBatch(batch.id, [request.input for request in requests]))
                 if reply.id != batch.id:
                     raise ProtocolError(f"answer to call {reply.id} while call {batch.id} ran")
+            except NotDelivered as exc:
+                self._undelivered(slot, batch, str(exc))
+                return answered
             except trio.TooSlowError:
-                fault = f"hung: no answer within {self.config.hang_timeout:g}s"
+                fault, detail = "hung", f"no answer within {timeout:g}s"
+                batch.hangs += 1
             except WorkerLost as exc:
-                fault = f"crashed: {exc}"
+                fault, detail = "crashed", str(exc)
             except ProtocolError as exc:
-                fault = f"protocol fault: {exc}"
+                fault, detail = "broke the protocol", str(exc)
+            finally:
+                slot.call = None
+            self.stats.calls += 1
             self.stats.busy_seconds += trio.current_time() - started
             if fault is not None:
-                log.warning("worker %d (pid %s) %s; restarting it", slot.index, worker.pid, fault)
-                self._failed(batch, slot, f"worker {slot.index} {fault}")
+                log.warning("worker %d (pid %s) %s on batch %d of %d inputs (%s); restarting it",
+                            slot.index, worker.pid, fault, batch.id, len(requests), detail)
+                self._down(slot)
+                batch.worker_faults += 1
+                self._failed(batch, slot, f"a worker {fault}")
                 return answered
             if isinstance(reply, Error):
-                self._failed(batch, slot, f"worker {slot.index}: {reply.message}")
-            elif len(reply.outputs) != len(batch.requests):
-                count = f"{len(reply.outputs)} outputs for {len(batch.requests)} inputs"
-                self._failed(batch, slot, f"worker {slot.index} returned {count}")
+                kind = reply.message.partition(":")[0]
+                kind = kind if kind.isidentifier() else "an error"
+                log.warning("worker %d: the model raised %s on batch %d of %d inputs",
+                            slot.index, kind, batch.id, len(requests))
+                self._failed(batch, slot, f"the model raised {kind}")
+            elif len(reply.outputs) != len(requests):
+                self._failed(batch, slot, f"the model returned {len(reply.outputs)} outputs for {len(requests)} inputs")
             else:
                 answered = True
                 now = trio.current_time()
-                self._answered(len(batch.requests), now - started)
-                for request, output in zip(batch.requests, reply.outputs):
+                self._answered(len(requests), now - started)
+                for request, output in zip(requests, reply.outputs):
                     request.finish(output, now)
-            self._became_idle(slot)
+        return answered
+
+    def _hang_timeout(self, batch: Batch) -> float:
+        """How long this call may run before its worker counts as hung (see the module doc)."""
+        paced = max(self.config.hang_timeout, SLOW_CALLS * self.call_seconds)
+        return min(paced * 2**batch.hangs, MAX_STRETCH * self.config.hang_timeout)
 
     def _answered(self, size: int, seconds: float) -> None:
         self.call_seconds = seconds if not self.call_seconds else 0.8 * self.call_seconds + 0.2 * seconds
+        self._readiness.answered()
         self.on_answer(size, seconds)
 
     def _failed(self, batch: Batch, slot: _Slot, error: str) -> None:
-        """Retry, bisect or give up on a batch whose call failed; never lose a request."""
+        """Retry, bisect or give up on a batch whose call failed; never lose a request.
+
+        ``error`` is what a caller may be told: what went wrong, not where (no pid, no slot)."""
         batch.failures += 1
         batch.failed_on.add(slot.index)
         batch.last_error = error
-        live = batch.prune()
+        live = self._drop_overdue(batch, trio.current_time())
         if not live:
             return
         if len(live) == 1 and batch.failures >= self.config.max_attempts:
@@ -257,11 +293,27 @@ class WorkerPool:
             self.stats.bisections += 1
             half = len(live) // 2
             for part in (live[:half], live[half:]):
-                self._retry.append(Batch(next(self._batch_ids), part, "bisect", suspect=True))
+                piece = Batch(next(self._batch_ids), part, "bisect", suspect=True, last_error=error, hangs=batch.hangs,
+                              worker_faults=batch.worker_faults)
+                self._retry.append(piece)
         else:
             self.stats.retries += 1
             batch.reason = "retry"
             self._retry.append(batch)
+        self._overdue_changed.set()
+        self._offer_retries()
+
+    def _undelivered(self, slot: _Slot, batch: Batch, detail: str) -> None:
+        """The worker was gone before the call reached it: the batch goes first to another
+        worker, and the failure counts against neither its inputs nor this slot."""
+        log.warning("worker %d was gone before batch %d reached it (%s); it goes to another worker",
+                    slot.index, batch.id, detail)
+        self._down(slot)
+        self._retry.appendleft(batch)
+        self._overdue_changed.set()
+        self._offer_retries()
+
+    def _offer_retries(self) -> None:
         for idle in list(self._idle):
             if retry := self._retry_for(idle):
                 self._idle.remove(idle)
@@ -285,6 +337,63 @@ class WorkerPool:
         slot.state = SlotState.IDLE
         bisect.insort(self._idle, slot, key=lambda s: s.index)
         self.on_idle()
+
+    def _exited(self, slot: _Slot) -> None:
+        """The exit watch saw the worker die: an idle one stops waiting for work (a busy one's
+        call fails on its own, as a crash or as undelivered)."""
+        if slot.state is SlotState.IDLE:
+            log.warning("worker %d (pid %s) died while idle; restarting it", slot.index, slot.supervisor.worker.pid)
+            self._down(slot)
+            slot.idle_scope.cancel()
+
+    def _down(self, slot: _Slot) -> None:
+        """The slot has no worker until its supervisor starts another: it takes no work."""
+        slot.state = SlotState.STARTING
+        self._readiness.lost(slot.index)
+        if slot in self._idle:
+            self._idle.remove(slot)
+
+    def _due(self, batch: Batch) -> float:
+        """When the first of a batch's requests must have its answer: its dispatch deadline
+        plus one hang timeout (a request dispatched in time, whose call hangs, is failed then).
+
+        Only once a worker has failed the batch (crashed, hung, broke the protocol): a batch
+        that live workers answered with the model's error is an input being isolated, and
+        bisection bounds that in calls (2 + 2 log2 n + 2), not in time, so its batch mates
+        are still served."""
+        if not batch.worker_faults:
+            return math.inf
+        return min((request.deadline for request in batch.requests), default=math.inf) + self.config.hang_timeout
+
+    def _watched(self) -> Iterator[Batch]:
+        """The batches whose requests may run out of time before a call of theirs ends: those in
+        the retry backlog, and those in a call whose hang timeout falls after their due time."""
+        yield from self._retry
+        for slot in self._slots:
+            if slot.call is not None and self._due(slot.call) < slot.call_ends:
+                yield slot.call
+
+    async def _fail_overdue(self) -> None:
+        """Fail each watched request when it falls due, with a clear error (WorkersFailed)."""
+        while True:
+            self._overdue_changed = trio.Event()
+            with trio.move_on_at(min(map(self._due, self._watched()), default=math.inf)):
+                await self._overdue_changed.wait()
+            now = trio.current_time()
+            for batch in list(self._watched()):
+                if not self._drop_overdue(batch, now) and batch in self._retry:
+                    self._retry.remove(batch)
+
+    def _drop_overdue(self, batch: Batch, now: float) -> list[Request]:
+        """Fail the batch's requests that are due by ``now``; return the ones still waiting."""
+        hang = self.config.hang_timeout if batch.worker_faults else math.inf
+        for request in batch.prune():
+            if request.deadline + hang <= now:
+                self.stats.timed_out += 1
+                last = f"last: {batch.last_error}" if batch.last_error else "its call was still running"
+                after = request.deadline + hang - request.arrival
+                request.fail(WorkersFailed(f"no worker could serve it by its deadline ({after:.3f}s after arrival); {last}"), now)
+        return batch.prune()
 
     def _send(self, slot: _Slot, batch: Batch) -> None:
         slot.state = SlotState.BUSY

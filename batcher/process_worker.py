@@ -1,9 +1,10 @@
 """The pool's side of a real worker process: spawn ``python -m workers ...``, frame I/O over pipes.
 
 Each worker gets its own ``CUDA_VISIBLE_DEVICES``, so a process sees exactly one GPU (or none,
-and runs on CPU). Its stderr is the gateway's, so model logs and stray prints stay visible;
-the protocol itself only flows through the pipes (see ``workers/__main__.py`` for how the
-worker keeps stray prints out of it).
+and runs on CPU), and its instance (slot and start number, ``FERRY_WORKER_INSTANCE``), so a
+restarted worker with random faults does not replay its predecessor's schedule. Its stderr is
+the gateway's, so model logs and stray prints stay visible; the protocol itself only flows
+through the pipes (see ``workers/__main__.py`` for how the worker keeps stray prints out of it).
 """
 
 from __future__ import annotations
@@ -11,17 +12,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 
 import trio
 
 from batcher.pool import Spawn
+from workers.faults import INSTANCE_ENV
 from workers.protocol import (
     MAX_FRAME_BYTES,
+    Accepted,
     Error,
     FrameDecoder,
     Message,
+    NotDelivered,
     ProtocolError,
     Ready,
     Result,
@@ -59,11 +63,21 @@ class ProcessWorker:
         try:
             await self._process.stdin.send_all(encode(request, self._max_frame))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise WorkerLost(f"pid {self.pid}: pipe closed ({exc})") from None
+            raise NotDelivered(f"pid {self.pid}: pipe closed ({exc})") from None
+        try:
+            accepted = await self._receive()
+        except WorkerLost as exc:  # it died before reading the call (a kill racing the send)
+            raise NotDelivered(f"{exc} before accepting the call") from None
+        if accepted != Accepted(request.id):
+            raise ProtocolError(f"expected accepted {request.id} after run_batch {request.id}, got {accepted.kind}")
         reply = await self._receive()
         if not isinstance(reply, Result | Error):
             raise ProtocolError(f"expected result or error, got {reply.kind}")
         return reply
+
+    async def wait_exit(self) -> None:
+        assert self._process is not None, "wait_exit before start"
+        await self._process.wait()
 
     async def stop(self) -> None:
         process = self._process
@@ -102,11 +116,14 @@ def worker_devices(workers: int, visible: str | None = None) -> list[str]:
 
 
 def process_workers(argv: Sequence[str], workers: int, max_frame: int = MAX_FRAME_BYTES) -> Spawn:
-    """A :data:`Spawn` that starts ``python -m workers *argv`` on each slot's own device."""
+    """A :data:`Spawn` that starts ``python -m workers *argv`` on each slot's own device, and
+    names each start (``SLOT:START``, counted from 1 per slot) in its environment."""
     devices = worker_devices(workers)
+    starts: Counter[int] = Counter()
 
     def spawn(slot: int) -> ProcessWorker:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[slot]}
+        starts[slot] += 1
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[slot], INSTANCE_ENV: f"{slot}:{starts[slot]}"}
         return ProcessWorker(argv, env, max_frame)
 
     return spawn

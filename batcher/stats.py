@@ -60,6 +60,7 @@ class Stats:
     retries: int = 0  # batches re-dispatched whole after a failed call
     bisections: int = 0  # batches split in two to isolate a failing input
     failed_inputs: int = 0  # requests failed because their input failed alone
+    timed_out: int = 0  # dispatched requests no worker answered by their deadline + hang_timeout
     batch_sizes: Histogram = dataclasses.field(default_factory=lambda: Histogram(BATCH_SIZE_BOUNDS))
     queue_wait: collections.defaultdict[int, Histogram] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(lambda: Histogram(WAIT_BOUNDS))

@@ -3,7 +3,8 @@
 A :class:`Request` moves through one state machine and reaches exactly one terminal state::
 
     QUEUED --take--> DISPATCHED --outputs--> DONE
-       |                 |  \\--input failed on max_attempts workers--> FAILED
+       |                 |  \\--input failed on max_attempts workers--> FAILED (RequestFailed)
+       |                 |  \\--no answer by deadline + hang_timeout--> FAILED (WorkersFailed)
        |                 \\--caller went away--> CANCELLED (its output is dropped)
        |--deadline passed before dispatch--> FAILED (Expired, an Overloaded)
        \\--caller went away--> CANCELLED (it leaves the queue at once)
@@ -45,7 +46,20 @@ class Expired(Overloaded):
 
 
 class RequestFailed(FerryError):
-    """The request's own input failed on every worker that tried it alone (HTTP 500)."""
+    """The request was dispatched but the workers could not answer it (HTTP 500): its own input
+    failed on every worker that tried it alone, or (:class:`WorkersFailed`) the fleet failed it."""
+
+
+class WorkersFailed(RequestFailed):
+    """No worker answered a dispatched request by its deadline plus one hang timeout: its calls
+    crashed or hung on every worker that took them (a crash loop, a fleet that hangs), and the
+    retries ran out of time.
+
+    A 500 like :class:`RequestFailed`, not a 529: the fleet failed, it is not overloaded. There
+    is no queue to drain that a ``Retry-After`` could promise, and a 529 would file an outage
+    under load shedding, where neither a client's retry policy nor an operator's alert on
+    server errors would see it. ``/readyz`` says the same thing to load balancers (503).
+    """
 
 
 class State(enum.Enum):
@@ -67,7 +81,7 @@ class Request:
     input: str
     tier: int  # index into the tier list: 0 is served first
     arrival: float
-    deadline: float  # latest dispatch time; past it, a queued request fails with Overloaded
+    deadline: float  # latest dispatch time (else Overloaded); plus one hang_timeout, latest answer
     on_done: Callable[[Request], None]
     state: State = State.QUEUED
     output: str | None = None
@@ -114,7 +128,11 @@ class Batch:
 
     ``failures`` counts failed calls of this exact batch; ``failed_on`` names the worker slots
     they failed on, so a retry goes elsewhere when it can. A ``suspect`` batch is a half of a
-    batch that failed twice: it is split again at its first failure.
+    batch that failed twice: it is split again at its first failure. ``hangs`` counts its calls
+    (and its parent's) killed as hung: each doubles the time its next call may take;
+    ``worker_faults`` counts its calls (and its parent's) lost to a worker's crash, hang or
+    protocol fault, which start its requests' answer deadline.
+    ``last_error`` is what its requests are told if they fail: no pid, no slot.
     """
 
     id: int
@@ -124,6 +142,8 @@ class Batch:
     failed_on: set[int] = dataclasses.field(default_factory=set)
     suspect: bool = False
     last_error: str = ""
+    hangs: int = 0
+    worker_faults: int = 0  # its calls (and its parent's) that a worker failed, not the model
 
     @property
     def inputs(self) -> list[str]:

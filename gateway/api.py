@@ -41,8 +41,16 @@ class RequestTooLarge(ApiError):
     """The body is over the server's limit."""
 
 
+class RequestTimeout(ApiError):
+    """The body did not arrive within the server's ``body_timeout_ms`` of its headers."""
+
+
 class Unavailable(ApiError):
     """The scheduling core is not running (starting, stopped, or crashed)."""
+
+
+class ShuttingDown(Unavailable):
+    """The server is stopping and this request was still waiting when its grace period ended."""
 
 
 class RateLimited(ApiError):
@@ -65,10 +73,12 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (InvalidRequest, ErrorKind(400, "invalid_request_error")),
     (AuthenticationFailed, ErrorKind(401, "authentication_error")),
     (NotFound, ErrorKind(404, "not_found_error")),
+    (RequestTimeout, ErrorKind(408, "timeout_error")),
     (RequestTooLarge, ErrorKind(413, "request_too_large")),
     (RateLimited, ErrorKind(429, "rate_limit_error", retry_after=True)),
     (Overloaded, ErrorKind(529, "overloaded_error", retry_after=True)),
     (RequestFailed, ErrorKind(500, "api_error")),
+    (ShuttingDown, ErrorKind(503, "overloaded_error", retry_after=True)),  # retry: another gateway, or soon
     (Unavailable, ErrorKind(500, "api_error")),
 )
 INTERNAL = ErrorKind(500, "api_error")
@@ -120,6 +130,24 @@ def dumps(value: Any) -> bytes:
 
 ROLES = ("user", "assistant")
 
+# What one request may carry (README, "Limits"). Each is checked before the items it counts are
+# read, so a refusal costs no more than the body's own parse; below them, every step of a request
+# (checks, prompt, token count, stop-sequence cut) is linear in the body. The values:
+# - 100,000 messages: the limit Anthropic's Messages API documents, so any request it takes fits.
+# - 1,000 content blocks per message: Anthropic documents none for text; a client that splits a
+#   turn into more blocks than that is not writing prose, and the body limit binds well before.
+# - 16 stop sequences of at most 256 characters: OpenAI allows 4 and TGI 4 by default; Anthropic
+#   documents no count, so 16 leaves its clients room while cutting an answer stays 16 scans of it.
+#   256 characters keep the tail a stream must hold back (a stop sequence may be arriving) short.
+# - 2,097,152 (2 Mi) characters of text in system and messages together: about half a million
+#   tokens of English, past the context window of any model ferry serves; the default 4 MiB body
+#   limit binds first for ASCII, this one when an operator raises it.
+MAX_MESSAGES = 100_000
+MAX_BLOCKS = 1_000
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
+MAX_TEXT_CHARS = 2 << 20
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MessageRequest:
@@ -157,6 +185,7 @@ def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest
     messages = _required(document, "messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(f"messages: expected a non-empty array, got {_json_type(messages)}")
+    _at_most(len(messages), MAX_MESSAGES, "messages", "messages per request")
     turns = tuple(_message(message, f"messages.{index}") for index, message in enumerate(messages))
     max_tokens = document.get("max_tokens", 1) if counting else _required(document, "max_tokens")
     if not _is_int(max_tokens) or max_tokens < 1:
@@ -177,19 +206,25 @@ def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest
     stops = document.get("stop_sequences", [])
     if not isinstance(stops, list):
         raise InvalidRequest(f"stop_sequences: expected an array of strings, got {_json_type(stops)}")
+    _at_most(len(stops), MAX_STOP_SEQUENCES, "stop_sequences", "stop sequences per request")
     stop_sequences = tuple(_text(s, f"stop_sequences.{i}") for i, s in enumerate(stops))
     if any(not s for s in stop_sequences):
         raise InvalidRequest("stop_sequences: expected non-empty strings, got an empty one")
+    for index, stop in enumerate(stop_sequences):
+        _at_most(len(stop), MAX_STOP_CHARS, f"stop_sequences.{index}", "characters in a stop sequence")
     if not isinstance(document.get("metadata"), dict | None):
         raise InvalidRequest(f"metadata: expected an object, got {_json_type(document['metadata'])}")
     user_id = (document.get("metadata") or {}).get("user_id")
     if user_id is not None:
         _text(user_id, "metadata.user_id")
+    system_text = "" if system is None else _content(system, "system")
+    text_chars = len(system_text) + sum(len(text) for _, text in turns)
+    _at_most(text_chars, MAX_TEXT_CHARS, "messages", "characters of text in system and messages together")
     return MessageRequest(
         model=model,
         messages=turns,
         max_tokens=max_tokens,
-        system="" if system is None else _content(system, "system"),
+        system=system_text,
         temperature=None if temperature is None else float(temperature),
         top_p=None if top_p is None else float(top_p),
         top_k=top_k,
@@ -214,6 +249,7 @@ def _content(content: object, where: str) -> str:
         return _text(content, where)
     if not isinstance(content, list):
         raise InvalidRequest(f"{where}: expected a string or an array of text blocks, got {_json_type(content)}")
+    _at_most(len(content), MAX_BLOCKS, where, "content blocks")
     texts = []
     for index, block in enumerate(content):
         at = f"{where}.{index}"
@@ -224,6 +260,11 @@ def _content(content: object, where: str) -> str:
             raise InvalidRequest(f"{at}.type: fixed-mode models take 'text' blocks only, got {_show(kind)}")
         texts.append(_text(_required(block, "text", at), f"{at}.text"))
     return "".join(texts)
+
+
+def _at_most(count: int, limit: int, where: str, what: str) -> None:
+    if count > limit:
+        raise InvalidRequest(f"{where}: at most {limit:,} {what}, got {count:,}")
 
 
 def _required(table: dict, name: str, where: str = "") -> Any:

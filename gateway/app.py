@@ -9,7 +9,7 @@
     GET  /v1/models    the served versions, then the aliases: OpenAI's list shape, or Anthropic's
                        when the request carries ``anthropic-version`` (as the Anthropic SDK does)
     GET  /healthz      the process answers         GET /metrics   Prometheus text format
-    GET  /readyz       every model has a worker up (JSON detail per model)
+    GET  /readyz       every model's fleet is ready to serve (JSON detail per model)
 
 Handlers are thin: wire formats live in the codecs (:mod:`gateway.anthropic`,
 :mod:`gateway.openai`, pure), identities in :mod:`gateway.auth`, model names and weighted aliases
@@ -45,6 +45,7 @@ from gateway.answer import Answer
 from gateway.auth import KeyRing
 from gateway.bridge import Bridge, Handle
 from gateway.codec import Call, Codec, Head
+from gateway.connections import key_before_body, read_body
 from gateway.idempotency import IdempotencyStore
 from gateway.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.limiter import Limiter, open_limiter
@@ -71,7 +72,8 @@ class Gateway:
         self.catalog = Catalog.of(config.models, config.aliases)
         self.metrics = metrics
         self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
-        self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"))
+        self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"), config.state.idempotency_ttl_s,
+                                            config.state.idempotency_max_entries)
         self.pins = Pins()
         self.created = int(time.time())
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
@@ -110,7 +112,7 @@ class Gateway:
         """Every API's request path: only ``route`` (the codec) differs."""
         started = time.monotonic()
         principal = self.keys.authenticate(request.headers)
-        body = await request.read()
+        body = await read_body(request, self.config.server.body_timeout_ms / 1000)
         codec = route.parse(body)
         call = codec.call
         model = self.catalog.resolve(call.model, call.session or principal.key_id)
@@ -150,7 +152,8 @@ class Gateway:
     async def count_tokens(self, request: web.Request) -> web.Response:
         """``POST /v1/messages/count_tokens``: what a request's prompt would cost, run nowhere."""
         principal = self.keys.authenticate(request.headers)
-        call = Messages(api.parse_message_request(await request.read(), counting=True)).call
+        body = await read_body(request, self.config.server.body_timeout_ms / 1000)
+        call = Messages(api.parse_message_request(body, counting=True)).call
         _, tokens = self._prompt(call, self.catalog.resolve(call.model, call.session or principal.key_id))
         return web.json_response({"input_tokens": len(tokens)})
 
@@ -292,7 +295,8 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready: every model has at least one worker up. The body details each model."""
+        """Ready: every model's backend says so (fixed mode: a worker up, and a call answered
+        since every slot last lost its worker). The body details each model."""
         snapshots = await self.bridge.snapshots() if self.bridge.running else {}
         models = {name: {"ready": snapshot.ready, **snapshot.status} for name, snapshot in snapshots.items()}
         waiting = [name for name, state in models.items() if not state["ready"]]
@@ -394,20 +398,31 @@ async def name_the_request(request: web.Request, response: web.StreamResponse) -
         response.headers["request-id"] = response.headers["x-request-id"] = request_id  # x-: OpenAI's name
 
 
+class _LiveKeys:
+    """The keys in force now, for the check made before a body is read (a reload replaces them)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def authenticate(self, headers):
+        return self._gateway.keys.authenticate(headers)
+
+
 def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     """The application over a started bridge: its backends' counters are exported at /metrics."""
     metrics = Metrics()
     for model in config.models:
         metrics.track(model.name, config.queue().tiers)
-    gateway = Gateway(config, bridge, open_limiter(config.limits), metrics)
+    gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
     app = web.Application(middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes)
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
-    app.router.add_post("/v1/messages", gateway.messages)
-    app.router.add_post("/v1/messages/count_tokens", gateway.count_tokens)
-    app.router.add_post("/v1/chat/completions", gateway.chat_completions)
-    app.router.add_post("/v1/completions", gateway.completions)
+    expect = key_before_body(_LiveKeys(gateway))  # type: ignore[arg-type]
+    app.router.add_post("/v1/messages", gateway.messages, expect_handler=expect)
+    app.router.add_post("/v1/messages/count_tokens", gateway.count_tokens, expect_handler=expect)
+    app.router.add_post("/v1/chat/completions", gateway.chat_completions, expect_handler=expect)
+    app.router.add_post("/v1/completions", gateway.completions, expect_handler=expect)
     app.router.add_get("/metrics", gateway.metrics_text)
     app.router.add_get("/v1/models", gateway.models)
     app.router.add_get("/healthz", gateway.healthz)

@@ -117,6 +117,7 @@ class Bridge:
         """Resolves (to the core's exception, or None) when the trio thread has finished."""
         # asyncio side
         self._outgoing: list[tuple[str, Any]] = []  # (op, handle or future)
+        self._refusal: Exception | None = None  # set by refuse_all: what every submit fails with
         self._flush_pending = False
         self._inflight: set[Handle] = set()
         # trio side
@@ -154,6 +155,8 @@ class Bridge:
 
     def submit(self, model: str, job: Job) -> Handle:
         """Hand one job to a model's backend; read its events with ``await handle.wait()``."""
+        if self._refusal is not None:
+            raise self._refusal
         if not self.running:
             raise CoreStopped("the scheduling core is not running")
         handle = Handle(model, job)
@@ -169,6 +172,12 @@ class Bridge:
         self._inflight.discard(handle)
         if self.running:
             self._send("cancel", handle)
+
+    def refuse_all(self, error: Exception) -> None:
+        """Fail every job in flight with ``error`` now, and every later submit: the server is
+        stopping and will not wait for them (their handlers answer with the error)."""
+        self._refusal = error
+        self._fail_all(error)
 
     async def snapshots(self) -> dict[str, Snapshot]:
         """Every open backend's state, copied on the trio thread: what /readyz and /metrics show."""

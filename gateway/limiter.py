@@ -6,6 +6,8 @@ script so that a check-and-take is atomic across them (seed 000 §6.7). For a ho
 may lease a slice of the shared budget and serve from it locally, going back to Redis only when
 the slice runs out: fewer round trips, and still never more admitted than the limit, since every
 leased token was charged in Redis first. A lease not used up within its ``ttl`` goes back.
+Redis is always reached through :class:`~gateway.fallback.FallbackLimiter`: bounded calls, and
+this gateway's own buckets while Redis does not answer.
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from batcher.config import LimitsConfig
+from gateway.fallback import FallbackLimiter, LimiterCollector
 from gateway.ratelimit import Bucket, Limits, Verdict, charge, full, refund
 
 Clock = Callable[[], float]
@@ -35,11 +41,16 @@ class Limiter(Protocol):
         """Let go of connections and return leased budget (the gateway is stopping)."""
 
 
-def open_limiter(config: LimitsConfig) -> Limiter:
-    """The store a configuration names, leased when it asks for a lease share."""
+def open_limiter(config: LimitsConfig, registry: CollectorRegistry | None = None) -> Limiter:
+    """The store a configuration names, leased when it asks for a lease share. Redis is reached
+    through a :class:`~gateway.fallback.FallbackLimiter` (every call bounded, local buckets while
+    it is down), whose state and counts go to ``registry``."""
     if config.store == "memory":
         return MemoryLimiter()
-    shared = RedisLimiter.from_url(config.redis_url)
+    timeout = config.redis_timeout_ms / 1000
+    shared = FallbackLimiter(RedisLimiter.from_url(config.redis_url, timeout=timeout), MemoryLimiter(), timeout)
+    if registry is not None:
+        registry.register(LimiterCollector(shared))
     return LeasedLimiter(shared, config.lease_share) if config.lease_share > 0 else shared
 
 
@@ -122,8 +133,16 @@ class RedisLimiter:
         self._script = client.register_script(_SCRIPT)
 
     @classmethod
-    def from_url(cls, url: str, **kwargs) -> RedisLimiter:
-        return cls(aioredis.from_url(url), **kwargs)
+    def from_url(cls, url: str, timeout: float | None = None, **kwargs) -> RedisLimiter:
+        """A limiter on the Redis at ``url``; with a ``timeout``, each socket connect and read is
+        bounded by it and redis-py retries nothing (the caller decides what a failure means)."""
+        if timeout is None:
+            return cls(aioredis.from_url(url), **kwargs)
+        client = aioredis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+        return cls(client, **kwargs)
+
+    async def ping(self) -> None:
+        await self._client.ping()
 
     async def _run(self, key: str, limits: Limits, tokens: float, requests: float, mode: str) -> float:
         capacities = [-1 if math.isinf(c) else c for c in limits.capacities]

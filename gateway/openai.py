@@ -8,6 +8,8 @@ What vLLM and TGI users send works unchanged, within what one fixed or continuou
 
 - ``max_completion_tokens`` (or the older ``max_tokens``; the newer wins, as in vLLM); omitted: the
   rest of the context window for chat, 16 for legacy completions (OpenAI's defaults).
+- The limits of ``/v1/messages`` hold here too (``gateway/api.py``: messages, content parts,
+  characters of text, stop sequences), each checked before the items it counts are read.
 - ``stop`` (a string or a list), ``temperature`` (0..2), ``top_p``, ``seed`` and ``user`` (the
   session an alias's split keeps on one version) are honoured; ``n`` must be 1, and tools,
   logprobs, ``echo``, ``suffix``, ``best_of`` > 1 and non-text parts are refused with a 400
@@ -29,7 +31,8 @@ from typing import Any
 
 from batcher.backend import Sampling
 from gateway import api
-from gateway.api import InvalidRequest, _content, _is_int, _is_number, _json_type, _required, _short, _show, _text
+from gateway.api import (MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_TEXT_CHARS, InvalidRequest, _at_most,
+                         _content, _is_int, _is_number, _json_type, _required, _short, _show, _text)
 from gateway.codec import Call, Head
 
 DONE = b"data: [DONE]\n\n"
@@ -41,6 +44,7 @@ ERRORS: dict[str, tuple[int | None, str, str | None]] = {
     "authentication_error": (None, "invalid_request_error", "invalid_api_key"),
     "not_found_error": (None, "invalid_request_error", "model_not_found"),
     "request_too_large": (None, "invalid_request_error", "request_too_large"),
+    "timeout_error": (None, "invalid_request_error", "request_timeout"),
     "rate_limit_error": (None, "rate_limit_error", "rate_limit_exceeded"),
     "overloaded_error": (503, "server_error", "overloaded"),
     "api_error": (None, "server_error", None),
@@ -138,9 +142,12 @@ def _stops(stop: object) -> tuple[str, ...]:
     if stops is None:
         if not isinstance(stop, list):
             raise InvalidRequest(f"stop: expected a string or an array of strings, got {_json_type(stop)}")
+        _at_most(len(stop), MAX_STOP_SEQUENCES, "stop", "stop sequences per request")
         stops = tuple(_text(s, f"stop.{i}") for i, s in enumerate(stop))
     if any(not s for s in stops):
         raise InvalidRequest("stop: expected non-empty strings, got an empty one")
+    for index, text in enumerate(stops):
+        _at_most(len(text), MAX_STOP_CHARS, f"stop.{index}", "characters in a stop sequence")
     return stops
 
 
@@ -159,6 +166,7 @@ def _chat_turns(messages: object) -> tuple[str, tuple[tuple[str, str], ...]]:
     """System and developer messages joined (one system prompt), then the user/assistant turns."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(f"messages: expected a non-empty array, got {_json_type(messages)}")
+    _at_most(len(messages), MAX_MESSAGES, "messages", "messages per request")
     system, turns = [], []
     for index, message in enumerate(messages):
         where = f"messages.{index}"
@@ -172,15 +180,19 @@ def _chat_turns(messages: object) -> tuple[str, tuple[tuple[str, str], ...]]:
             system.append(text)
         else:
             turns.append((role, text))
+    text_chars = sum(map(len, system)) + sum(len(text) for _, text in turns)
+    _at_most(text_chars, MAX_TEXT_CHARS, "messages", "characters of text in system and messages together")
     return "\n\n".join(system), tuple(turns)
 
 
 def _prompt(prompt: object) -> str:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return _text(prompt[0], "prompt.0")
-    if isinstance(prompt, list):
+        prompt = prompt[0]
+    elif isinstance(prompt, list):
         raise InvalidRequest("prompt: expected one string (several prompts, or token ids, are not supported)")
-    return _text(prompt, "prompt")
+    text = _text(prompt, "prompt")
+    _at_most(len(text), MAX_TEXT_CHARS, "prompt", "characters of text")
+    return text
 
 
 # --- Replies -------------------------------------------------------------------------------

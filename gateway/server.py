@@ -2,13 +2,14 @@
 
     start:    trio core (every model's workers ready) ─> bind ─> announce the address
     SIGTERM:  stop accepting ─> in-flight requests finish (up to shutdown_grace_ms)
+              ─> those still waiting are answered "shutting down" (503 / a stream's error event)
               ─> cancel the trio core, which stops the workers ─> exit 0
     SIGHUP:   re-read the config file and apply it live (gateway/rollout.py), as `ferry reload`
               does through the admin socket (gateway/admin.py)
 
 The core starts first, so a listening gateway can always serve; the core stops last, so no
-request that was accepted loses its batcher. aiohttp does the HTTP half of the drain: it
-closes idle keep-alive connections and waits for running handlers.
+request that was accepted loses its batcher. aiohttp closes the idle keep-alive connections;
+:func:`_drain` bounds the wait for running handlers by the grace period.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from aiohttp import web
 from batcher.config import FerryConfig, default_config, load_config
 from batcher.fleet import Launch
 from gateway.admin import reload_on_signal, start_admin
+from gateway.api import ShuttingDown
 from gateway.app import GATEWAY, make_app
 from gateway.bridge import Bridge, open_backend
+from gateway.connections import ConnectionCollector, ConnectionGuard, GuardedSite
+from gateway.logs import hide_request_bytes
 from gateway.rollout import Rollout, leaves
 
 log = logging.getLogger("ferry.serve")
@@ -44,6 +48,7 @@ async def serve(
 ) -> int:
     """Run the gateway until SIGTERM or SIGINT (or the core dies); return an exit status.
     ``reread`` reads ``source`` again for a reload (SIGHUP, ``ferry reload``)."""
+    hide_request_bytes()  # aiohttp would log a refused request's bytes: its key, its prompt
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -56,6 +61,9 @@ async def serve(
             announce(f"ferry serve: the scheduling core did not start: {leaves(exc)}")
             return 1
         app = make_app(config, bridge)
+        guard = ConnectionGuard(_connection_cap(config.server.max_connections), config.server.header_timeout_ms / 1000)
+        app.middlewares.append(guard.track)
+        app[GATEWAY].metrics.registry.register(ConnectionCollector(guard))
         rollout = Rollout(app[GATEWAY], reread or (lambda: config), source)
         try:
             admin = await start_admin(rollout, config)
@@ -64,16 +72,21 @@ async def serve(
             return 1
         app.on_shutdown.append(lambda _: admin.cleanup())
         app.on_shutdown.append(lambda _: rollout.aclose())
+        app.on_shutdown.append(functools.partial(_drain, guard, bridge, config.server.shutdown_grace_ms / 1000))
         loop.add_signal_handler(signal.SIGHUP, reload_on_signal(rollout, announce))
         runner = web.AppRunner(
             app,
             access_log=None,  # a log line per request costs more than the request's own work
             handler_cancellation=True,  # a client that leaves cancels its request in the core
-            shutdown_timeout=config.server.shutdown_grace_ms / 1000,
+            shutdown_timeout=ANSWER_WINDOW,  # after _drain: for what is left, then it is cut
+            keepalive_timeout=config.server.idle_timeout_ms / 1000,
+            # after an answer sent before the body was read (401, 408, 413), aiohttp reads and
+            # drops the rest so the client sees the answer, not a reset: a body read like any other
+            lingering_time=min(10.0, config.server.body_timeout_ms / 1000),
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, config.server.host, config.server.port, backlog=4096)
+            site = GuardedSite(runner, guard, config.server.host, config.server.port, backlog=4096)
             await site.start()
             # Everything built so far lives as long as the process: move it out of the
             # collector's view, so a full collection scans only what requests leave behind.
@@ -94,6 +107,21 @@ async def serve(
         return 1
     announce("ferry serve: stopped")
     return 0
+
+
+ANSWER_WINDOW = 0.5  # seconds for the answers of requests refused at the end of the grace period
+
+
+async def _drain(guard: ConnectionGuard, bridge: Bridge, grace: float, app: web.Application) -> None:
+    """On SIGTERM, once the listener is closed: requests in flight get ``grace`` seconds to
+    finish; then every one still waiting fails with :class:`~gateway.api.ShuttingDown`, which
+    its handler answers (a 503, or an ``error`` event ending a stream) and bills with that
+    status, within :data:`ANSWER_WINDOW`. aiohttp then gets as long again for anything left
+    (a slow reader) before it cuts the connection, so the drain takes grace + at most 1.5 s,
+    where aiohttp's own waits took twice the grace and cut every request still waiting."""
+    if not await guard.drained(grace):
+        bridge.refuse_all(ShuttingDown(f"the server is shutting down: not done within {grace * 1000:.0f} ms"))
+        await guard.drained(ANSWER_WINDOW)
 
 
 def add_serve_command(commands) -> None:
@@ -134,6 +162,19 @@ def serve_command(args) -> int:
     except ImportError:
         return asyncio.run(running)
     return uvloop.run(running)
+
+
+FD_RESERVE = 256  # descriptors kept for worker pipes, SQLite, Redis and the listening socket
+
+
+def _connection_cap(configured: int) -> int:
+    """``max_connections``, lowered to what the open-file limit leaves after :data:`FD_RESERVE`
+    (with a warning), so that a flood meets the cap before accept() runs out of descriptors."""
+    available = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - FD_RESERVE
+    if configured <= available:
+        return configured
+    log.warning("max_connections %d is over the open-file limit less %d: using %d", configured, FD_RESERVE, available)
+    return max(1, available)
 
 
 def _raise_open_file_limit() -> None:

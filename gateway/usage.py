@@ -2,23 +2,24 @@
 
 Seed 000 §1.1, §6.3: the server bills from its own count of tokens actually delivered. The
 request handler only puts a record on a queue (no I/O, no lock held across a write); one writer
-thread drains the queue in batches into SQLite. The table is append-only and keyed by request
-id, and inserts are ``INSERT OR IGNORE``: a record written twice (a retry, a replay after a
-restart) stays one row. SQLite survives a restart of the gateway; ``close()`` flushes what is
-queued before it returns.
+thread drains the queue in batches into SQLite (:mod:`gateway.sqlite_writer`). The table is
+append-only and keyed by request id, and inserts are ``INSERT OR IGNORE``: a record written
+twice (a retry, a replay after a restart) stays one row. SQLite survives a restart of the
+gateway; ``close()`` flushes what is queued before it returns.
 
-API keys never reach this table: a record names the key by ``key_id`` (a short digest).
+API keys never reach this table: a record names the key by ``key_id`` (a short digest). The file
+is readable by the gateway's user only (:mod:`gateway.private`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
-import queue
 import sqlite3
-import threading
-import time
 from collections.abc import Iterable
+
+from gateway.private import private_database
+from gateway.sqlite_writer import SqliteWriter
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -36,7 +37,7 @@ CREATE TABLE IF NOT EXISTS usage (
     outcome       TEXT
 )
 """
-_MIGRATIONS = {"outcome": "ALTER TABLE usage ADD COLUMN outcome TEXT"}  # columns added since the first release
+_MIGRATIONS = {"usage": {"outcome": "ALTER TABLE usage ADD COLUMN outcome TEXT"}}  # columns added since the first release
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,8 +61,6 @@ class UsageRecord:
 _FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]
 _ROW = operator.attrgetter(*_FIELDS)  # a record's values in column order (astuple deep-copies: slow)
 _INSERT = f"INSERT OR IGNORE INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
-_STOP = object()
-FLUSH_INTERVAL = 0.05  # seconds a record may wait for the next commit
 
 
 class UsageLog:
@@ -69,43 +68,15 @@ class UsageLog:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        connection = sqlite3.connect(path)  # create the table now: a bad path fails at start-up
-        with connection:
-            connection.execute(_SCHEMA)
-            columns = {row[1] for row in connection.execute("PRAGMA table_info(usage)")}
-            for column, statement in _MIGRATIONS.items():
-                if column not in columns:
-                    connection.execute(statement)
-        connection.close()
-        self._writer = threading.Thread(target=self._write, name="usage-writer", daemon=True)
-        self._writer.start()
+        self._writer = SqliteWriter(private_database(path), _SCHEMA, "usage-writer", _MIGRATIONS)
 
     def record(self, record: UsageRecord) -> None:
         """Queue a record; returns at once (the caller is serving a request)."""
-        self._queue.put(record)
+        self._writer.put(_INSERT, _ROW(record))
 
     def close(self) -> None:
         """Write everything queued, then stop the writer."""
-        self._queue.put(_STOP)
-        self._writer.join()
-
-    def _write(self) -> None:
-        connection = sqlite3.connect(self.path)
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=NORMAL")  # WAL: a crash loses no committed row
-        stopping = False
-        while not stopping:
-            batch = [self._queue.get()]
-            if batch[0] is not _STOP:
-                time.sleep(FLUSH_INTERVAL)  # let a batch gather: one commit, not one per request
-            while not self._queue.empty():
-                batch.append(self._queue.get())
-            stopping = any(item is _STOP for item in batch)
-            rows = [_ROW(item) for item in batch if isinstance(item, UsageRecord)]
-            with connection:
-                connection.executemany(_INSERT, rows)
-        connection.close()
+        self._writer.close()
 
 
 def read_usage(path: str) -> list[UsageRecord]:

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+from prometheus_client.parser import text_string_to_metric_families
+
 ROOT = pathlib.Path(__file__).parent.parent
 PAID = "sk-test-paid-0001"
 FREE = "sk-test-free-0002"
@@ -119,6 +121,15 @@ class Gateway:
                 return models
             time.sleep(0.02)
         raise AssertionError(f"condition not met within {timeout}s; last /readyz: {self.ready()}")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of /metrics, by name and labels."""
+        text = self.request("GET", "/metrics", key=None)[2]["raw"].decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return sample.value
+        raise AssertionError(f"/metrics has no sample {name} {labels}")
 
     def worker_pids(self) -> list[int]:
         models = self.ready()["models"]

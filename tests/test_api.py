@@ -86,6 +86,41 @@ def test_every_bad_field_is_named(raw, names):
     assert api.error_kind(caught.value) == api.ErrorKind(400, "invalid_request_error")
 
 
+@pytest.mark.parametrize(
+    ("raw", "names"),
+    [
+        # Each count is refused before its items are read: these items are all malformed, and
+        # the error names the limit, not the first bad item.
+        (body(stop_sequences=[0] * 17), "stop_sequences: at most 16 stop sequences per request, got 17"),
+        (body(stop_sequences=["x" * 257]), "stop_sequences.0: at most 256 characters in a stop sequence, got 257"),
+        (body(messages=[0] * 100_001), "messages: at most 100,000 messages per request, got 100,001"),
+        (body(messages=[{"role": "user", "content": [0] * 1001}]),
+         "messages.0.content: at most 1,000 content blocks, got 1,001"),
+        (body(system=[0] * 1001), "system: at most 1,000 content blocks, got 1,001"),
+        (body(system="s" * (1 << 20), messages=[{"role": "user", "content": "u" * ((1 << 20) + 1)}]),
+         "messages: at most 2,097,152 characters of text in system and messages together, got 2,097,153"),
+    ],
+)
+def test_every_limit_is_refused_with_a_400_that_names_it(raw, names):
+    with pytest.raises(api.InvalidRequest) as caught:
+        api.parse_message_request(raw)
+    assert str(caught.value) == names
+
+
+def test_requests_at_every_limit_pass():
+    request = api.parse_message_request(body(
+        stop_sequences=["s" * 256] * 16, messages=[{"role": "user", "content": [{"type": "text", "text": "t"}] * 1000}],
+    ))
+    assert len(request.stop_sequences) == 16 and request.messages == (("user", "t" * 1000),)
+
+
+def test_the_issues_hostile_body_is_refused_on_the_count_of_its_stop_sequences():
+    hostile = body(messages=[{"role": "user", "content": "a" * 4000}],
+                   stop_sequences=[f"q{i:06d}" for i in range(400_000)])  # ~4 MB
+    with pytest.raises(api.InvalidRequest, match="at most 16 stop sequences per request, got 400,000"):
+        api.parse_message_request(hostile)
+
+
 def test_the_prompt_is_system_then_labelled_turns():
     request = api.parse_message_request(body(
         system="be brief", messages=[{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
@@ -190,7 +225,8 @@ def test_an_unexpected_error_is_a_500_that_reveals_nothing():
 def test_bare_statuses_map_through_the_same_table():
     assert api.kind_for_status(404).type == "not_found_error"
     assert api.kind_for_status(405) == api.ErrorKind(405, "invalid_request_error")
-    assert api.kind_for_status(503) == api.ErrorKind(503, "api_error")
+    assert api.kind_for_status(503).type == "overloaded_error"  # as the server says it when shutting down
+    assert api.kind_for_status(502) == api.ErrorKind(502, "api_error")
 
 
 def test_models_list_names_the_versions():

@@ -157,7 +157,7 @@ async def test_one_poison_input_among_fifty_fails_alone(autojump_clock):
     failed = [r for r in requests if r.state is State.FAILED]
     assert [r.input for r in failed] == ["r37 ☠"]
     assert isinstance(failed[0].error, RequestFailed)
-    assert "failed on 3 attempts" in str(failed[0].error) and "poison marker" in str(failed[0].error)
+    assert str(failed[0].error) == "the input failed on 3 attempts; last: the model raised ValueError"
     assert [r.result() for r in requests if r is not failed[0]] == [t[::-1] for t in inputs if "☠" not in t]
     # 2 whole tries, then the half holding r37 is split: 50 -> 25 -> 13 -> 6 -> 3 -> 1
     assert batcher.stats.bisections == 5

@@ -65,6 +65,8 @@ def test_a_minimal_file_takes_the_defaults():
         ("[server]\nport = 70000\n" + MINIMAL, "f.toml: server.port: expected 0..65535, got 70000"),
         ("[server]\nport = '80'\n" + MINIMAL, "f.toml: server.port: expected int, got '80'"),
         ("[server]\nprot = 80\n" + MINIMAL, "f.toml: server: unknown field 'prot'"),
+        ("[server]\nheader_timeout_ms = 0\n" + MINIMAL, "f.toml: server.header_timeout_ms: expected milliseconds > 0"),
+        ("[server]\nmax_connections = 0\n" + MINIMAL, "f.toml: server.max_connections: expected 1..1000000, got 0"),
         ("server = 1\n" + MINIMAL, "f.toml: server: expected a table, got 1"),
         ("tiers = 1\n", "f.toml: tiers: expected an array of tables"),
         ("[[models]]\nname = 'm'\nworker = ['echo']\n", "f.toml: tiers: expected at least one tier"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import os
+import stat
 import time
 import uuid
 
@@ -159,7 +161,8 @@ def test_metrics_parse_and_show_every_family_with_no_key_or_prompt(gateway):
 
 def test_two_gateways_sharing_a_key_in_redis_never_admit_more_than_its_limit(tmp_path, redis_url):
     limit = 6000
-    limits = f'[limits]\nstore = "redis"\nredis_url = "{redis_url}"'
+    # Sharing, not an outage: a slow answer on a loaded machine must not switch to local buckets.
+    limits = f'[limits]\nstore = "redis"\nredis_url = "{redis_url}"\nredis_timeout_ms = 5000'
     gateways = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
@@ -180,3 +183,45 @@ def test_two_gateways_sharing_a_key_in_redis_never_admit_more_than_its_limit(tmp
     assert {a[0] for a in answers} == {200, 429}
     assert len(admitted) * cost <= limit + elapsed * limit / 60
     assert len(admitted) * cost >= limit - cost  # and the budget was really spent
+
+
+def test_state_files_are_private_and_wider_ones_are_tightened_once(tmp_path, state):
+    os.chmod(state, 0o755)
+    for name in ("usage.sqlite", "idempotency.sqlite", "idempotency.sqlite-wal"):
+        (state / name).touch()
+        os.chmod(state / name, 0o644)
+    server = Gateway(tmp_path, config(state))
+    try:
+        status, _, _ = server.request("POST", "/v1/messages", message("kept"), {"Idempotency-Key": "private-1"})
+        files = ["usage.sqlite", "usage.sqlite-wal", "usage.sqlite-shm",
+                 "idempotency.sqlite", "idempotency.sqlite-wal", "idempotency.sqlite-shm"]
+        deadline = time.monotonic() + 10
+        while not all((state / name).exists() for name in files) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the usage writer commits within 50 ms
+        modes = {name: stat.S_IMODE((state / name).stat().st_mode) for name in files}
+        directory = stat.S_IMODE(state.stat().st_mode)
+    finally:
+        server.stop()
+    assert status == 200
+    assert (directory, modes) == (0o700, dict.fromkeys(files, 0o600))
+    tightened = [line for line in server.log.read_text().splitlines() if "tightened" in line]
+    assert [line.split(" had ", 1)[0].rsplit(" ", 1)[1] for line in tightened] == [
+        str(state), str(state / "usage.sqlite"), str(state / "idempotency.sqlite"),
+        str(state / "idempotency.sqlite-wal"),
+    ]
+
+
+def test_a_new_state_directory_and_its_databases_are_created_private(tmp_path):
+    from batcher.config import StateConfig
+    from gateway.idempotency import IdempotencyStore
+    from gateway.usage import UsageLog
+
+    state = StateConfig(str(tmp_path / "fresh" / "state"))
+    usage, idempotency = UsageLog(state.path("usage.sqlite")), IdempotencyStore(state.path("idempotency.sqlite"))
+    try:
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "fresh" / "state").iterdir()}
+    finally:
+        usage.close()
+        idempotency.close()
+    assert stat.S_IMODE((tmp_path / "fresh" / "state").stat().st_mode) == 0o700
+    assert {"usage.sqlite", "idempotency.sqlite"} <= set(modes) and set(modes.values()) == {0o600}  # and -wal, -shm

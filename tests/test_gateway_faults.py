@@ -1,16 +1,21 @@
-"""A real ``ferry serve`` under faults: a worker SIGKILLed under load costs no request, and
-SIGTERM lets the requests already in flight finish before the gateway and its workers exit."""
+"""A real ``ferry serve`` under faults: a worker SIGKILLed under load costs no request;
+SIGTERM lets the requests already in flight finish before the gateway and its workers exit,
+and answers those stuck in a hung worker when the grace period ends."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
+import threading
+import time
 
 import aiohttp
 import pytest
 
+from gateway.usage import read_usage
 from tests.gateway_process import CONFIG, PAID, Gateway, alive, message
 
 
@@ -73,3 +78,81 @@ def test_workers_that_cannot_start_stop_serve_with_the_reason(tmp_path):
     bad = CONFIG.replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["no-such-model"]')
     with pytest.raises(RuntimeError, match=r"the scheduling core did not start: WorkerStartError: worker \d did not start"):
         Gateway(tmp_path, bad)
+
+
+def test_a_fleet_that_crashes_on_every_call_answers_500_in_time_and_stays_not_ready(tmp_path):
+    config = (CONFIG.replace("wait_budget_ms = 10000", "wait_budget_ms = 1000")  # paid; hang_timeout 1 s
+              .replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["echo", "--crash-on-call", "1"]'))
+    gateway = Gateway(tmp_path, config)
+    try:
+        async def main():
+            async with aiohttp.ClientSession(headers={"x-api-key": PAID}) as session:
+                async def one(index: int) -> tuple[int, dict, float]:
+                    started = asyncio.get_running_loop().time()
+                    async with session.post(f"{gateway.url}/v1/messages", json=message(f"r{index}")) as reply:
+                        return reply.status, await reply.json(), asyncio.get_running_loop().time() - started
+
+                return await asyncio.gather(*(one(index) for index in range(20)))
+
+        results = asyncio.run(asyncio.wait_for(main(), 60))
+        # dispatched: 500 (it crashed every worker that took it); queued while every worker was
+        # down: 529 (not dispatched within its budget)
+        kinds = {(status, body["error"]["type"]) for status, body, _ in results}
+        assert (500, "api_error") in kinds and kinds <= {(500, "api_error"), (529, "overloaded_error")}
+        assert not any("pid" in body["error"]["message"] for _, body, _ in results)
+        assert max(seconds for _, _, seconds in results) < 2.0 + 2.0  # budget + hang_timeout, + slack
+        for _ in range(10):  # between crash cycles too: its workers restart, none has served
+            status, _, body = gateway.request("GET", "/readyz")
+            assert (status, body["models"]["echo@1"]["ready"]) == (503, False)
+            time.sleep(0.1)
+    finally:
+        assert gateway.stop() == 0
+
+
+HUNG = CONFIG.replace("shutdown_grace_ms = 10000", "shutdown_grace_ms = 2000") + """
+[[models]]
+name = "hung@1"
+workers = 1
+worker = ["echo", "--hang-on-call", "1"]
+max_batch = 50
+max_wait_ms = 1
+hang_timeout_ms = 60000
+"""
+
+
+def test_sigterm_with_requests_stuck_in_a_hung_worker_drains_within_the_grace_and_answers_them(tmp_path):
+    state = tmp_path / "state"
+    gateway = Gateway(tmp_path, HUNG + f'\n[state]\ndir = "{state}"\n')
+    answers: dict[int, bytes] = {}
+
+    def send(index: int) -> None:  # even: streamed
+        body = json.dumps(message(f"r{index}", model="hung@1", stream=index % 2 == 0)).encode()
+        with socket.create_connection((gateway.host, gateway.port), timeout=30) as connection:
+            connection.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + PAID.encode()
+                               + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            answers[index] = b"".join(iter(lambda: connection.recv(65536), b""))
+
+    clients = [threading.Thread(target=send, args=(index,)) for index in range(4)]
+    for client in clients:
+        client.start()
+    gateway.wait_for(lambda models: models["hung@1"]["workers"][0]["state"] == "busy")
+    time.sleep(0.3)  # the two streams have sent their headers (ping_interval_ms = 100)
+    began = time.monotonic()
+    gateway.process.send_signal(signal.SIGTERM)
+    assert gateway.process.wait(30) == 0
+    drain = time.monotonic() - began
+    for client in clients:
+        client.join()
+    gateway.stop()
+    assert drain < 2.0 + 1.5  # the grace, then the bounded answer window (it took twice the grace)
+    said = '{"type":"error","error":{"type":"overloaded_error","message":"the server is shutting down: not done within 2000 ms"}}'
+    for index, answer in sorted(answers.items()):
+        if index % 2:  # a whole request: its 503, with when to retry
+            assert answer.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in answer
+            assert answer.endswith(said.encode())
+        else:  # a stream: its error event, then the end of the stream
+            assert answer.startswith(b"HTTP/1.1 200 ") and b"event: message_start" in answer
+            assert answer.endswith(b"event: error\ndata: " + said.encode() + b"\n\n\r\n0\r\n\r\n")
+    assert len(answers) == 4
+    records = read_usage(str(state / "usage.sqlite"))  # the status each client got, not 499
+    assert sorted((r.status, r.outcome) for r in records) == [(200, "failed")] * 2 + [(503, "failed")] * 2

@@ -96,6 +96,7 @@ ERRORS = [
     (message(max_tokens="10"), {}, PAID, 400, "invalid_request_error", "max_tokens"),
     (message(messages="hi"), {}, PAID, 400, "invalid_request_error", "messages"),
     (message("x" * 250, max_tokens=10), {}, PAID, 400, "invalid_request_error", "context window"),
+    (message(stop_sequences=["x"] * 17), {}, PAID, 400, "invalid_request_error", "at most 16 stop sequences"),
     (message(), {}, None, 401, "authentication_error", "x-api-key"),
     (message(), {}, "sk-wrong-0000", 401, "authentication_error", "invalid"),
     (message(model="gpt-9"), {}, PAID, 404, "not_found_error", "gpt-9"),
@@ -188,3 +189,21 @@ def test_aiohttp_limits_answer_oversized_headers_with_a_4xx(gateway):
     many = {f"x-h{i}": "v" for i in range(200)}
     assert 400 <= gateway.request("POST", "/v1/messages", message(), many)[0] < 500
     assert gateway.request("GET", "/healthz", key=None)[0] == 200
+
+
+@pytest.mark.parametrize(("key", "first"), [(b"sk-wrong-key-0000", b"HTTP/1.1 401 "), (PAID.encode(), b"HTTP/1.1 100 ")])
+def test_expect_100_continue_is_answered_only_after_the_key_is_checked(gateway, key, first):
+    body = json.dumps(message("continued")).encode()
+    connection = socket.create_connection((gateway.host, gateway.port), timeout=10)
+    connection.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + key + b"\r\nExpect: 100-continue"
+                       + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    answer = connection.recv(65536)
+    assert answer.startswith(first)
+    if first == b"HTTP/1.1 401 ":  # refused before the body was asked for: it is never sent
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["type"] == "authentication_error"
+    else:
+        connection.sendall(body)
+        while not answer.endswith(b"}"):
+            answer += connection.recv(65536)
+        assert answer.split(b"\r\n\r\n", 1)[1].startswith(b"HTTP/1.1 200 ") and b"User: continued" in answer
+    connection.close()

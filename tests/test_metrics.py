@@ -22,12 +22,14 @@ def test_core_counters_are_read_from_the_snapshot_taken_at_scrape_time():
     metrics.track("m@1", ["paid", "free"])
     stats.flushes["size"] += 3
     stats.restarts += 2
+    stats.timed_out += 4
     stats.batch_sizes.observe(50)
     stats.queue_wait[1].observe(0.12)
     found = families(metrics, {"m@1": snapshot(stats, BatchLoad((120, 30), (0.0,), 50, 0.25))})
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in found.values() for s in f.samples}
     assert samples[("ferry_flushes_total", (("model", "m@1"), ("reason", "size")))] == 3
     assert samples[("ferry_worker_restarts_total", (("model", "m@1"),))] == 2
+    assert samples[("ferry_unanswered_requests_total", (("model", "m@1"),))] == 4
     assert samples[("ferry_batch_size_count", (("model", "m@1"),))] == 1
     assert samples[("ferry_queue_wait_seconds_sum", (("model", "m@1"), ("tier", "free")))] == 0.12
     assert samples[("ferry_queued_work", (("model", "m@1"), ("tier", "paid")))] == 120

@@ -63,6 +63,8 @@ def test_max_completion_tokens_wins_and_defaults_follow_openai():
         (chat(seed=1.5), "seed: expected an integer, got 1.5"),
         (chat(stop=[""]), "stop: expected non-empty strings"),
         (chat(stop=5), "stop: expected a string or an array of strings, got a number"),
+        (chat(stop=["s"] * 17), "stop: at most 16 stop sequences per request, got 17"),
+        (chat(stop="x" * 257), "stop.0: at most 256 characters in a stop sequence, got 257"),
         (chat(stream="yes"), "stream: expected a boolean"),
         (chat(stream_options={"include_usage": True}), "stream_options: only allowed when stream is true"),
         (chat(stream=True, stream_options={"include_usage": 1}), "stream_options: expected {include_usage: boolean}"),

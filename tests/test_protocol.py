@@ -13,6 +13,7 @@ from workers.engine.engine import EngineStats
 from workers.engine.sequence import FinishReason
 from workers.protocol import (
     Abort,
+    Accepted,
     Add,
     Error,
     Finished,
@@ -41,6 +42,7 @@ STATS = Stats(
 EVERY_KIND = [
     Ready(pid=4242, model="sleep-200ms"),
     RunBatch(id=1, inputs=["a", "", "ünïcödé ✓", "x" * 10_000]),
+    Accepted(id=1),
     Result(id=1, outputs=["a", "", "✓"]),
     Error(id=9, message="ValueError: boom"),
     ADD,

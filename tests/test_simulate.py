@@ -144,7 +144,7 @@ def test_every_request_is_answered_or_dropped_with_a_reason_exactly_once():
     report = run.report
     assert report.offered == len(scenario.trace)
     assert report.completed + sum(report.errors.values()) == report.offered
-    assert set(report.errors) <= {"DeadlineUnreachable", "Overloaded", "RequestFailed"}
+    assert set(report.errors) <= {"DeadlineUnreachable", "Overloaded", "RequestFailed", "WorkersFailed"}
     assert report.errors["DeadlineUnreachable"] > 0 and report.restarts > 0 and report.retries > 0
     assert sum(report.dropped_by_tier.values()) == report.dropped
     assert run.virtual_seconds > 8.0 and run.requests_per_cpu_second > 0

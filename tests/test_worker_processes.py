@@ -7,6 +7,7 @@ and nothing asserts speed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ from batcher.policy import SizeOrTimeout
 from batcher.pool import SlotState, WorkerStartError
 from batcher.process_worker import ProcessWorker, process_workers
 from batcher.types import RequestFailed
-from workers.protocol import Result, RunBatch
+from workers.protocol import NotDelivered, Result, RunBatch, WorkerLost
 
 LATENCY = ["sleep", "--latency-ms", "100"]
 
@@ -168,3 +169,74 @@ async def test_a_worker_stuck_in_a_call_exits_when_its_parent_dies(tmp_path):
     await trio.run_process([sys.executable, "-c", parent])
     worker_pid = int(pid_file.read_text())
     await wait_for(lambda: not alive(worker_pid), seconds=10)
+
+
+async def test_each_start_of_a_slot_draws_its_own_crash_schedule():
+    spawn = process_workers(["echo", "--crash-prob", "0.3", "--seed", "1"], workers=1)
+
+    async def calls_until_crash() -> int:
+        worker = spawn(0)
+        try:
+            await worker.start()
+            for call in itertools.count(1):
+                try:
+                    await worker.call(RunBatch(call, ["x"]))
+                except WorkerLost:
+                    return call
+        finally:
+            await worker.stop()
+
+    with trio.fail_after(60):
+        crashed_on = [await calls_until_crash() for _ in range(3)]
+    # the seed alone would crash every start on its first call, a 100 % rate for 30 % asked
+    assert crashed_on == [9, 3, 4]  # FaultInjector(plan, "0:1"), "0:2", "0:3": a rerun repeats them
+
+
+async def test_workers_killed_while_idle_are_replaced_before_any_traffic():
+    async with pool_of(process_workers(LATENCY, workers=8), workers=8) as batcher:
+        killed = [info.pid for info in batcher.pool.workers()]
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        await wait_for(lambda: all(info.restarts == 1 and info.state is SlotState.IDLE
+                                   for info in batcher.pool.workers()), seconds=10)
+        replacements = [info.pid for info in batcher.pool.workers()]
+        assert batcher.stats.calls == 0  # noticed by watching the processes, not by a call
+        assert not set(replacements) & set(killed) and all(alive(pid) for pid in replacements)
+        assert not batcher.pool.ready  # every slot lost its worker: not ready until one serves
+        assert await batcher.answer("hello", "paid") == "olleh"
+        assert batcher.pool.ready
+
+
+async def test_a_request_after_the_lowest_idle_workers_were_killed_is_served_first_time():
+    spawn = process_workers(LATENCY, workers=8)
+    config = PoolConfig(workers=8, max_attempts=1)  # a single lost call would fail the input
+    async with open_batcher(spawn, config, SizeOrTimeout(1, 0.0)) as batcher:
+        for info in batcher.pool.workers()[:3]:
+            os.kill(info.pid, signal.SIGKILL)
+        with trio.fail_after(10):
+            assert await batcher.answer("hello", "paid") == "olleh"
+    assert (batcher.stats.retries, batcher.stats.failed_inputs) == (0, 0)
+
+
+async def test_a_call_to_a_worker_already_dead_is_not_delivered():
+    worker = ProcessWorker(LATENCY, dict(os.environ))
+    try:
+        with trio.fail_after(30):
+            await worker.start()
+            os.kill(worker.pid, signal.SIGKILL)
+            await worker.wait_exit()
+            with pytest.raises(NotDelivered, match="pipe closed"):
+                await worker.call(RunBatch(1, ["x"]))
+    finally:
+        await worker.stop()
+
+
+async def test_a_garbage_frame_is_a_protocol_fault_and_only_the_named_slot_misbehaves():
+    """--garbage-on-call answers with bytes no decoder accepts; --only-slot keeps the other
+    slots healthy: the batch is retried elsewhere and every request is answered."""
+    spawn = process_workers(["echo", "--garbage-on-call", "1", "--only-slot", "0"], 2)
+    async with open_batcher(spawn, PoolConfig(workers=2), SizeOrTimeout(1, 0.0)) as batcher:
+        answers = [await batcher.answer(f"r{i}", "paid") for i in range(4)]
+        restarts = {worker.slot: worker.restarts for worker in batcher.pool.workers()}
+    assert answers == [f"r{i}" for i in range(4)]
+    assert restarts[0] >= 1 and restarts[1] == 0  # slot 0's first call broke the protocol; slot 1 never misbehaved

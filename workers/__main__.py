@@ -20,9 +20,9 @@ import threading
 import time
 
 from workers.engine.serve import add_engine_arguments, serve
-from workers.faults import Fault, FaultInjector, add_fault_arguments, plan_from_args
+from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
 from workers.models import Model, add_model_arguments, load_model
-from workers.protocol import Error, FrameDecoder, Ready, Result, RunBatch, encode
+from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, encode
 
 CRASH_EXIT_CODE = 3
 
@@ -59,8 +59,11 @@ def exit_with_parent(interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> Result | Error:
-    """Run one call with whatever fault the plan injects into it."""
+GARBAGE = b"\x00\x00\x00\x03\xc1\xc1\xc1"  # a frame of 3 bytes that no msgpack decoder accepts
+
+
+def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> bytes:
+    """Run one call with whatever fault the plan injects into it; the answer's frame."""
     fault = injector.next_call(call.inputs)
     if injector.plan.chatter:
         print(f"chatter: call {injector.calls} with {len(call.inputs)} inputs", flush=True)
@@ -76,12 +79,14 @@ def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> Result 
             raise ValueError(injector.poison_message(call.inputs))
         outputs = model.run_batch(call.inputs)
     except Exception as exc:  # the model's failure is the call's, not the worker's
-        return Error(id=call.id, message=f"{type(exc).__name__}: {exc}")
+        return encode(Error(id=call.id, message=f"{type(exc).__name__}: {exc}"))
     if injector.plan.slow_factor != 1.0:
         time.sleep((injector.plan.slow_factor - 1.0) * (time.monotonic() - started))
     if fault is Fault.WRONG_COUNT:
         outputs = outputs[:-1]
-    return Result(id=call.id, outputs=outputs)
+    if fault is Fault.GARBAGE:
+        return GARBAGE
+    return encode(Result(id=call.id, outputs=outputs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()
     if args.kind == "engine":
         return serve(args, protocol_in, protocol_out)
-    injector = FaultInjector(plan_from_args(args))
+    injector = FaultInjector(plan_from_args(args), instance_from_env())
     model = load_model(args)
     with os.fdopen(protocol_out, "wb") as out:
         out.write(encode(Ready(pid=os.getpid(), model=model.name)))
@@ -101,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                 if not isinstance(message, RunBatch):
                     print(f"worker: unexpected {message.kind} frame", file=sys.stderr)
                     return 2
-                out.write(encode(serve_call(model, injector, message)))
+                out.write(encode(Accepted(id=message.id)))  # before any fault: the call is ours now
+                out.flush()
+                out.write(serve_call(model, injector, message))
                 out.flush()
     return 0
 

@@ -5,6 +5,13 @@ A plan is data (flags on the worker's command line, or fields in a simulation); 
 simulated worker both consult the same injector, so a fault plan means the same thing in virtual
 time and against real processes. Calls are counted from 1 in each process: a worker restarted
 after ``--crash-on-call 3`` crashes again on its own third call.
+
+The random faults (``--crash-prob``, ``--hang-prob``) draw from a generator seeded with ``--seed``
+and the process's *instance*: its slot and start number in the pool that spawned it (the pool
+passes them in :data:`INSTANCE_ENV`). Each process then has its own schedule, and a rerun with
+the same seed repeats every process's schedule. Without an instance (a worker started by hand,
+a simulated worker), the seed alone picks it: a replacement started with the same seed would
+repeat its predecessor's schedule, crash for crash, and a 5 % crash rate would compound.
 """
 
 from __future__ import annotations
@@ -12,7 +19,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import os
 import random
+from collections.abc import Mapping
+
+INSTANCE_ENV = "FERRY_WORKER_INSTANCE"
+"""Environment variable naming a worker process among its pool's: ``"SLOT:START"``."""
 
 
 class Fault(enum.Enum):
@@ -22,6 +34,7 @@ class Fault(enum.Enum):
     HANG = "hang"  # the call never returns
     POISON = "poison"  # the model raises: one input contains the poison marker
     WRONG_COUNT = "wrong_count"  # one output fewer than inputs
+    GARBAGE = "garbage"  # the answer is a frame that is not msgpack: a protocol fault
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,7 +48,9 @@ class FaultPlan:
     slow_factor: float = 1.0
     poison: str | None = None
     wrong_count_on_call: int | None = None
+    garbage_on_call: int | None = None
     chatter: bool = False
+    only_slot: int | None = None  # inject faults only in the pool's worker of this slot
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -45,12 +60,14 @@ class FaultPlan:
                 raise ValueError(f"fault plan {name}: expected 0..1, got {value}")
         if self.slow_factor <= 0:
             raise ValueError(f"fault plan slow_factor: expected > 0, got {self.slow_factor}")
-        for name in ("crash_on_call", "hang_on_call", "wrong_count_on_call"):
+        for name in ("crash_on_call", "hang_on_call", "wrong_count_on_call", "garbage_on_call"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"fault plan {name}: calls count from 1, got {value}")
         if self.poison == "":
             raise ValueError("fault plan poison: the marker must not be empty")
+        if self.only_slot is not None and self.only_slot < 0:
+            raise ValueError(f"fault plan only_slot: expected a slot >= 0, got {self.only_slot}")
 
     def argv(self) -> list[str]:
         """The worker flags that reproduce this plan (the inverse of :func:`plan_from_args`)."""
@@ -74,7 +91,10 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--slow-factor", type=float, default=1.0, metavar="F", help="every call takes F times as long")
     group.add_argument("--poison", metavar="MARKER", help="fail any batch with an input containing MARKER")
     group.add_argument("--wrong-count-on-call", type=int, metavar="K", help="return one output too few on call K")
+    group.add_argument("--garbage-on-call", type=int, metavar="K", help="answer call K with a frame that is not msgpack")
     group.add_argument("--chatter", action="store_true", help="print to stdout on every call")
+    group.add_argument("--only-slot", type=int, metavar="S",
+                       help="inject these faults only in the pool's worker of slot S (one straggler, one crasher)")
     group.add_argument("--seed", type=int, default=0, help="seed of the random faults")
 
 
@@ -83,13 +103,24 @@ def plan_from_args(args: argparse.Namespace) -> FaultPlan:
     return FaultPlan(**{field.name: getattr(args, field.name) for field in dataclasses.fields(FaultPlan)})
 
 
-class FaultInjector:
-    """Counts calls and decides, for each, which fault (if any) the plan injects."""
+def instance_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
+    """This process's instance as its pool named it (``"SLOT:START"``), or None if started by hand."""
+    return environ.get(INSTANCE_ENV) or None
 
-    def __init__(self, plan: FaultPlan) -> None:
+
+class FaultInjector:
+    """Counts calls and decides, for each, which fault (if any) the plan injects.
+
+    ``instance`` (see the module doc) gives each process of a pool its own random schedule.
+    """
+
+    def __init__(self, plan: FaultPlan, instance: str | None = None) -> None:
+        slot = None if instance is None else int(instance.split(":", 1)[0])
+        if plan.only_slot is not None and slot is not None and slot != plan.only_slot:
+            plan = FaultPlan(seed=plan.seed)  # another slot's worker: a healthy one
         self.plan = plan
         self.calls = 0
-        self._random = random.Random(plan.seed)
+        self._random = random.Random(plan.seed if instance is None else f"{plan.seed}/{instance}")
 
     def next_call(self, inputs: list[str]) -> Fault | None:
         """The fault for the next call on ``inputs``; crashes win over hangs over bad inputs."""
@@ -105,6 +136,8 @@ class FaultInjector:
             return Fault.POISON
         if call == plan.wrong_count_on_call:
             return Fault.WRONG_COUNT
+        if call == plan.garbage_on_call:
+            return Fault.GARBAGE
         return None
 
     def poison_message(self, inputs: list[str]) -> str:

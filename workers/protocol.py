@@ -15,8 +15,13 @@ Fixed mode::
 
     worker -> pool   ready   {pid, model}                 once, after the model has loaded
     pool -> worker   run_batch {id, inputs: [str]}
+    worker -> pool   accepted {id}                        at once, before the model runs
     worker -> pool   result  {id, outputs: [str]}         one output per input, in order
     worker -> pool   error   {id, message}                the call failed; the worker lives on
+
+``accepted`` tells the pool that the call reached a live worker: a worker that dies before
+accepting a call (its pipe closes first) died of something else, so the call is not held
+against its inputs (:class:`NotDelivered`).
 
 Continuous mode (``python -m workers engine``; a step is one forward pass)::
 
@@ -61,6 +66,12 @@ class WorkerLost(Exception):
     """The worker's end of the pipe closed: it exited, crashed or was killed."""
 
 
+class NotDelivered(WorkerLost):
+    """The worker was gone before it accepted a call (its pipe closed on send, or before the
+    ``accepted`` frame): the call cannot have caused its death, so it does not count against
+    the call's inputs."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ready:
     """The worker has loaded its model and takes calls from now on."""
@@ -77,6 +88,14 @@ class RunBatch:
     kind: ClassVar[str] = "run_batch"
     id: int
     inputs: list[str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Accepted:
+    """The worker has read call ``id`` and is running it; its answer follows."""
+
+    kind: ClassVar[str] = "accepted"
+    id: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,7 +193,7 @@ class Stats:
     generated_tokens: int
 
 
-Message = Ready | RunBatch | Result | Error | Add | Abort | Tokens | Finished | Stats
+Message = Ready | RunBatch | Accepted | Result | Error | Add | Abort | Tokens | Finished | Stats
 _KINDS: dict[str, type] = {cls.kind: cls for cls in typing.get_args(Message)}
 
 

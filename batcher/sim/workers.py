@@ -6,6 +6,8 @@ the production pool supervises it unchanged. Under ``trio.testing.MockClock`` it
 no real time: tests and experiments run the real scheduler over hours of virtual traffic.
 
 A crash happens halfway through the call (the worker dies mid-batch); a hang never returns.
+:meth:`SimulatedWorker.kill` is a SIGKILL from outside: the worker exits at once, whatever it
+was doing, and a call sent afterwards finds it gone (``NotDelivered``), as a closed pipe would.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import trio
 
 from workers.faults import Fault, FaultInjector, FaultPlan
 from workers.models import mirror
-from workers.protocol import Error, Result, RunBatch, WorkerLost
+from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
 
 ServiceTime = Callable[[int], float]
 """Seconds one call of a given batch size takes."""
@@ -62,29 +64,47 @@ class SimulatedWorker:
         """The inputs of every call this worker received, in order (if recording)."""
         self.record = record
         self.stopped = False
+        self._exited = trio.Event()
+        self._life = trio.CancelScope()  # the current call's; kill() cancels it
 
     async def start(self) -> None:
         await trio.lowlevel.checkpoint()
 
     async def call(self, request: RunBatch) -> Result | Error:
-        if self.stopped:
-            raise WorkerLost("simulated worker was stopped")
+        if self._exited.is_set():
+            raise NotDelivered("simulated worker had exited")
         if self.record:
             self.calls.append(list(request.inputs))
         fault = self.injector.next_call(request.inputs)
         seconds = self.service_time(len(request.inputs)) * self.injector.plan.slow_factor
-        if fault is Fault.CRASH:
-            await trio.sleep(seconds / 2)
-            raise WorkerLost(f"simulated crash on call {self.injector.calls}")
-        if fault is Fault.HANG:
-            await trio.sleep_forever()
-        await trio.sleep(seconds)
+        with trio.CancelScope() as life:
+            self._life = life
+            if fault is Fault.CRASH:
+                await trio.sleep(seconds / 2)
+                self._exited.set()
+                raise WorkerLost(f"simulated crash on call {self.injector.calls}")
+            if fault is Fault.HANG:
+                await trio.sleep_forever()
+            await trio.sleep(seconds)
+        if life.cancelled_caught:
+            raise WorkerLost(f"simulated worker killed during call {self.injector.calls}")
         if fault is Fault.POISON:
-            return Error(request.id, self.injector.poison_message(request.inputs))
+            return Error(request.id, f"ValueError: {self.injector.poison_message(request.inputs)}")
         outputs = mirror(request.inputs)
         if fault is Fault.WRONG_COUNT:
             outputs.pop()
+        if fault is Fault.GARBAGE:
+            raise ProtocolError("frame is not msgpack (simulated garbage)")
         return Result(request.id, outputs)
+
+    def kill(self) -> None:
+        """Exit now, like a SIGKILL: a call in progress ends as a crash."""
+        self._exited.set()
+        self._life.cancel()
+
+    async def wait_exit(self) -> None:
+        await self._exited.wait()
 
     async def stop(self) -> None:
         self.stopped = True
+        self._exited.set()

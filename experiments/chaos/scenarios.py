@@ -1,0 +1,163 @@
+"""The rows of the chaos suite: for each fault, the gateway it runs against, the traffic, what
+the fault is, and what its clients may be told (DESIGN §5, README "What happens when a worker
+fails", "Errors").
+
+Every scenario runs against the embedded default's shape: paid and free tiers (1 s and 300 ms
+wait budgets), a fixed-mode model of ``sleep`` workers (200 ms a call, batches of up to 50,
+flushed at 150 ms), ``hang_timeout`` 1 s. ``Params`` scales the load; the fault's own settings
+(how often, how long) scale with the run's duration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+
+from experiments.chaos import faults
+from experiments.chaos.checks import Rules
+from experiments.chaos.faults import Clock
+from experiments.chaos.server import Server
+from experiments.chaos.traffic import Plan
+
+PAID, FREE = "sk-chaos-paid-0001", "sk-chaos-free-0002"
+KEYS = {"paid": PAID, "free": FREE}
+MODEL = "chaos"
+PAID_BUDGET, FREE_BUDGET, HANG_TIMEOUT = 1.0, 0.3, 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Params:
+    rate: float = 300.0
+    duration: float = 15.0
+    workers: int = 8
+    seed: int = 0
+
+
+def config(worker: list[str], params: Params) -> str:
+    argv = ", ".join(f'"{arg}"' for arg in worker)
+    return f"""
+[server]
+host = "127.0.0.1"
+ping_interval_ms = 100
+shutdown_grace_ms = 5000
+
+[[tiers]]
+name = "paid"
+wait_budget_ms = {PAID_BUDGET * 1000:.0f}
+[[tiers]]
+name = "free"
+wait_budget_ms = {FREE_BUDGET * 1000:.0f}
+
+[[keys]]
+key = "{PAID}"
+tenant = "chaos"
+tier = "paid"
+[[keys]]
+key = "{FREE}"
+tenant = "chaos"
+tier = "free"
+
+[[models]]
+name = "{MODEL}@1"
+aliases = ["{MODEL}"]
+workers = {params.workers}
+worker = [{argv}]
+max_batch = 50
+max_wait_ms = 150
+hang_timeout_ms = {HANG_TIMEOUT * 1000:.0f}
+"""
+
+
+Fault = Callable[[Server, Clock, Params], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    what: str  # the row's fault, in a few words
+    worker: tuple[str, ...] = ("sleep", "--latency-ms", "200")
+    fault: Fault | None = None
+    rules: Rules = Rules()
+    plan: dict = dataclasses.field(default_factory=dict)  # Plan fields beyond rate/duration/seed
+    exit_code: int = 0  # what ``ferry serve`` must exit with at the end
+    start_fails: bool = False  # the gateway must refuse to start, saying why
+
+    def traffic(self, params: Params) -> Plan:
+        return Plan(rate=params.rate, duration=params.duration, seed=params.seed, **self.plan)
+
+    def toml(self, params: Params) -> str:
+        return config(list(self.worker), params)
+
+
+def _kill_every(server: Server, clock: Clock, params: Params) -> Awaitable[None]:
+    every = 2.0 if params.duration >= 10 else params.duration / 4
+    return faults.kill_workers(server, clock, every, params.duration, params.seed)
+
+
+def _at(fraction: float, fault: Callable[..., Awaitable[None]], **kwargs) -> Fault:
+    return lambda server, clock, params: fault(server, clock, at=params.duration * fraction, **kwargs)
+
+
+def _poisoned(shot) -> frozenset[int] | None:
+    """A poisoned input fails alone (500) or waits past its budget (529); the rest as usual."""
+    return frozenset({500, 529}) if "POISON" in shot.text else None
+
+
+def _budget_plus_hang(shot) -> float:
+    """README: a request a failing fleet cannot serve is answered by its budget + one hang
+    timeout; half a second more for the two loops' hops and the generator on a shared machine."""
+    return (PAID_BUDGET if shot.tier == "paid" else FREE_BUDGET) + HANG_TIMEOUT + 0.5
+
+
+def _down_all_run(server: Server, clock: Clock, params: Params) -> Awaitable[None]:
+    """A fresh fleet is ready; from its first crash on (the first batch leaves within a flush,
+    its call crashes it), it must stay not ready for the rest of the run."""
+    return faults.watch_not_ready(server, clock, params.duration, after=1.0)
+
+
+SLEEP = ("sleep", "--latency-ms", "200")
+FLEET_DOWN = Rules(statuses=frozenset({500, 529}), expected=None, answer_within=_budget_plus_hang)
+
+SCENARIOS = [
+    Scenario("baseline", "no fault"),
+    Scenario("worker-kills", "SIGKILL a random worker every 2 s", fault=_kill_every),
+    Scenario("idle-deaths", "SIGKILL every worker at once, between calls",
+             fault=_at(0.5, faults.kill_idle_fleet)),
+    Scenario("hung-worker", "one worker hangs on 5 % of its calls",
+             worker=(*SLEEP, "--hang-prob", "0.05", "--only-slot", "0"),
+             rules=Rules(statuses=frozenset({500, 529}))),
+    Scenario("straggler", "one worker 5x slower than the others",
+             worker=(*SLEEP, "--slow-factor", "5", "--only-slot", "0")),
+    Scenario("poison", "0.5 % of inputs fail the model", worker=(*SLEEP, "--poison", "POISON"),
+             rules=Rules(allowed=_poisoned), plan={"poison_share": 0.005}),
+    Scenario("wrong-count", "each worker's 3rd call returns one output too few",
+             worker=(*SLEEP, "--wrong-count-on-call", "3")),
+    Scenario("garbage-frames", "each worker's 5th answer is not msgpack",
+             worker=(*SLEEP, "--garbage-on-call", "5")),
+    Scenario("crash-on-first-call", "every worker crashes on its first call",
+             worker=(*SLEEP, "--crash-on-call", "1"), rules=FLEET_DOWN, fault=_down_all_run),
+    Scenario("crash-at-start-up", "the workers cannot start", worker=("sleep", "--latency-ms", "-1"),
+             start_fails=True),
+    Scenario("sigterm", "SIGTERM the gateway under load", fault=_at(0.5, faults.terminate_gateway),
+             rules=Rules(statuses=frozenset({500, 503, 529}))),
+    Scenario("disconnects", "30 % of clients leave mid-queue or mid-stream", plan={"give_up_share": 0.3}),
+    Scenario("idle-flood", "500 idle connections held open",
+             fault=_at(0.2, faults.hold_connections, count=500, hold=5.0)),
+    Scenario("slow-loris", "300 connections sending half a request",
+             fault=_at(0.2, faults.hold_connections, count=300, hold=5.0,
+                       partial=b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: ")),
+    Scenario("burst-5x", "5x the rate for 2 s", plan={"burst": (3.0, 2.0, 5.0)}),
+]
+BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
+
+SHORT = ("baseline", "worker-kills", "poison", "garbage-frames", "crash-on-first-call", "disconnects", "sigterm")
+"""The rows CI runs (tests/test_chaos.py), seconds each, fixed seeds."""
+SHORT_PARAMS = Params(rate=150.0, duration=3.0, workers=2, seed=7)
+
+
+def plan_for(scenario: Scenario, params: Params) -> Plan:
+    """The scenario's traffic at these parameters (a burst scaled into a short run)."""
+    plan = scenario.traffic(params)
+    if plan.burst is not None and plan.burst[0] + plan.burst[1] > params.duration:
+        plan = dataclasses.replace(plan, burst=(params.duration * 0.3, params.duration * 0.3, plan.burst[2]))
+    return plan
