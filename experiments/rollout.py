@@ -42,6 +42,7 @@ import tempfile
 import time
 
 import aiohttp
+import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
@@ -106,10 +107,14 @@ class Generator:
         version = json.loads(answer).get("model", "") if status == 200 else str(status)
         self.sent.append((sent, time.monotonic(), status, version, request_id))
 
-    def share(self, start: float, end: float) -> tuple[int, float]:
-        """Requests sent after ``start`` and answered before ``end``, and the new version's share."""
-        versions = [v for sent, answered, _, v, _ in self.sent if sent >= start and answered <= end]
-        return len(versions), (versions.count(NEW) / len(versions) if versions else float("nan"))
+    def share(self, start: float, end: float) -> tuple[int, float, float]:
+        """Requests sent after ``start`` and answered before ``end``: how many, the new
+        version's share of them, and their p99 latency (seconds, send to answer)."""
+        counted = [(v, answered - sent) for sent, answered, _, v, _ in self.sent if sent >= start and answered <= end]
+        if not counted:
+            return 0, float("nan"), float("nan")
+        versions = [v for v, _ in counted]
+        return len(counted), versions.count(NEW) / len(counted), float(np.percentile([t for _, t in counted], 99))
 
 
 class Admin:
@@ -202,17 +207,20 @@ def report(args, generator: Generator, steps, marks, gateway_cpu: float, workdir
     once = sorted(ids) == sorted(r.request_id for r in records) and len(set(ids)) == len(ids)
     print(f"\n{len(generator.times):,} requests offered at {args.rate:,.0f}/s over {8 * args.stage:g} s; "
           f"answers by status {statuses}; transport failures {generator.failed or 'none'}; "
-          f"generator lag {1000 * generator.lag:.1f} ms; gateway CPU {1000 * gateway_cpu / len(generator.times):.3f} "
+          f"generator lag {1000 * generator.lag:.1f} ms; latency p50 / p99 / max "
+          f"{' / '.join(f'{1000 * x:.0f}' for x in np.percentile([a - s for s, a, *_ in generator.sent], [50, 99, 100]))}"
+          f" ms; gateway CPU {1000 * gateway_cpu / len(generator.times):.3f} "
           f"ms/request")
     print(f"usage records {len(records):,}; one per answer, none twice: {once}\n")
-    print("| stage | requests counted | v2 weight | v2 observed | off by |\n|---|---|---|---|---|")
+    print("| stage | requests counted | v2 weight | v2 observed | off by | p99 |\n|---|---|---|---|---|---|")
     worst = 0.0
     for (name, _, in_force, weight), following in zip(steps, [*steps[1:], None]):
         end = following[1] if following else float("inf")
-        count, share = generator.share(in_force, end)
+        count, share, p99 = generator.share(in_force, end)
         off = abs(share - weight) * 100
         worst = max(worst, off)
-        print(f"| {name} | {count:,} | {100 * weight:.0f} % | {100 * share:.2f} % | {off:.2f} points |")
+        print(f"| {name} | {count:,} | {100 * weight:.0f} % | {100 * share:.2f} % | {off:.2f} points | "
+              f"{1000 * p99:.0f} ms |")
     start = marks["rollback"]
     after = [(sent, v) for sent, _, _, v, _ in generator.sent if start <= sent < marks["forward"]]
     last_new = max((sent for sent, v in after if v == NEW), default=start) - start
