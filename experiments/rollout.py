@@ -101,7 +101,7 @@ class Generator:
                 answer = await reply.read()
                 status = reply.status
                 request_id = reply.headers.get("request-id", "")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self.failed[type(exc).__name__] = self.failed.get(type(exc).__name__, 0) + 1
             return
         version = json.loads(answer).get("model", "") if status == 200 else str(status)
@@ -184,6 +184,7 @@ async def main(args: argparse.Namespace) -> int:
             await asyncio.sleep(args.stage)
             marks["forward"] = began = time.monotonic()
             status, answer = await admin("POST", "/weights", {"alias": ALIAS, "weights": {NEW: 1}})
+            assert status == 200, answer
             marks["weights over the socket"] = time.monotonic() - began
             steps.append(("100/0 again (admin socket)", began, time.monotonic(), 1.0))
             await asyncio.sleep(args.stage)

@@ -16,7 +16,7 @@ Handlers are thin: wire formats live in the codecs (:mod:`gateway.anthropic`,
 in :mod:`gateway.models`, charges and bills in :mod:`gateway.ledger`, and the core behind
 :class:`gateway.bridge.Bridge`. Every route shares :meth:`Gateway._serve`; :meth:`Gateway.admit`
 is the one place a checked request passes to the core. Every error, whoever raises it (aiohttp
-included), leaves through :func:`errors_as_json` in its route's shape, with the status of
+included), leaves through :mod:`gateway.errors` in its route's shape, with the status of
 :data:`gateway.api.ERRORS` (translated by :data:`gateway.openai.ERRORS` on OpenAI's routes).
 While a request runs, it holds its version (:class:`~gateway.rollout.Pins`), so a version taken
 out of service stops only once every request that resolved to it has ended.
@@ -40,12 +40,13 @@ from batcher.backend import Job
 from batcher.config import FerryConfig
 from batcher.metrics import Metrics
 from gateway import api, openai
-from gateway.anthropic import Messages
 from gateway.answer import Answer
+from gateway.anthropic import Messages
 from gateway.auth import KeyRing
 from gateway.bridge import Bridge, Handle
 from gateway.codec import Call, Codec, Head
 from gateway.connections import key_before_body, read_body
+from gateway.errors import REQUEST_ID, error_middleware, name_the_request, speaks_anthropic
 from gateway.idempotency import IdempotencyStore
 from gateway.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.limiter import Limiter, open_limiter
@@ -284,7 +285,7 @@ class Gateway:
         """The versions that take traffic, then the aliases, in the shape the client speaks."""
         self.keys.authenticate(request.headers)
         names = [*self.catalog.names(), *self.catalog.splits]
-        if _speaks_anthropic(request):
+        if speaks_anthropic(request):
             return web.json_response(api.models_body(names, self.created_at), dumps=_dumps)
         return web.json_response(openai.models_body(names, self.created), dumps=_dumps)
 
@@ -308,13 +309,12 @@ class Gateway:
 
 
 GATEWAY = web.AppKey("ferry", Gateway)
-REQUEST_ID = web.RequestKey("request_id", str)  # the id an answer's usage record is filed under
 
 
 class _Stream:
     """One SSE response, opened at its first write: the codec's opening bytes, then the rest."""
 
-    __slots__ = ("request", "start", "response")
+    __slots__ = ("request", "response", "start")
 
     def __init__(self, request: web.Request, start: bytes) -> None:
         self.request = request
@@ -344,60 +344,6 @@ def _error(status: int, kind: api.ErrorKind, message: str) -> web.Response:
     return web.Response(status=status, body=api.dumps(api.error_body(kind, message)), content_type="application/json")
 
 
-OPENAI_ROUTES: dict[str, type[Codec]] = {
-    "/v1/chat/completions": openai.ChatCompletions,
-    "/v1/completions": openai.Completions,
-}
-ANTHROPIC_VERSION = "anthropic-version"  # the header every Anthropic SDK request carries
-
-
-def _speaks_anthropic(request: web.Request) -> bool:
-    return ANTHROPIC_VERSION in request.headers
-
-
-def _error_shape(request: web.Request) -> type[Codec]:
-    """Whose error shape a request gets: its route's; on ``/v1/models`` OpenAI's unless the
-    client speaks Anthropic; Anthropic's everywhere else (the first API ferry served)."""
-    route = OPENAI_ROUTES.get(request.path)
-    if route is None and request.path == "/v1/models" and not _speaks_anthropic(request):
-        route = openai.ChatCompletions
-    return route or Messages
-
-
-@web.middleware
-async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
-    """Every error leaves in its route's shape (Anthropic's ``{type:"error", error:{type,
-    message}}`` or OpenAI's ``{error:{message, type, param, code}}``) with its table status."""
-    shape = _error_shape(request)
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        if exc.status != 413:
-            message = f"{request.method} {request.path[:200]}: {exc.reason.lower()}"
-            status, body = shape.error_reply(api.kind_for_status(exc.status), message)
-            return web.Response(status=status, body=body, content_type="application/json")
-        limit = request.app[GATEWAY].config.server.max_body_bytes
-        error: BaseException = api.RequestTooLarge(f"body: over the limit of {limit} bytes")
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes a 500
-        if api.error_kind(exc) is api.INTERNAL:
-            log.exception("unexpected error in %s %s", request.method, request.path)
-        error = exc
-    status, body, headers = shape.error_response(error)
-    return web.Response(status=status, body=body, headers=headers, content_type="application/json")
-
-
-async def name_the_request(request: web.Request, response: web.StreamResponse) -> None:
-    """Every answer to an admitted request, whole, streamed or an error, carries ``request-id``
-    (as Anthropic's API does): the id its usage record and logs are filed under."""
-    request_id = request.get(REQUEST_ID)
-    if request_id is not None:
-        response.headers["request-id"] = response.headers["x-request-id"] = request_id  # x-: OpenAI's name
-
-
 class _LiveKeys:
     """The keys in force now, for the check made before a body is read (a reload replaces them)."""
 
@@ -414,7 +360,8 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     for model in config.models:
         metrics.track(model.name, config.queue().tiers)
     gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
-    app = web.Application(middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes)
+    limit = config.server.max_body_bytes
+    app = web.Application(middlewares=[error_middleware(limit)], client_max_size=limit)
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())

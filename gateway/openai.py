@@ -31,8 +31,22 @@ from typing import Any
 
 from batcher.backend import Sampling
 from gateway import api
-from gateway.api import (MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_TEXT_CHARS, InvalidRequest, _at_most,
-                         _content, _is_int, _is_number, _json_type, _required, _short, _show, _text)
+from gateway.api import (
+    MAX_MESSAGES,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_TEXT_CHARS,
+    InvalidRequest,
+    _at_most,
+    _content,
+    _is_int,
+    _is_number,
+    _json_type,
+    _required,
+    _short,
+    _show,
+    _text,
+)
 from gateway.codec import Call, Head
 
 DONE = b"data: [DONE]\n\n"

@@ -268,7 +268,7 @@ class Rollout:
         waits behind a reload). Versions left out get no traffic; each named must be serving."""
         if alias not in self._splits():
             raise LookupError(f"alias {alias!r} is not configured; aliases: {', '.join(sorted(self._splits()))}")
-        for version, weight in weights.items():
+        for version in weights:
             state = self.versions[version].state.value if version in self.versions else "not a version here"
             if state != State.SERVING.value:
                 raise ValueError(f"{version}: cannot take traffic ({state})")

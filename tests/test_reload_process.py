@@ -111,7 +111,6 @@ def test_add_shift_remove_and_a_broken_file_under_load_answer_every_request_once
             await asyncio.sleep(0.3)
             write(gateway, config({"fast@1": echo, "fast@2": echo}, {"fast@1": 1, "fast@2": 1}))
             before = admin(gateway, "GET", "/status")["last_reload"]["at"]
-            t2 = time.monotonic()
             gateway.process.send_signal(signal.SIGHUP)
             while admin(gateway, "GET", "/status")["last_reload"]["at"] == before:
                 await asyncio.sleep(0.02)

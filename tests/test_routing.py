@@ -5,6 +5,7 @@ catalog routes an alias (or refuses a name) as the configuration says."""
 from __future__ import annotations
 
 import collections
+import itertools
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_the_shares_of_many_sessions_match_the_weights_within_a_point(weights):
 def test_shifting_weight_moves_only_sessions_in_the_band_that_changed_hands():
     stages = [Split("m", (("m@1", 100 - w), ("m@2", w))) for w in (0, 5, 20, 50, 100)]
     picks = [{session: split.pick(session) for session in SESSIONS} for split in stages]
-    for before, after in zip(picks, picks[1:]):
+    for before, after in itertools.pairwise(picks):
         moved = [s for s in SESSIONS if before[s] != after[s]]
         assert all(before[s] == "m@1" and after[s] == "m@2" for s in moved)  # the canary never gives users back
 
