@@ -203,15 +203,7 @@ def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest
     stream = document.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"stream: expected a boolean, got {_show(stream)}")
-    stops = document.get("stop_sequences", [])
-    if not isinstance(stops, list):
-        raise InvalidRequest(f"stop_sequences: expected an array of strings, got {_json_type(stops)}")
-    _at_most(len(stops), MAX_STOP_SEQUENCES, "stop_sequences", "stop sequences per request")
-    stop_sequences = tuple(_text(s, f"stop_sequences.{i}") for i, s in enumerate(stops))
-    if any(not s for s in stop_sequences):
-        raise InvalidRequest("stop_sequences: expected non-empty strings, got an empty one")
-    for index, stop in enumerate(stop_sequences):
-        _at_most(len(stop), MAX_STOP_CHARS, f"stop_sequences.{index}", "characters in a stop sequence")
+    stop_sequences = stop_list(document.get("stop_sequences", []), "stop_sequences")
     if not isinstance(document.get("metadata"), dict | None):
         raise InvalidRequest(f"metadata: expected an object, got {_json_type(document['metadata'])}")
     user_id = (document.get("metadata") or {}).get("user_id")
@@ -232,6 +224,19 @@ def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest
         stop_sequences=stop_sequences,
         user_id=user_id,
     )
+
+
+def stop_list(stops: object, where: str, expected: str = "an array of strings") -> tuple[str, ...]:
+    """Stop sequences, checked: an array of non-empty strings within the limits (every API's)."""
+    if not isinstance(stops, list):
+        raise InvalidRequest(f"{where}: expected {expected}, got {_json_type(stops)}")
+    _at_most(len(stops), MAX_STOP_SEQUENCES, where, "stop sequences per request")
+    stop_sequences = tuple(_text(s, f"{where}.{i}") for i, s in enumerate(stops))
+    if any(not s for s in stop_sequences):
+        raise InvalidRequest(f"{where}: expected non-empty strings, got an empty one")
+    for index, stop in enumerate(stop_sequences):
+        _at_most(len(stop), MAX_STOP_CHARS, f"{where}.{index}", "characters in a stop sequence")
+    return stop_sequences
 
 
 def _message(message: object, where: str) -> tuple[str, str]:

@@ -33,8 +33,6 @@ from batcher.backend import Sampling
 from gateway import api
 from gateway.api import (
     MAX_MESSAGES,
-    MAX_STOP_CHARS,
-    MAX_STOP_SEQUENCES,
     MAX_TEXT_CHARS,
     InvalidRequest,
     _at_most,
@@ -150,19 +148,10 @@ def _common(document: dict, default_max_tokens: int | None) -> dict[str, Any]:
 
 
 def _stops(stop: object) -> tuple[str, ...]:
+    """OpenAI's ``stop``: none, one string, or a list, under the same rules as Anthropic's."""
     if stop is None:
         return ()
-    stops = (_text(stop, "stop"),) if isinstance(stop, str) else None
-    if stops is None:
-        if not isinstance(stop, list):
-            raise InvalidRequest(f"stop: expected a string or an array of strings, got {_json_type(stop)}")
-        _at_most(len(stop), MAX_STOP_SEQUENCES, "stop", "stop sequences per request")
-        stops = tuple(_text(s, f"stop.{i}") for i, s in enumerate(stop))
-    if any(not s for s in stops):
-        raise InvalidRequest("stop: expected non-empty strings, got an empty one")
-    for index, text in enumerate(stops):
-        _at_most(len(text), MAX_STOP_CHARS, f"stop.{index}", "characters in a stop sequence")
-    return stops
+    return api.stop_list([stop] if isinstance(stop, str) else stop, "stop", "a string or an array of strings")
 
 
 def _include_usage(document: dict, stream: bool) -> bool:
