@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
+from batcher.config import QueueConfig
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,3 +136,7 @@ class Backend(Protocol):
 
     def snapshot(self) -> Snapshot:
         """An immutable copy of the backend's state, for health checks and metrics."""
+
+    def retune(self, queue: QueueConfig) -> None:
+        """Judge jobs by the tiers' new wait budgets from now on (a live reconfiguration; the
+        tiers themselves, their names and order, are the ones the backend was opened with)."""

@@ -440,9 +440,45 @@ class SafetyConfig:
     refusal: str = "I can't help with that."
 
 
+ADMIN_SOCKET, ADMIN_TOKEN = "admin.sock", "admin.token"  # their default names in the [state] dir
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdminConfig:
+    """The admin interface of ``ferry reload | status | drain | weights``: a Unix socket (never
+    on the network, only its owner may open it) that also asks for a token of its own."""
+
+    socket: str = ""  # empty: admin.sock in the [state] dir
+    token_sha256: str | None = None  # None: a token is drawn at start and written to admin.token there
+
+    def __post_init__(self) -> None:
+        digest = self.token_sha256
+        if digest is not None:
+            _require(len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
+                     "token_sha256", "64 lowercase hex digits", digest)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AliasConfig:
+    """A name that spreads its requests over model versions by weight (seed 000 §6.4): each
+    client stays on one version (the gateway splits by a stable hash of its session)."""
+
+    name: str
+    weights: tuple[tuple[str, float], ...]  # (version, weight); shares are weight / sum
+
+    def __post_init__(self) -> None:
+        _require(len(self.weights) >= 1, self.name, "a table of model versions to weights", {})
+        for version, weight in self.weights:
+            ok = isinstance(weight, int | float) and not isinstance(weight, bool) and 0 <= weight < math.inf
+            _require(ok, f"{self.name}.{version}", "a weight >= 0", weight)
+        _require(sum(w for _, w in self.weights) > 0, self.name, "weights adding up to more than 0",
+                 dict(self.weights))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FerryConfig:
-    """A whole configuration file, checked as a whole: names unique, keys' tiers exist."""
+    """A whole configuration file, checked as a whole: names unique, keys' tiers exist, aliases
+    name served versions."""
 
     server: ServerConfig
     tiers: tuple[TierConfig, ...]
@@ -451,6 +487,8 @@ class FerryConfig:
     limits: LimitsConfig = LimitsConfig()
     state: StateConfig = StateConfig()
     safety: SafetyConfig = SafetyConfig()
+    admin: AdminConfig = AdminConfig()
+    aliases: tuple[AliasConfig, ...] = ()
 
     def __post_init__(self) -> None:
         _require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
@@ -466,6 +504,15 @@ class FerryConfig:
                 if name in seen:
                     raise ValueError(f"models[{index}]: {name!r} already names model {seen[name]!r}")
                 seen[name] = model.name
+        versions = [model.name for model in self.models]
+        for alias in self.aliases:
+            _require(alias.name not in seen, f"aliases.{alias.name}", "a name no model uses", alias.name)
+            for version, _ in alias.weights:
+                _require(version in versions, f"aliases.{alias.name}", f"model versions, one of {versions}", version)
+
+    def admin_socket(self) -> str:
+        """Where the admin interface listens."""
+        return os.path.expanduser(self.admin.socket) if self.admin.socket else self.state.path(ADMIN_SOCKET)
 
     def queue(self) -> QueueConfig:
         """The batchers' queue settings: these tiers, in this priority order, with their budgets."""
@@ -475,8 +522,22 @@ class FerryConfig:
         )
 
 
-_SINGLE = {"server": ServerConfig, "limits": LimitsConfig, "state": StateConfig, "safety": SafetyConfig}
-_TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig}
+_SINGLE = {"server": ServerConfig, "limits": LimitsConfig, "state": StateConfig, "safety": SafetyConfig,
+           "admin": AdminConfig}
+_TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig, "aliases": AliasConfig}
+
+
+def _aliases(table: object) -> tuple[AliasConfig, ...]:
+    """``[aliases]``: ``name = { "version" = weight, ... }`` per alias."""
+    _require(isinstance(table, dict), "aliases", "a table of aliases", table)
+    aliases = []
+    for name, weights in table.items():  # type: ignore[union-attr]
+        _require(isinstance(weights, dict), f"aliases.{name}", "a table of model versions to weights", weights)
+        try:
+            aliases.append(AliasConfig(name, tuple(weights.items())))
+        except ValueError as exc:
+            raise ValueError(f"aliases.{exc}") from None
+    return tuple(aliases)
 
 
 def _model(table: object, where: str) -> ModelConfig:
@@ -541,7 +602,7 @@ def parse_config(text: str, source: str = "<config>") -> FerryConfig:
             _require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
             build = _model if name == "models" else functools.partial(_build, _TABLES[name])
             lists[name] = tuple(build(t, f"{name}[{i}]") for i, t in enumerate(tables))
-        return FerryConfig(**single, **lists)  # type: ignore[arg-type]
+        return FerryConfig(**single, **lists, aliases=_aliases(document.get("aliases", {})))  # type: ignore[arg-type]
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not valid TOML: {exc}") from None
     except ValueError as exc:

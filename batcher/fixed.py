@@ -113,6 +113,16 @@ class Batcher:
         }
         return Snapshot(self.pool.ready, status, stats.copy(), self.load())
 
+    def retune(self, queue: QueueConfig) -> None:
+        """The tiers' new wait budgets, for arrivals from now on: admission judges by them and
+        new requests take them as deadlines (queued ones keep theirs). The tier names and order
+        must be the ones this batcher was opened with: queued requests are filed by position."""
+        if queue.tiers != self.config.tiers:
+            raise ValueError(f"tiers: expected {list(self.config.tiers)} as opened, got {list(queue.tiers)}")
+        self.config = queue
+        if self.admission is not None and queue.wait_budgets is not None:
+            self.admission.budgets = queue.wait_budgets
+
     def request(
         self,
         input: str,

@@ -60,12 +60,20 @@ class Metrics:
             "ferry_safety_blocks", "Inputs refused or outputs replaced by the safety stage.", ["model", "stage"],
             registry=self.registry,
         )
+        self.alias_requests = Counter(
+            "ferry_alias_requests", "Requests that named an alias, by the version that took them.",
+            ["alias", "model"], registry=self.registry,
+        )
         self._core = _CoreCollector()
         self.registry.register(self._core)
 
     def track(self, model: str, tiers: Sequence[str]) -> None:
         """Export one backend's core counters, from its snapshot at each scrape."""
         self._core.backends.append(_Backend(model, list(tiers)))
+
+    def untrack(self, model: str) -> None:
+        """A version's backend has stopped: its core counters leave the export."""
+        self._core.backends = [backend for backend in self._core.backends if backend.model != model]
 
     def exposition(self, snapshots: Mapping[str, Snapshot] | None = None) -> bytes:
         """The Prometheus text format of every family; the core's from these snapshots."""

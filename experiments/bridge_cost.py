@@ -23,6 +23,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from batcher.backend import Delta, Finished, Job, Started, Usage  # noqa: E402
+from batcher.config import FixedModelConfig, QueueConfig  # noqa: E402
 from gateway.bridge import Bridge  # noqa: E402
 
 
@@ -39,8 +40,8 @@ class InstantBackend:
 
 
 @contextlib.asynccontextmanager
-async def instant_core():
-    yield {"m": InstantBackend()}
+async def instant(model, queue):
+    yield InstantBackend()
 
 
 JOB = Job("x", b"x", 1, "paid")
@@ -53,7 +54,7 @@ async def answered(bridge: Bridge) -> None:
 
 
 async def measure(sequential: int, bursts: int, burst: int = 50) -> dict[str, float]:
-    bridge = Bridge(instant_core)
+    bridge = Bridge(instant, [FixedModelConfig(name="m", worker=("echo",))], QueueConfig())
     await bridge.start()
     try:
         started = time.perf_counter()

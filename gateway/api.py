@@ -112,6 +112,11 @@ def error_response(error: BaseException) -> tuple[int, bytes, dict[str, str]]:
     return kind.status, dumps(error_body(kind, message)), headers
 
 
+def error_reply(kind: ErrorKind, message: str) -> tuple[int, bytes]:
+    """Status and body of an error known only by its kind (aiohttp's own 404, 405...)."""
+    return kind.status, dumps(error_body(kind, message))
+
+
 def retry_after_headers(seconds: float) -> dict[str, str]:
     """``Retry-After`` in whole seconds (HTTP allows no fraction; rounded up, at least 1) and
     ``retry-after-ms`` with the estimate itself, which the Anthropic SDKs read first."""
@@ -158,13 +163,16 @@ class MessageRequest:
     top_k: int | None = None
     stream: bool = False
     stop_sequences: tuple[str, ...] = ()
+    user_id: str | None = None  # metadata.user_id: the session an alias's split keeps together
 
 
-def parse_message_request(body: bytes) -> MessageRequest:
+def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest:
     """Check a body; raise :class:`InvalidRequest` naming the first field that is wrong.
 
     ``temperature``, ``top_p`` and ``top_k`` pass to the model's sampler (fixed-mode models
-    ignore them); ``metadata`` and unknown fields are accepted and ignored.
+    ignore them); ``metadata.user_id`` keeps a user on one version of an alias; other
+    ``metadata`` and unknown fields are accepted and ignored. ``counting``: a
+    ``count_tokens`` body, which has no ``max_tokens`` (1 stands in).
     """
     try:
         document = json.loads(body)
@@ -180,7 +188,7 @@ def parse_message_request(body: bytes) -> MessageRequest:
         raise InvalidRequest(f"messages: expected a non-empty array, got {_json_type(messages)}")
     _at_most(len(messages), MAX_MESSAGES, "messages", "messages per request")
     turns = tuple(_message(message, f"messages.{index}") for index, message in enumerate(messages))
-    max_tokens = _required(document, "max_tokens")
+    max_tokens = document.get("max_tokens", 1) if counting else _required(document, "max_tokens")
     if not _is_int(max_tokens) or max_tokens < 1:
         raise InvalidRequest(f"max_tokens: expected an integer >= 1, got {_show(max_tokens)}")
     system = document.get("system")
@@ -196,17 +204,12 @@ def parse_message_request(body: bytes) -> MessageRequest:
     stream = document.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest(f"stream: expected a boolean, got {_show(stream)}")
-    stops = document.get("stop_sequences", [])
-    if not isinstance(stops, list):
-        raise InvalidRequest(f"stop_sequences: expected an array of strings, got {_json_type(stops)}")
-    _at_most(len(stops), MAX_STOP_SEQUENCES, "stop_sequences", "stop sequences per request")
-    stop_sequences = tuple(_text(s, f"stop_sequences.{i}") for i, s in enumerate(stops))
-    if any(not s for s in stop_sequences):
-        raise InvalidRequest("stop_sequences: expected non-empty strings, got an empty one")
-    for index, stop in enumerate(stop_sequences):
-        _at_most(len(stop), MAX_STOP_CHARS, f"stop_sequences.{index}", "characters in a stop sequence")
+    stop_sequences = stop_list(document.get("stop_sequences", []), "stop_sequences")
     if not isinstance(document.get("metadata"), dict | None):
         raise InvalidRequest(f"metadata: expected an object, got {_json_type(document['metadata'])}")
+    user_id = (document.get("metadata") or {}).get("user_id")
+    if user_id is not None:
+        _text(user_id, "metadata.user_id")
     system_text = "" if system is None else _content(system, "system")
     text_chars = len(system_text) + sum(len(text) for _, text in turns)
     _at_most(text_chars, MAX_TEXT_CHARS, "messages", "characters of text in system and messages together")
@@ -220,7 +223,21 @@ def parse_message_request(body: bytes) -> MessageRequest:
         top_k=top_k,
         stream=stream,
         stop_sequences=stop_sequences,
+        user_id=user_id,
     )
+
+
+def stop_list(stops: object, where: str, expected: str = "an array of strings") -> tuple[str, ...]:
+    """Stop sequences, checked: an array of non-empty strings within the limits (every API's)."""
+    if not isinstance(stops, list):
+        raise InvalidRequest(f"{where}: expected {expected}, got {_json_type(stops)}")
+    _at_most(len(stops), MAX_STOP_SEQUENCES, where, "stop sequences per request")
+    stop_sequences = tuple(_text(s, f"{where}.{i}") for i, s in enumerate(stops))
+    if any(not s for s in stop_sequences):
+        raise InvalidRequest(f"{where}: expected non-empty strings, got an empty one")
+    for index, stop in enumerate(stop_sequences):
+        _at_most(len(stop), MAX_STOP_CHARS, f"{where}.{index}", "characters in a stop sequence")
+    return stop_sequences
 
 
 def _message(message: object, where: str) -> tuple[str, str]:

@@ -1,18 +1,25 @@
-"""The aiohttp application: routes, and the path a request takes to the core and back.
+"""The aiohttp application: routes, and the one path a request takes to the core and back.
 
-    POST /v1/messages  key ─> body ─> checked request ─> model ─> chat template ─> safety
-                       ─> tokens within the context window ─> [Idempotency-Key: replay or wait]
-                       ─> admit: key's limit (429) ─> core (529) ─> events ─> Answer (max_tokens,
-                       stop sequences, output safety) ─> JSON or SSE; the ledger refunds, bills, counts
-    GET  /v1/models    the served versions        GET /healthz   the process answers
+    POST /v1/messages            (Anthropic)  ┐ codec.parse ─> key ─> model (an alias: this session's
+    POST /v1/chat/completions    (OpenAI)     ├─ version) ─> chat template ─> safety ─> tokens within
+    POST /v1/completions         (OpenAI)     ┘ the context window ─> [Idempotency-Key: replay or wait]
+                       ─> admit: key's limit (429) ─> core (529 / 503) ─> events ─> Answer (max_tokens,
+                       stop sequences, output safety) ─> codec: JSON or SSE; the ledger refunds, bills, counts
+    POST /v1/messages/count_tokens   the prompt's tokens under the model's tokenizer
+    GET  /v1/models    the served versions, then the aliases: OpenAI's list shape, or Anthropic's
+                       when the request carries ``anthropic-version`` (as the Anthropic SDK does)
+    GET  /healthz      the process answers         GET /metrics   Prometheus text format
     GET  /readyz       every model's fleet is ready to serve (JSON detail per model)
-    GET  /metrics      Prometheus text format
 
-Handlers are thin: rules live in :mod:`gateway.api` (pure), identities in :mod:`gateway.auth`,
-model names in :mod:`gateway.models`, charges and bills in :mod:`gateway.ledger`, and the core
-behind :class:`gateway.bridge.Bridge`. :meth:`Gateway.admit` is the one place a checked request
-passes to the core. Every error, whoever raises it (aiohttp included), leaves through
-:func:`errors_as_json` with the body and status of :data:`gateway.api.ERRORS`.
+Handlers are thin: wire formats live in the codecs (:mod:`gateway.anthropic`,
+:mod:`gateway.openai`, pure), identities in :mod:`gateway.auth`, model names and weighted aliases
+in :mod:`gateway.models`, charges and bills in :mod:`gateway.ledger`, and the core behind
+:class:`gateway.bridge.Bridge`. Every route shares :meth:`Gateway._serve`; :meth:`Gateway.admit`
+is the one place a checked request passes to the core. Every error, whoever raises it (aiohttp
+included), leaves through :mod:`gateway.errors` in its route's shape, with the status of
+:data:`gateway.api.ERRORS` (translated by :data:`gateway.openai.ERRORS` on OpenAI's routes).
+While a request runs, it holds its version (:class:`~gateway.rollout.Pins`), so a version taken
+out of service stops only once every request that resolved to it has ended.
 """
 
 from __future__ import annotations
@@ -29,18 +36,22 @@ from typing import TypeVar
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from batcher.backend import Job, Sampling
+from batcher.backend import Job
 from batcher.config import FerryConfig
 from batcher.metrics import Metrics
-from gateway import api
+from gateway import api, openai
 from gateway.answer import Answer
+from gateway.anthropic import Messages
 from gateway.auth import KeyRing
 from gateway.bridge import Bridge, Handle
+from gateway.codec import Call, Codec, Head
 from gateway.connections import key_before_body, read_body
+from gateway.errors import REQUEST_ID, error_middleware, name_the_request, speaks_anthropic
 from gateway.idempotency import IdempotencyStore
 from gateway.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.limiter import Limiter, open_limiter
 from gateway.models import Catalog, ServedModel
+from gateway.rollout import Pins
 from gateway.safety import Blocklist, SafetyCheck
 from gateway.usage import UsageLog
 
@@ -52,22 +63,30 @@ T = TypeVar("T")
 
 
 class Gateway:
-    """The state the handlers share: config, keys, models, the ledger, and the bridge to the core."""
+    """The state the handlers share: config, keys, models, the ledger, and the bridge to the core.
+    A reload (:mod:`gateway.rollout`) replaces ``config``, ``keys``, ``catalog`` and ``safety``,
+    each whole, on this thread."""
 
     def __init__(self, config: FerryConfig, bridge: Bridge, limiter: Limiter, metrics: Metrics) -> None:
-        self.config = config
+        self.apply(config)
         self.bridge = bridge
-        self.keys = KeyRing(config.keys)
-        self.catalog = Catalog(config.models)
+        self.catalog = Catalog.of(config.models, config.aliases)
         self.metrics = metrics
         self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
         self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"), config.state.idempotency_ttl_s,
                                             config.state.idempotency_max_entries)
-        self.safety: SafetyCheck = Blocklist(config.safety.blocklist, config.safety.refusal)
-        self.ping_interval = config.server.ping_interval_ms / 1000
-        self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.pins = Pins()
+        self.created = int(time.time())
+        self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
         self._ids = itertools.count(1)
-        self._id_prefix = f"msg_{os.getpid():x}{int(time.time()):x}_"
+        self._id_prefix = f"{os.getpid():x}{int(time.time()):x}_"
+
+    def apply(self, config: FerryConfig) -> None:
+        """A configuration's keys (with their limits), safety stage and settings, for every
+        request from now on (a reload: :mod:`gateway.rollout`)."""
+        self.config = config
+        self.keys = KeyRing(config.keys)
+        self.safety: SafetyCheck = Blocklist(config.safety.blocklist, config.safety.refusal)
 
     async def close(self) -> None:
         """Flush the usage records and close the stores (the server is shutting down)."""
@@ -82,43 +101,72 @@ class Gateway:
         return self.bridge.submit(model.name, job)  # the tier's budget is its deadline
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, Messages)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, openai.ChatCompletions)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, openai.Completions)
+
+    async def _serve(self, request: web.Request, route: type[Codec]) -> web.StreamResponse:
+        """Every API's request path: only ``route`` (the codec) differs."""
         started = time.monotonic()
         principal = self.keys.authenticate(request.headers)
         body = await read_body(request, self.config.server.body_timeout_ms / 1000)
-        call = api.parse_message_request(body)
-        model = self.catalog.resolve(call.model)
-        prompt = model.template.render(call.system, call.messages)
+        codec = route.parse(body)
+        call = codec.call
+        model = self.catalog.resolve(call.model, call.session or principal.key_id)
+        prompt, prompt_tokens = self._prompt(call, model)
         if rule := self.safety.screen_input(prompt):
             self.metrics.safety_blocks.labels(model.name, "input").inc()
             raise api.InvalidRequest(f"messages: the input is refused by the safety policy ({rule})")
-        prompt_tokens = model.tokenizer.encode(prompt)
-        if error := api.context_overflow(len(prompt_tokens), call.max_tokens, model.config.context_window):
+        window = model.config.context_window
+        max_tokens = call.max_tokens if call.max_tokens is not None else max(1, window - len(prompt_tokens))
+        if error := api.context_overflow(len(prompt_tokens), max_tokens, window):
             raise error
         entry = Entry(
-            f"{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id, principal.tier,
-            model.name, principal.limits, len(prompt_tokens), call.max_tokens, started,
+            f"{codec.id_prefix}{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id,
+            principal.tier, model.name, principal.limits, len(prompt_tokens), max_tokens, started,
         )
         request[REQUEST_ID] = entry.request_id  # every answer names it (the request-id header)
-        sampling = Sampling(call.temperature, call.top_p, call.top_k)
-        job = Job(prompt, prompt_tokens, call.max_tokens, principal.tier, principal.tenant,
-                  sampling=sampling, stop_sequences=call.stop_sequences, stream=call.stream)
-        if call.stream:
-            return await self._settled(entry, self._stream(request, entry, call, model, job))
-        key = request.headers.get("Idempotency-Key")
-        if key:
-            work = self._idempotent(request, entry, (principal.key_id, key, body), call, model, job)
-            return await self._settled(entry, work)
-        return await self._settled(entry, self._whole(request, entry, call, model, job))
+        if model.name != call.model:  # an alias: count which version took it
+            self.metrics.alias_requests.labels(call.model, model.name).inc()
+        job = Job(prompt, prompt_tokens, max_tokens, principal.tier, principal.tenant,
+                  sampling=call.sampling, stop_sequences=call.stop_sequences, stream=call.stream)
+        with self.pins.hold(model.name):
+            if call.stream:
+                return await self._settled(entry, self._stream(request, entry, codec, model, job))
+            key = request.headers.get("Idempotency-Key")
+            if key:
+                scope = (principal.key_id, codec.idempotency_scope + key, body)
+                return await self._settled(entry, self._idempotent(request, entry, scope, codec, model, job))
+            return await self._settled(entry, self._whole(request, entry, codec, model, job))
+
+    @staticmethod
+    def _prompt(call: Call, model: ServedModel) -> tuple[str, tuple[int, ...]]:
+        """The prompt a model reads (a raw one, or the conversation through its chat template)
+        and its tokens."""
+        prompt = call.prompt if call.prompt is not None else model.template.render(call.system, call.turns)
+        return prompt, model.tokenizer.encode(prompt)
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """``POST /v1/messages/count_tokens``: what a request's prompt would cost, run nowhere."""
+        principal = self.keys.authenticate(request.headers)
+        body = await read_body(request, self.config.server.body_timeout_ms / 1000)
+        call = Messages(api.parse_message_request(body, counting=True)).call
+        _, tokens = self._prompt(call, self.catalog.resolve(call.model, call.session or principal.key_id))
+        return web.json_response({"input_tokens": len(tokens)})
 
     async def _idempotent(self, request: web.Request, entry: Entry, scope: tuple[str, str, bytes],
-                          call: api.MessageRequest, model: ServedModel, job: Job) -> web.StreamResponse:
+                          codec: Codec, model: ServedModel, job: Job) -> web.StreamResponse:
         """A whole answer under an ``Idempotency-Key``: computed once, replayed to every repeat.
         A repeat runs nothing and is recorded nowhere; its answer names the request it repeats."""
         entry.recorded = False
 
         async def run_once() -> tuple[int, bytes]:
             entry.recorded = True
-            return await self._answer_whole(entry, call, model, job)
+            return await self._answer_whole(entry, codec, model, job)
 
         status, payload = await self.idempotency.run(*scope, run_once)
         if entry.recorded:
@@ -140,19 +188,22 @@ class Gateway:
             if entry.recorded:
                 await self.ledger.close(entry)
 
-    def _answer(self, call: api.MessageRequest, model: ServedModel, streaming: bool) -> Answer:
-        return Answer(call.stop_sequences, call.max_tokens, model.tokenizer, self.safety, streaming)
+    def _answer(self, job: Job, model: ServedModel, streaming: bool) -> Answer:
+        return Answer(job.stop_sequences, job.max_tokens, model.tokenizer, self.safety, streaming)
 
-    async def _whole(self, request: web.Request, entry: Entry, call: api.MessageRequest,
+    @staticmethod
+    def _head(entry: Entry) -> Head:
+        return Head(entry.request_id, entry.model, entry.input_tokens, int(time.time()))
+
+    async def _whole(self, request: web.Request, entry: Entry, codec: Codec,
                      model: ServedModel, job: Job) -> web.StreamResponse:
-        status, payload = await self._answer_whole(entry, call, model, job)
+        status, payload = await self._answer_whole(entry, codec, model, job)
         return await self._write_whole(request, entry, status, payload)
 
-    async def _answer_whole(self, entry: Entry, call: api.MessageRequest, model: ServedModel,
-                            job: Job) -> tuple[int, bytes]:
+    async def _answer_whole(self, entry: Entry, codec: Codec, model: ServedModel, job: Job) -> tuple[int, bytes]:
         """Wait for the whole answer; the status and JSON body to send (raises its error)."""
         handle = await self.admit(entry, model, job)
-        answer = self._answer(call, model, streaming=False)
+        answer = self._answer(job, model, streaming=False)
         try:
             while not answer.done:
                 answer.push(await handle.wait())
@@ -161,7 +212,7 @@ class Gateway:
         completion = answer.completion()
         self._count_blocked(answer, model)
         entry.stop_reason, entry.owed = completion.stop_reason, completion.output_tokens
-        return 200, api.dumps(api.message_body(entry.request_id, model.name, completion, entry.input_tokens))
+        return 200, codec.whole(self._head(entry), completion, answer.blocked is not None)
 
     async def _write_whole(self, request: web.Request, entry: Entry, status: int, payload: bytes) -> web.StreamResponse:
         """Send a whole answer, then count it delivered: latency and usage end at the last byte."""
@@ -172,20 +223,21 @@ class Gateway:
         entry.status, entry.outcome = status, Outcome.COMPLETED
         return response
 
-    async def _stream(self, request: web.Request, entry: Entry, call: api.MessageRequest,
+    async def _stream(self, request: web.Request, entry: Entry, codec: Codec,
                       model: ServedModel, job: Job) -> web.StreamResponse:
-        """SSE, a ``content_block_delta`` per piece of text as it is released. Headers go out with
-        the first text, or once the wait outlasts a ping interval, so a request that fails fast
-        still gets a real status (a 429 or 529 the SDK can retry); after that a failure is an
-        ``error`` event, and each further interval of waiting sends a ``ping``."""
+        """SSE, a piece of text per event as it is released. Headers go out with the first text,
+        or once the wait outlasts a ping interval, so a request that fails fast still gets a
+        real status (a 429 or 529 the SDK can retry); after that a failure is the codec's error
+        event, and each further interval of waiting sends its ping."""
         handle = await self.admit(entry, model, job)
-        answer = self._answer(call, model, streaming=True)
-        stream = _Stream(request, api.stream_start(entry.request_id, model.name, entry.input_tokens))
+        answer = self._answer(job, model, streaming=True)
+        encoder = codec.stream(self._head(entry))
+        stream = _Stream(request, encoder.start())
         try:
             while not answer.done:
                 events = await handle.wait(self.ping_interval)
                 if not events:
-                    await stream.send(api.PING)
+                    await stream.send(encoder.ping)
                     continue
                 piece = answer.push(events)
                 if answer.error is not None:
@@ -193,15 +245,18 @@ class Gateway:
                         raise answer.error  # nothing sent yet: the error's own status
                     entry.status = 200
                     entry.outcome = Outcome.INTERRUPTED if answer.parts else Outcome.FAILED
-                    await stream.write(piece.text, end=api.stream_error(answer.error))  # text first: it is billed
+                    text = encoder.text(piece.text) if piece.text else b""  # before the error: it is billed
+                    await stream.send(text + encoder.error(answer.error), end=True)
                 elif answer.done:
                     self._count_blocked(answer, model)
                     entry.stop_reason = answer.stop_reason
-                    stop = api.stream_stop(answer.stop_reason or "end_turn", answer.stop_sequence, answer.credited)
-                    await stream.write(piece.text, stop, block=True)
+                    text = encoder.text(piece.text)  # before the stop: it opens what the stop closes
+                    stop = encoder.stop(answer.stop_reason or "end_turn", answer.stop_sequence, answer.credited,
+                                        answer.blocked is not None)
+                    await stream.send(text + stop, end=True)
                     entry.status, entry.outcome = 200, Outcome.COMPLETED
                 elif piece.text:
-                    await stream.write(piece.text)
+                    await stream.send(encoder.text(piece.text))
                 else:
                     continue
                 entry.delivered(piece.tokens)
@@ -214,6 +269,10 @@ class Gateway:
         finally:
             self.bridge.cancel(handle)  # a no-op once finished; else the client has gone or a stop matched
 
+    @property
+    def ping_interval(self) -> float:
+        return self.config.server.ping_interval_ms / 1000
+
     def _count_blocked(self, answer: Answer, model: ServedModel) -> None:
         if answer.blocked is not None:
             self.metrics.safety_blocks.labels(model.name, "output").inc()
@@ -224,8 +283,12 @@ class Gateway:
         return web.Response(body=self.metrics.exposition(snapshots), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def models(self, request: web.Request) -> web.Response:
+        """The versions that take traffic, then the aliases, in the shape the client speaks."""
         self.keys.authenticate(request.headers)
-        return web.json_response(api.models_body(self.catalog.names(), self.created_at), dumps=_dumps)
+        names = [*self.catalog.names(), *self.catalog.splits]
+        if speaks_anthropic(request):
+            return web.json_response(api.models_body(names, self.created_at), dumps=_dumps)
+        return web.json_response(openai.models_body(names, self.created), dumps=_dumps)
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Alive: this process answers, and its trio core still runs."""
@@ -247,43 +310,31 @@ class Gateway:
 
 
 GATEWAY = web.AppKey("ferry", Gateway)
-REQUEST_ID = web.RequestKey("request_id", str)  # the id an answer's usage record is filed under
 
 
 class _Stream:
-    """One SSE response, opened at its first write: ``message_start``, then whatever follows."""
+    """One SSE response, opened at its first write: the codec's opening bytes, then the rest."""
 
-    __slots__ = ("request", "start", "response", "block")
+    __slots__ = ("request", "response", "start")
 
     def __init__(self, request: web.Request, start: bytes) -> None:
         self.request = request
         self.start = start
         self.response: web.StreamResponse | None = None
-        self.block = False  # content_block_start sent
 
     @property
     def open(self) -> bool:
         return self.response is not None
 
-    async def send(self, data: bytes) -> None:
+    async def send(self, data: bytes, end: bool = False) -> None:
+        """Write ``data`` (headers and the opening first, if not sent yet); ``end``: close it."""
         if self.response is None:
             self.response = web.StreamResponse(headers=SSE_HEADERS)
             await self.response.prepare(self.request)
             data = self.start + data
         await self.response.write(data)
-
-    async def write(self, text: str = "", end: bytes = b"", block: bool = False) -> None:
-        """Write released text as a delta (the text block opened first, also when ``block``
-        asks for it), then ``end`` (the stop events, or an error event) and close the stream."""
-        parts = []
-        if (text or block) and not self.block:
-            self.block = True
-            parts.append(api.BLOCK_START)
-        if text:
-            parts.append(api.text_delta(text))
-        await self.send(b"".join((*parts, end)))
         if end:
-            await self.response.write_eof()  # type: ignore[union-attr]
+            await self.response.write_eof()
 
 
 def _dumps(value: object) -> str:
@@ -294,35 +345,14 @@ def _error(status: int, kind: api.ErrorKind, message: str) -> web.Response:
     return web.Response(status=status, body=api.dumps(api.error_body(kind, message)), content_type="application/json")
 
 
-@web.middleware
-async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
-    """Every error leaves as ``{type:"error", error:{type, message}}`` with its table status."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        if exc.status != 413:
-            message = f"{request.method} {request.path[:200]}: {exc.reason.lower()}"
-            return _error(exc.status, api.kind_for_status(exc.status), message)
-        limit = request.app[GATEWAY].config.server.max_body_bytes
-        error: BaseException = api.RequestTooLarge(f"body: over the limit of {limit} bytes")
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes a 500
-        if api.error_kind(exc) is api.INTERNAL:
-            log.exception("unexpected error in %s %s", request.method, request.path)
-        error = exc
-    status, body, headers = api.error_response(error)
-    return web.Response(status=status, body=body, headers=headers, content_type="application/json")
+class _LiveKeys:
+    """The keys in force now, for the check made before a body is read (a reload replaces them)."""
 
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
 
-async def name_the_request(request: web.Request, response: web.StreamResponse) -> None:
-    """Every answer to an admitted request, whole, streamed or an error, carries ``request-id``
-    (as Anthropic's API does): the id its usage record and logs are filed under."""
-    request_id = request.get(REQUEST_ID)
-    if request_id is not None:
-        response.headers["request-id"] = request_id
+    def authenticate(self, headers):
+        return self._gateway.keys.authenticate(headers)
 
 
 def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
@@ -331,11 +361,16 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     for model in config.models:
         metrics.track(model.name, config.queue().tiers)
     gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
-    app = web.Application(middlewares=[errors_as_json], client_max_size=config.server.max_body_bytes)
+    limit = config.server.max_body_bytes
+    app = web.Application(middlewares=[error_middleware(limit)], client_max_size=limit)
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
-    app.router.add_post("/v1/messages", gateway.messages, expect_handler=key_before_body(gateway.keys))
+    expect = key_before_body(_LiveKeys(gateway))  # type: ignore[arg-type]
+    app.router.add_post("/v1/messages", gateway.messages, expect_handler=expect)
+    app.router.add_post("/v1/messages/count_tokens", gateway.count_tokens, expect_handler=expect)
+    app.router.add_post("/v1/chat/completions", gateway.chat_completions, expect_handler=expect)
+    app.router.add_post("/v1/completions", gateway.completions, expect_handler=expect)
     app.router.add_get("/metrics", gateway.metrics_text)
     app.router.add_get("/v1/models", gateway.models)
     app.router.add_get("/healthz", gateway.healthz)

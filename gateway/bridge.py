@@ -15,6 +15,14 @@ has to wake a sleeping loop, so hops are batched in both directions::
 so a burst of 50 submits crosses in one hop, and the events of a finished batch of 50 (or of
 one engine step's tokens for 200 streams) come back in one, as ``(handle, events)`` pairs.
 
+The set of backends changes while the core runs (a rollout, DESIGN §11): :meth:`Bridge.open`
+starts a model version's backend in the trio core's :class:`~batcher.fleet.Fleet` and returns
+once it takes jobs, :meth:`Bridge.close` stops one, and :meth:`Bridge.retune` hands every
+backend the tiers' new wait budgets. They cross in the same ordered hops as submits, so a submit
+made before a close reaches its backend first. A close hands back the events its backend emitted
+before it stopped, then fails (retryably) any job of that version still in flight, so no caller
+waits for ever; the gateway closes a version only once it has drained.
+
 Nothing on the asyncio side touches an object the trio side owns. A handle's two halves are
 kept apart: ``outbox`` and ``ticket`` are the trio side's, ``events`` the asyncio side's; events
 are frozen values; and the state ``/readyz`` and ``/metrics`` show crosses as immutable
@@ -28,25 +36,23 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import trio
 
 from batcher.backend import TERMINAL_EVENTS, Backend, Event, Failed, Job, Snapshot
-from batcher.config import ContinuousModelConfig, FerryConfig
+from batcher.config import ContinuousModelConfig, FixedModelConfig, ModelConfig, QueueConfig
 from batcher.continuous import open_engine_pool
 from batcher.engine_worker import EngineProcess, convert_once
 from batcher.fixed import open_batcher
+from batcher.fleet import Fleet, Launch
 from batcher.process_worker import process_workers
 from gateway.api import Unavailable
 from gateway.tokenizer import make_tokenizer
 
 log = logging.getLogger("ferry.bridge")
-
-OpenCore = Callable[[], AbstractAsyncContextManager[Mapping[str, Backend]]]
-"""Opens the trio core (in the trio thread) and yields a backend per model name."""
 
 
 class CoreStopped(Unavailable):
@@ -98,13 +104,16 @@ class Handle:
 class Bridge:
     """Runs the trio core on its own thread and carries jobs, events and snapshots across."""
 
-    def __init__(self, open_core: OpenCore) -> None:
-        self._open_core = open_core
+    def __init__(self, launch: Launch, models: Sequence[ModelConfig], queue: QueueConfig) -> None:
+        self._launch = launch
+        self._models = tuple(models)  # opened at start
+        self._queue = queue
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
-        self._backends: Mapping[str, Backend] = {}
+        self._nursery: trio.Nursery | None = None
+        self._fleet: Fleet | None = None
         self._ready: asyncio.Future[None] | None = None
         self.ended: asyncio.Future[BaseException | None] | None = None
         """Resolves (to the core's exception, or None) when the trio thread has finished."""
@@ -123,7 +132,8 @@ class Bridge:
     # --- asyncio side ------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the trio thread and return once the core (every model's workers) is up."""
+        """Start the trio thread and return once the core is up: every model opened at start
+        (all its workers ready), or raise what kept one from opening."""
         self._loop = asyncio.get_running_loop()
         self._ready = self._loop.create_future()
         self.ended = self._loop.create_future()
@@ -172,11 +182,32 @@ class Bridge:
         self._fail_all(error)
 
     async def snapshots(self) -> dict[str, Snapshot]:
-        """Every backend's state, copied on the trio thread: what /readyz and /metrics show."""
+        """Every open backend's state, copied on the trio thread: what /readyz and /metrics show."""
+        return await self._ask("snapshot")
+
+    async def open(self, model: ModelConfig) -> None:
+        """Open a model version's backend in the running core; returns once it takes jobs
+        (every worker ready), or raises what kept it from opening. The rest runs on meanwhile."""
+        await self._ask("open", model)
+
+    async def close(self, name: str) -> None:
+        """Stop a version's backend and its workers; returns once they are gone. Its jobs still
+        in flight (none, once it has drained) end with a retryable failure."""
+        await self._ask("close", name)
+        stopped = CoreStopped(f"model {name} was stopped before the request finished")
+        for handle in [handle for handle in self._inflight if handle.model == name]:
+            self._deliver([(handle, [Failed(stopped, retryable=True)])])
+
+    async def retune(self, queue: QueueConfig) -> None:
+        """The tiers' new wait budgets, for every open backend and every one opened later."""
+        await self._ask("retune", queue)
+
+    async def _ask(self, op: str, *args: Any) -> Any:
+        """An operation on the trio side, in order with submits and cancels; its result."""
         if not self.running:
             raise CoreStopped("the scheduling core is not running")
-        future: asyncio.Future[dict[str, Snapshot]] = self._loop.create_future()  # type: ignore[union-attr]
-        self._send("snapshot", future)
+        future: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
+        self._send(op, (future, *args))
         return await future
 
     def _send(self, op: str, subject: Any) -> None:
@@ -194,8 +225,8 @@ class Bridge:
         except trio.RunFinishedError:
             self._fail_all(CoreStopped("the scheduling core has stopped"))
             for op, subject in ops:
-                if op == "snapshot" and not subject.done():
-                    subject.set_exception(CoreStopped("the scheduling core has stopped"))
+                if op not in ("submit", "cancel") and not subject[0].done():
+                    subject[0].set_exception(CoreStopped("the scheduling core has stopped"))
 
     def _deliver(self, batch: list[tuple[Handle, list[Event]]]) -> None:
         inflight = self._inflight
@@ -236,33 +267,54 @@ class Bridge:
         self._token = trio.lowlevel.current_trio_token()
         self._events_ready = trio.Event()
         async with trio.open_nursery() as nursery:
-            self._scope = nursery.cancel_scope
-            async with self._open_core() as backends:
-                self._backends = backends
-                nursery.start_soon(self._return_events)
-                self._call_asyncio(self._core_ready)
-                await trio.sleep_forever()
+            self._scope, self._nursery = nursery.cancel_scope, nursery
+            fleet = self._fleet = Fleet(nursery, self._launch, self._queue)
+            async with trio.open_nursery() as opening:  # every model at once; one failure fails the start
+                for model in self._models:
+                    opening.start_soon(fleet.open, model)
+            nursery.start_soon(self._return_events)
+            self._call_asyncio(self._core_ready)
 
     def _cancel_core(self) -> None:
         if self._scope is not None:
             self._scope.cancel()
 
     def _on_trio(self, ops: list[tuple[str, Any]]) -> None:
-        """Run a batch of submits, cancels and snapshots, in the order the asyncio side made them."""
+        """Run a batch of operations in the order the asyncio side made them; those that take
+        time (opening and closing a version) run as tasks of the core's nursery."""
+        fleet = self._fleet
         for op, subject in ops:
             if op == "submit":
                 self._start(subject)
             elif op == "cancel":
-                if subject.ticket is not None:
-                    self._backends[subject.model].cancel(subject.ticket)
+                if subject.ticket is not None and subject.model in fleet:  # type: ignore[operator]
+                    fleet[subject.model].cancel(subject.ticket)  # type: ignore[index]
+            elif op == "snapshot":
+                snapshots = {name: backend.snapshot() for name, backend in fleet.items()}  # type: ignore[union-attr]
+                self._call_asyncio(_settle, subject[0], (snapshots, None))
+            elif op == "retune":
+                future, queue = subject
+                self._call_asyncio(_settle, future, _outcome(fleet.retune, queue))  # type: ignore[union-attr]
             else:
-                snapshots = {name: backend.snapshot() for name, backend in self._backends.items()}
-                self._call_asyncio(_resolve, subject, snapshots)
+                self._nursery.start_soon(self._change, op, *subject)  # type: ignore[union-attr]
+
+    async def _change(self, op: str, future: asyncio.Future, subject: Any) -> None:
+        """Open or close a version; the asyncio side hears how it went (after the events its
+        backend emitted before closing, so a finished job is never mistaken for a stopped one)."""
+        change = self._fleet.open if op == "open" else self._fleet.close  # type: ignore[union-attr]
+        try:
+            await change(subject)
+        except Exception as exc:  # noqa: BLE001 - the caller (a reload) reports it; the core runs on
+            outcome: tuple[Any, BaseException | None] = (None, exc)
+        else:
+            outcome = (None, None)
+        self._hand_over()
+        self._call_asyncio(_settle, future, outcome)
 
     def _start(self, handle: Handle) -> None:
         on_event = functools.partial(self._on_event, handle)
         try:
-            backend = self._backends[handle.model]
+            backend = self._fleet[handle.model]  # type: ignore[index]
             handle.ticket = backend.submit(handle.job, on_event)
         except (KeyError, ValueError) as exc:  # a model or tier the core does not know
             on_event(Failed(CoreStopped(f"cannot queue the request: {exc}"), retryable=False))
@@ -278,39 +330,57 @@ class Bridge:
         while True:
             await self._events_ready.wait()  # type: ignore[union-attr]
             self._events_ready = trio.Event()
-            dirty, self._dirty = self._dirty, []
-            batch = []
-            for handle in dirty:
-                batch.append((handle, handle.outbox))
-                handle.outbox = []
-            self._call_asyncio(self._deliver, batch)
-            self.hops_to_asyncio += 1
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if not self._dirty:
+            return
+        dirty, self._dirty = self._dirty, []
+        batch = []
+        for handle in dirty:
+            batch.append((handle, handle.outbox))
+            handle.outbox = []
+        self._call_asyncio(self._deliver, batch)
+        self.hops_to_asyncio += 1
 
     def _call_asyncio(self, callback: Callable[..., Any], *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
             self._loop.call_soon_threadsafe(callback, *args)  # type: ignore[union-attr]
 
 
-def _resolve(future: asyncio.Future, value: object) -> None:
-    if not future.done():
+def _outcome(call: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]:
+    try:
+        return call(*args), None
+    except Exception as exc:  # noqa: BLE001 - handed to the asyncio side, which reports it
+        return None, exc
+
+
+def _settle(future: asyncio.Future, outcome: tuple[Any, BaseException | None]) -> None:
+    value, error = outcome
+    if future.done():
+        return
+    if error is None:
         future.set_result(value)
+    else:
+        future.set_exception(error)
+
+
+def open_backend(model: ModelConfig, queue: QueueConfig) -> AbstractAsyncContextManager[Backend]:
+    """The production :data:`~batcher.fleet.Launch`: a model version's backend over its worker
+    processes (fixed mode: a batcher in front of a pool of ``run_batch`` workers; continuous: an
+    engine pool over engine workers, its model converted first if it must be)."""
+    if isinstance(model, ContinuousModelConfig):
+        return _open_engines(model, queue)
+    if not isinstance(model, FixedModelConfig):
+        raise ValueError(f"model {model.name!r}: mode {model.mode!r} has no backend yet")
+    spawn = process_workers(model.worker, model.workers)
+    tokens = make_tokenizer(model.tokenizer).count
+    return open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokens)
 
 
 @contextlib.asynccontextmanager
-async def open_backends(config: FerryConfig) -> AsyncIterator[dict[str, Backend]]:
-    """The production core: a backend per model (fixed: a batcher over worker processes;
-    continuous: an engine pool over engine worker processes, its model converted first if needed)."""
-    queue = config.queue()
-    async with contextlib.AsyncExitStack() as stack:
-        backends: dict[str, Backend] = {}
-        for model in config.models:
-            if isinstance(model, ContinuousModelConfig):
-                await convert_once(model)
-                spawn = process_workers(model.engine_argv(), model.workers, kind=EngineProcess)
-                backend = open_engine_pool(model, queue, spawn, make_tokenizer(model.tokenizer))
-            else:
-                spawn = process_workers(model.worker, model.workers)
-                tokens = make_tokenizer(model.tokenizer).count
-                backend = open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokens)
-            backends[model.name] = await stack.enter_async_context(backend)
-        yield backends
+async def _open_engines(model: ContinuousModelConfig, queue: QueueConfig) -> AsyncIterator[Backend]:
+    await convert_once(model)  # before the tokenizer is read: the conversion writes it
+    spawn = process_workers(model.engine_argv(), model.workers, kind=EngineProcess)
+    async with open_engine_pool(model, queue, spawn, make_tokenizer(model.tokenizer)) as pool:
+        yield pool

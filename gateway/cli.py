@@ -2,6 +2,7 @@
 
     ferry demo     push a few hundred requests through 8 reference workers and print the run
     ferry serve    the HTTP gateway (gateway/server.py)
+    ferry reload | status | drain | weights   a running gateway's admin socket (gateway/control.py)
     ferry simulate a scenario through the production batcher in virtual time (batcher/simulate.py)
 """
 
@@ -11,17 +12,17 @@ import argparse
 import logging
 import sys
 
-import trio
-
-from batcher.config import PoolConfig
-from batcher.process_worker import process_workers
-from batcher.sim import simulate
-from batcher.sim.load import open_loop
-from gateway.server import add_serve_command
+from gateway.control import CONTROL_COMMANDS, add_control_commands
 
 
 def demo(args: argparse.Namespace) -> int:
     """Open-loop Poisson requests through the fixed-batch core and real `sleep` workers."""
+    import trio
+
+    from batcher.config import PoolConfig
+    from batcher.process_worker import process_workers
+    from batcher.sim.load import open_loop
+
     spawn = process_workers(["sleep", "--latency-ms", str(args.latency_ms)], args.workers)
     print(
         f"ferry demo: {args.workers} sleep workers ({args.latency_ms:g} ms a call), "
@@ -34,9 +35,18 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if not report.errors else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
+    """Every sub-command; ``control_only``: the admin client's alone, which import neither the
+    core nor the HTTP server, so that ``ferry weights`` (a rollback) starts in a fraction of
+    the time ``ferry serve`` needs to import."""
     parser = argparse.ArgumentParser(prog="ferry", description="A trio batching scheduler for GPU workers.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    if control_only:
+        add_control_commands(commands)
+        return parser
+    from batcher.sim import simulate
+    from gateway.server import add_serve_command
+
     sub = commands.add_parser("demo", help=demo.__doc__)
     sub.add_argument("--workers", type=int, default=8)
     sub.add_argument("--latency-ms", type=float, default=200.0)
@@ -44,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--duration", type=float, default=1.0, help="seconds of arrivals")
     sub.set_defaults(run=demo)
     add_serve_command(commands)
+    add_control_commands(commands)
     sub = commands.add_parser("simulate", help=simulate.main.__doc__, description=simulate.__doc__.split("\n\n")[0])
     simulate.add_arguments(sub)
     sub.set_defaults(run=simulate.main)
@@ -52,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(control_only=bool(argv) and argv[0] in CONTROL_COMMANDS).parse_args(argv)
     return args.run(args)
 
 

@@ -1,18 +1,21 @@
-"""The served models by name: every alias resolves to one versioned model, with its tokenizer and
-chat template.
+"""The served models by name: each version with its tokenizer and chat template, and the aliases
+that resolve to them, weighted (:mod:`gateway.routing`).
 
 Resolution happens once, at admission: the request runs on that version and the response names
-it, so a client that asked for ``ferry-fixed`` learns it got ``ferry-fixed@1``.
+it, so a client that asked for ``ferry-fixed`` learns it got ``ferry-fixed@1``. A
+:class:`Catalog` is immutable and holds only what takes traffic now; a reload or a weight change
+builds a new one and swaps it in whole (:mod:`gateway.rollout`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from batcher.config import ModelConfig
+from batcher.config import AliasConfig, ModelConfig
 from gateway.api import NotFound
 from gateway.chat import ChatTemplate, make_template
+from gateway.routing import Split
 from gateway.tokenizer import Tokenizer, make_tokenizer
 
 
@@ -28,24 +31,42 @@ class ServedModel:
 
 
 class Catalog:
-    def __init__(self, models: Sequence[ModelConfig]) -> None:
-        self.models = [_served(model, f"models[{index}]") for index, model in enumerate(models)]
-        self._by_name = {name: served for served in self.models for name in (served.name, *served.config.aliases)}
+    """The versions that take traffic, and every alias's split over them."""
 
-    def resolve(self, name: str) -> ServedModel:
-        """The model a name or alias stands for; :class:`NotFound` if none."""
-        try:
-            return self._by_name[name]
-        except KeyError:
-            known = ", ".join(sorted(self._by_name))
-            raise NotFound(f"model: {name[:200]!r} is not served here; try one of: {known}") from None
+    def __init__(self, models: Sequence[ServedModel], splits: Iterable[Split] = ()) -> None:
+        self.models = list(models)
+        self._by_name = {served.name: served for served in self.models}
+        self.splits = {split.alias: split for split in splits}
+
+    @classmethod
+    def of(cls, models: Sequence[ModelConfig], aliases: Sequence[AliasConfig] = ()) -> Catalog:
+        """Every version of a configuration, each loaded now (a bad tokenizer names its model)."""
+        return cls([serve(model, f"models[{index}]") for index, model in enumerate(models)],
+                   splits_of(models, aliases))
+
+    def resolve(self, name: str, session: str = "") -> ServedModel:
+        """The version a name stands for; for an alias, the one this session's point falls on.
+        :class:`NotFound` if the name is neither."""
+        split = self.splits.get(name)
+        served = self._by_name.get(split.pick(session) if split is not None else name)
+        if served is None:
+            known = ", ".join(sorted((*self._by_name, *self.splits)))
+            raise NotFound(f"model: {name[:200]!r} is not served here; try one of: {known}")
+        return served
 
     def names(self) -> list[str]:
+        """The versions, in configuration order."""
         return [served.name for served in self.models]
 
 
-def _served(model: ModelConfig, where: str) -> ServedModel:
-    """A model's tokenizer and template, loaded at start-up: a bad one names its model."""
+def splits_of(models: Sequence[ModelConfig], aliases: Sequence[AliasConfig]) -> list[Split]:
+    """A model's own ``aliases`` (all of its traffic) and the weighted ``[aliases]`` table."""
+    plain = [Split(alias, ((model.name, 1.0),)) for model in models for alias in model.aliases]
+    return plain + [Split(alias.name, alias.weights) for alias in aliases]
+
+
+def serve(model: ModelConfig, where: str) -> ServedModel:
+    """A model's tokenizer and template, loaded once: a bad one names its model."""
     try:
         return ServedModel(model, make_tokenizer(model.tokenizer), make_template(model.chat_template, model.tokenizer))
     except ValueError as exc:

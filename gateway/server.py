@@ -4,6 +4,8 @@
     SIGTERM:  stop accepting ─> in-flight requests finish (up to shutdown_grace_ms)
               ─> those still waiting are answered "shutting down" (503 / a stream's error event)
               ─> cancel the trio core, which stops the workers ─> exit 0
+    SIGHUP:   re-read the config file and apply it live (gateway/rollout.py), as `ferry reload`
+              does through the admin socket (gateway/admin.py)
 
 The core starts first, so a listening gateway can always serve; the core stops last, so no
 request that was accepted loses its batcher. aiohttp closes the idle keep-alive connections;
@@ -25,11 +27,14 @@ from collections.abc import Callable
 from aiohttp import web
 
 from batcher.config import FerryConfig, default_config, load_config
+from batcher.fleet import Launch
+from gateway.admin import reload_on_signal, start_admin
 from gateway.api import ShuttingDown
 from gateway.app import GATEWAY, make_app
-from gateway.bridge import Bridge, OpenCore, open_backends
+from gateway.bridge import Bridge, open_backend
 from gateway.connections import ConnectionCollector, ConnectionGuard, GuardedSite
 from gateway.logs import hide_request_bytes
+from gateway.rollout import Rollout, leaves
 
 log = logging.getLogger("ferry.serve")
 
@@ -37,26 +42,38 @@ log = logging.getLogger("ferry.serve")
 async def serve(
     config: FerryConfig,
     announce: Callable[[str], None] = print,
-    open_core: OpenCore | None = None,
+    launch: Launch = open_backend,
+    reread: Callable[[], FerryConfig] | None = None,
+    source: str = "<embedded default>",
 ) -> int:
-    """Run the gateway until SIGTERM or SIGINT (or the core dies); return an exit status."""
+    """Run the gateway until SIGTERM or SIGINT (or the core dies); return an exit status.
+    ``reread`` reads ``source`` again for a reload (SIGHUP, ``ferry reload``)."""
     hide_request_bytes()  # aiohttp would log a refused request's bytes: its key, its prompt
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    bridge = Bridge(open_core or functools.partial(open_backends, config))
+    bridge = Bridge(launch, config.models, config.queue())
     try:
         try:
             await bridge.start()
         except Exception as exc:  # noqa: BLE001 - a bad worker argv, a model that fails to load...
-            announce(f"ferry serve: the scheduling core did not start: {_leaves(exc)}")
+            announce(f"ferry serve: the scheduling core did not start: {leaves(exc)}")
             return 1
         app = make_app(config, bridge)
         guard = ConnectionGuard(_connection_cap(config.server.max_connections), config.server.header_timeout_ms / 1000)
         app.middlewares.append(guard.track)
         app[GATEWAY].metrics.registry.register(ConnectionCollector(guard))
+        rollout = Rollout(app[GATEWAY], reread or (lambda: config), source)
+        try:
+            admin = await start_admin(rollout, config)
+        except (RuntimeError, OSError) as exc:
+            announce(f"ferry serve: the admin socket did not open: {exc}")
+            return 1
+        app.on_shutdown.append(lambda _: admin.cleanup())
+        app.on_shutdown.append(lambda _: rollout.aclose())
         app.on_shutdown.append(functools.partial(_drain, guard, bridge, config.server.shutdown_grace_ms / 1000))
+        loop.add_signal_handler(signal.SIGHUP, reload_on_signal(rollout, announce))
         runner = web.AppRunner(
             app,
             access_log=None,  # a log line per request costs more than the request's own work
@@ -107,13 +124,6 @@ async def _drain(guard: ConnectionGuard, bridge: Bridge, grace: float, app: web.
         await guard.drained(ANSWER_WINDOW)
 
 
-def _leaves(error: BaseException) -> str:
-    """The messages at the bottom of an exception group, joined: what actually went wrong."""
-    if isinstance(error, BaseExceptionGroup):
-        return "; ".join(_leaves(inner) for inner in error.exceptions)
-    return f"{type(error).__name__}: {error}"
-
-
 def add_serve_command(commands) -> None:
     """``ferry serve [--config FILE] [--host H] [--port P]``."""
     sub = commands.add_parser("serve", help="run the HTTP gateway (the embedded default with no --config)")
@@ -123,16 +133,21 @@ def add_serve_command(commands) -> None:
     sub.set_defaults(run=serve_command)
 
 
+def _load(args) -> FerryConfig:
+    """The configuration file (or the embedded default), with the command line's overrides."""
+    config = load_config(args.config) if args.config else default_config()
+    server = dataclasses.replace(
+        config.server,
+        host=args.host if args.host is not None else config.server.host,
+        port=args.port if args.port is not None else config.server.port,
+    )
+    return dataclasses.replace(config, server=server)
+
+
 def serve_command(args) -> int:
     """Load the configuration, then run :func:`serve` on uvloop (plain asyncio without it)."""
     try:
-        config = load_config(args.config) if args.config else default_config()
-        server = dataclasses.replace(
-            config.server,
-            host=args.host if args.host is not None else config.server.host,
-            port=args.port if args.port is not None else config.server.port,
-        )
-        config = dataclasses.replace(config, server=server)
+        config = _load(args)
     except (OSError, ValueError) as exc:
         print(f"ferry serve: {exc}", file=sys.stderr)
         return 2
@@ -141,11 +156,12 @@ def serve_command(args) -> int:
             print(f"ferry serve: demo key for tier {key.tier}: {key.key}")
     _raise_open_file_limit()
     say = functools.partial(print, flush=True)
+    running = serve(config, say, reread=functools.partial(_load, args), source=args.config or "<embedded default>")
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(serve(config, say))
-    return uvloop.run(serve(config, say))
+        return asyncio.run(running)
+    return uvloop.run(running)
 
 
 FD_RESERVE = 256  # descriptors kept for worker pipes, SQLite, Redis and the listening socket

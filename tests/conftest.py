@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import pathlib
-import shutil
-import signal
-import socket
-import subprocess
-import time
-
 import pytest
 
 from batcher.sim.workers import SimulatedWorker, constant
+from experiments.redis_server import RedisServer
 from workers.faults import FaultPlan
 
 
@@ -54,66 +48,20 @@ def fleet_factory():
     return Fleet
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class RedisServer:
-    """A real redis-server on loopback that a test may stop, freeze (SIGSTOP) and restart on
-    the same port. Nothing is saved to disk: a restarted server starts empty."""
-
-    def __init__(self, workdir) -> None:
-        self.binary = shutil.which("redis-server")
-        if self.binary is None:
-            pytest.fail("redis-server is not installed: `apt-get install redis-server` (the CI script does)")
-        self.workdir = workdir
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    self.process.kill()
-                    pytest.fail(f"redis-server did not answer on port {self.port}")
-                time.sleep(0.05)
-
-    def freeze(self) -> None:
-        """SIGSTOP, and return once the process is stopped: it answers nothing from then on."""
-        self.process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
-        stat = pathlib.Path(f"/proc/{self.process.pid}/stat")  # type: ignore[union-attr]
-        while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":
-            time.sleep(0.001)
-
-    def thaw(self) -> None:
-        self.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.thaw()
-            self.process.terminate()
-            self.process.wait(timeout=10)
+def _redis(workdir) -> RedisServer:
+    """A started redis-server, or the test fails saying what is missing (CI installs it)."""
+    try:
+        server = RedisServer(workdir)
+        server.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    return server
 
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory):
     """A real redis-server on loopback for the whole session (CI installs it; see .ci/run)."""
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
+    server = _redis(tmp_path_factory.mktemp("redis"))
     yield server.url
     server.stop()
 
@@ -121,7 +69,6 @@ def redis_url(tmp_path_factory):
 @pytest.fixture
 def redis_server(tmp_path):
     """A redis-server of this test's own, to stop, freeze and restart."""
-    server = RedisServer(tmp_path)
-    server.start()
+    server = _redis(tmp_path)
     yield server
     server.stop()

@@ -73,7 +73,10 @@ class Gateway:
     """One ``ferry serve`` subprocess; its stderr (gateway and worker logs) goes to a file."""
 
     def __init__(self, tmp: pathlib.Path, config: str = CONFIG) -> None:
-        path = tmp / "ferry.toml"
+        if "[state]" not in config:  # its own usage records, idempotent answers and admin socket
+            config += f'\n[state]\ndir = "{tmp}"\n'
+        self.tmp = tmp
+        path = self.config_path = tmp / "ferry.toml"
         path.write_text(config)
         self.log = tmp / "gateway.log"
         self.process = subprocess.Popen(

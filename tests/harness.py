@@ -72,6 +72,8 @@ class ScriptedBackend:
         self.playing: list[_Play] = []
         self.cancelled: list[str] = []  # prompts of the jobs whose callers left
         self.ticks = 0
+        self.queue = None  # the queue settings of the last retune
+        self.closed = False  # the core has closed it
 
     def submit(self, job: Job, on_event) -> _Play:
         script = job.prompt.rsplit("User: ", 1)[-1]
@@ -82,6 +84,9 @@ class ScriptedBackend:
     def cancel(self, play: _Play) -> None:
         play.cancelled = True
         self.cancelled.append(play.job.prompt)
+
+    def retune(self, queue) -> None:
+        self.queue = queue
 
     def snapshot(self) -> Snapshot:
         return Snapshot(True, {"playing": len(self.playing)}, Stats(), BatchLoad((0,), (), 1, 0.0))
@@ -113,27 +118,31 @@ def _script(text: str, input_tokens: int) -> list:
 
 
 @contextlib.asynccontextmanager
-async def in_process(backend: ScriptedBackend, config: str = CONFIG, state_dir: str | None = None):
-    """A started bridge over ``backend`` (as model ``scripted@1``) and a client for its app."""
-
-    @contextlib.asynccontextmanager
-    async def core():
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(backend.run)
-            yield {"scripted@1": backend}
-            nursery.cancel_scope.cancel()
-
-    async with in_process_core(core, config, state_dir) as opened:
-        yield opened
+async def playing(backend: ScriptedBackend):
+    """A scripted backend, running its ticks, for as long as the core keeps it open."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(backend.run)
+        yield backend
+        nursery.cancel_scope.cancel()
+    backend.closed = True
 
 
 @contextlib.asynccontextmanager
-async def in_process_core(core, config: str, state_dir: str | None = None):
-    """A started bridge over the trio core ``core()`` opens, and a client for its app."""
+async def in_process(backend: ScriptedBackend, config: str = CONFIG, state_dir: str | None = None,
+                     others: dict | None = None):
+    """A started bridge over ``backend`` (as model ``scripted@1``) and a client for its app.
+    ``others`` are the backends of other versions by name, or what opens one (a function
+    returning an async context manager)."""
     if state_dir is not None:
         config += f'\n[state]\ndir = "{state_dir}"\n'
     parsed = parse_config(config)
-    bridge = Bridge(core)
+    backends = {"scripted@1": backend, **(others or {})}
+
+    def launch(model, queue):
+        found = backends[model.name]
+        return playing(found) if isinstance(found, ScriptedBackend) else found()
+
+    bridge = Bridge(launch, parsed.models, parsed.queue())
     await bridge.start()
     client = TestClient(TestServer(make_app(parsed, bridge)))
     await client.start_server()

@@ -258,7 +258,7 @@ def test_keys_by_value_or_by_digest_and_in_either_header():
 
 
 def test_aliases_resolve_to_one_version():
-    catalog = Catalog([FixedModelConfig(name="m@2", worker=("echo",), aliases=("m", "latest"))])
+    catalog = Catalog.of([FixedModelConfig(name="m@2", worker=("echo",), aliases=("m", "latest"))])
     assert catalog.resolve("m").name == catalog.resolve("latest").name == "m@2"
     with pytest.raises(api.NotFound, match="'m@1' is not served here; try one of: latest, m, m@2"):
         catalog.resolve("m@1")

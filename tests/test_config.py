@@ -29,12 +29,16 @@ def test_the_example_file_loads_with_every_field():
     acme, hobbyist = config.keys
     assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
     assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()
-    fixed, echo, smollm2 = config.models
+    fixed, echo, canary, smollm2 = config.models
     assert (fixed.name, fixed.aliases, fixed.mode, fixed.worker) == (
-        "ferry-fixed@1", ("ferry-fixed",), "fixed", ("sleep", "--latency-ms", "200"))
+        "ferry-fixed@1", (), "fixed", ("sleep", "--latency-ms", "200"))
     assert (fixed.max_batch, fixed.max_wait_ms, fixed.context_window, fixed.tokenizer) == (50, 150, 8192, "bytes")
     assert fixed.pool() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3)
     assert (echo.name, echo.workers, echo.max_wait_ms) == ("echo@1", 2, 5)
+    assert (canary.name, canary.policy) == ("ferry-fixed@2", "idle_aware")
+    [alias] = config.aliases
+    assert (alias.name, alias.weights) == ("ferry-fixed", (("ferry-fixed@1", 95), ("ferry-fixed@2", 5)))
+    assert config.admin.socket == "" and config.admin_socket().endswith("/admin.sock")
     assert (smollm2.mode, smollm2.model, smollm2.kv_memory_gb, smollm2.affinity_bound) == (
         "continuous", "smollm2-135m", 0.5, 2048)
     assert smollm2.engine_argv() == [
@@ -98,6 +102,15 @@ def test_a_minimal_file_takes_the_defaults():
          "f.toml: keys[0].key_sha256: expected 64 lowercase hex digits"),
         (MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\n"
          "[[keys]]\nkey = 'sk-000000001'\ntenant = 'u'\ntier = 'paid'\n", "f.toml: keys: expected distinct keys"),
+        ("[aliases]\nm = 1\n" + MINIMAL, "f.toml: aliases.m: expected a table of model versions to weights, got 1"),
+        ("[aliases]\nm = {}\n" + MINIMAL, "f.toml: aliases.m: expected a table of model versions to weights"),
+        ("[aliases]\nm = { 'm@2' = 1 }\n" + MINIMAL, "f.toml: aliases.m: expected model versions, one of ['m@1'], got 'm@2'"),
+        ("[aliases]\nm = { 'm@1' = -1 }\n" + MINIMAL, "f.toml: aliases.m.m@1: expected a weight >= 0, got -1"),
+        ("[aliases]\nm = { 'm@1' = 0 }\n" + MINIMAL, "f.toml: aliases.m: expected weights adding up to more than 0"),
+        ("[aliases]\nm = { 'm@1' = true }\n" + MINIMAL, "f.toml: aliases.m.m@1: expected a weight >= 0, got True"),
+        ("[aliases]\n'm@1' = { 'm@1' = 1 }\n" + MINIMAL, "f.toml: aliases.m@1: expected a name no model uses"),
+        ("[admin]\ntoken_sha256 = 'x'\n" + MINIMAL, "f.toml: admin.token_sha256: expected 64 lowercase hex digits"),
+        ("[admin]\ntoken = 'x'\n" + MINIMAL, "f.toml: admin: unknown field 'token'"),
     ],
 )
 def test_every_mistake_names_the_file_and_the_field(text, message):

@@ -22,7 +22,7 @@ from batcher.engine_worker import EngineProcess
 from batcher.process_worker import process_workers
 from batcher.types import Expired, ReplicaLost, Shed, TooLarge
 from gateway.tokenizer import ByteTokenizer
-from tests.harness import KEY, in_process_core, run, sse
+from tests.harness import KEY, ScriptedBackend, in_process, run, sse
 from tests.test_worker_processes import wait_for
 
 QUEUE = QueueConfig(wait_budgets=(10.0, 10.0))
@@ -194,13 +194,9 @@ max_seqs = 16
 
 
 def test_the_tokens_of_one_engine_step_cross_to_the_http_side_in_one_hop(tmp_path):
-    @contextlib.asynccontextmanager
-    async def core():
-        async with engines(workers=1) as pool:
-            yield {"sim@1": pool}
-
     async def body():
-        async with in_process_core(core, IN_PROCESS, str(tmp_path)) as (client, bridge):
+        others = {"sim@1": lambda: engines(workers=1)}
+        async with in_process(ScriptedBackend(), IN_PROCESS, str(tmp_path), others) as (client, bridge):
             async def one(index: int) -> list:
                 request = {"model": "sim@1", "max_tokens": 30, "stream": True,
                            "messages": [{"role": "user", "content": f"stream {index}"}]}

@@ -12,7 +12,7 @@ import contextlib
 import pytest
 
 from batcher.backend import Delta, Failed, Finished, Job, Started
-from batcher.config import PoolConfig, QueueConfig
+from batcher.config import FixedModelConfig, PoolConfig, QueueConfig
 from batcher.fixed import open_batcher
 from batcher.policy import SizeOrTimeout
 from batcher.sim.workers import SimulatedWorker, constant
@@ -20,8 +20,11 @@ from batcher.types import Overloaded
 from gateway.bridge import Bridge, CoreStopped
 
 
+M = FixedModelConfig(name="m", worker=("echo",))
+
+
 class Core:
-    """An ``open_core`` for the bridge: one model, ``m``, on simulated workers."""
+    """A ``launch`` for the bridge: model ``m`` (or any other) on simulated workers."""
 
     def __init__(self, max_batch: int = 50, max_wait: float = 0.005, workers: int = 2) -> None:
         self.policy = SizeOrTimeout(max_batch, max_wait)
@@ -33,11 +36,8 @@ class Core:
         self.spawned.append(worker)
         return worker
 
-    @contextlib.asynccontextmanager
-    async def __call__(self):
-        pool = PoolConfig(workers=self.workers)
-        async with open_batcher(self.spawn, pool, self.policy, QueueConfig()) as batcher:
-            yield {"m": batcher}
+    def __call__(self, model, queue):
+        return open_batcher(self.spawn, PoolConfig(workers=self.workers), self.policy, queue)
 
     def inputs_seen(self) -> list[str]:
         return [text for worker in self.spawned for call in worker.calls for text in call]
@@ -59,7 +59,7 @@ def run(core, body):
     """Start a bridge over ``core``, run ``await body(bridge)``, stop the bridge; body's result."""
 
     async def main():
-        bridge = Bridge(core)
+        bridge = Bridge(core, [M], QueueConfig())
         await bridge.start()
         try:
             return await body(bridge)
@@ -125,7 +125,7 @@ def test_an_unknown_tier_fails_that_request_alone():
 
 def test_after_stop_nothing_is_accepted_and_a_failed_start_raises():
     async def main():
-        bridge = Bridge(Core())
+        bridge = Bridge(Core(), [M], QueueConfig())
         await bridge.start()
         assert bridge.running
         await bridge.stop()
@@ -134,11 +134,11 @@ def test_after_stop_nothing_is_accepted_and_a_failed_start_raises():
             bridge.submit("m", job("x"))
 
         @contextlib.asynccontextmanager
-        async def broken():
+        async def broken(model, queue):
             raise OSError("no GPU")
-            yield {}
+            yield
 
-        with pytest.RaisesGroup(pytest.RaisesExc(OSError, match="no GPU")):
-            await Bridge(broken).start()
+        with pytest.RaisesGroup(pytest.RaisesGroup(pytest.RaisesExc(OSError, match="no GPU"))):
+            await Bridge(broken, [M], QueueConfig()).start()
 
     asyncio.run(asyncio.wait_for(main(), timeout=30))

@@ -52,7 +52,7 @@ def test_the_sdk_sees_typed_errors(gateway, client):
     stranger = anthropic.Anthropic(base_url=gateway.url, api_key="sk-unknown-key", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         stranger.messages.create(model="echo", max_tokens=1, messages=[{"role": "user", "content": "x"}])
-    assert [model.id for model in client.models.list()] == ["sleepy@1", "echo@1", "held@1"]
+    assert [model.id for model in client.models.list()] == ["sleepy@1", "echo@1", "held@1", "sleepy", "echo"]
 
 
 def sse_events(raw: bytes) -> list[str]:

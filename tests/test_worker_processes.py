@@ -237,6 +237,8 @@ async def test_a_garbage_frame_is_a_protocol_fault_and_only_the_named_slot_misbe
     spawn = process_workers(["echo", "--garbage-on-call", "1", "--only-slot", "0"], 2)
     async with open_batcher(spawn, PoolConfig(workers=2), SizeOrTimeout(1, 0.0)) as batcher:
         answers = [await batcher.answer(f"r{i}", "paid") for i in range(4)]
+        retries = batcher.stats.retries
         restarts = {worker.slot: worker.restarts for worker in batcher.pool.workers()}
     assert answers == [f"r{i}" for i in range(4)]
-    assert restarts[0] >= 1 and restarts[1] == 0  # slot 0's first call broke the protocol; slot 1 never misbehaved
+    assert retries >= 1  # slot 0's first call broke the protocol: its batch went to slot 1
+    assert restarts[1] == 0  # slot 1 never misbehaved

@@ -18,7 +18,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent.parent))
 
 from experiments.chaos.checks import Verdict, judge  # noqa: E402
-from experiments.chaos.faults import Clock  # noqa: E402
+from experiments.chaos.faults import Clock, Run  # noqa: E402
 from experiments.chaos.scenarios import (  # noqa: E402
     BY_NAME,
     KEYS,
@@ -32,16 +32,32 @@ from experiments.chaos.scenarios import (  # noqa: E402
 )
 from experiments.chaos.server import Server, StartFailed  # noqa: E402
 from experiments.chaos.traffic import send  # noqa: E402
+from experiments.redis_server import RedisServer  # noqa: E402
+from gateway.limiter import REDIS_CONNECTIONS  # noqa: E402
 
 REPORT = pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "RELIABILITY.md"
 SETTLE = 1.0  # seconds after the traffic before the leak check: queues drain, sockets close
 
 
 async def run(scenario: Scenario, params: Params, workdir: pathlib.Path) -> Verdict:
-    """One row: start the gateway, send the traffic beside the fault, judge every answer."""
+    """One row: start the gateway (and its Redis), send the traffic beside the fault, judge
+    every answer."""
+    redis = None
+    if scenario.redis:
+        redis = RedisServer(workdir / "redis")
+        (workdir / "redis").mkdir(parents=True, exist_ok=True)
+        redis.start()
+    try:
+        return await _run(scenario, params, workdir, redis)
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
+async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis: RedisServer | None) -> Verdict:
     began = time.monotonic()
     try:
-        server = await asyncio.to_thread(Server, scenario.toml(params), workdir)
+        server = await asyncio.to_thread(Server, scenario.toml(params, redis and redis.url), workdir)
     except StartFailed as exc:
         verdict = Verdict(scenario.name)
         if not scenario.start_fails:
@@ -58,7 +74,8 @@ async def run(scenario: Scenario, params: Params, workdir: pathlib.Path) -> Verd
     clock = Clock()
     plan = plan_for(scenario, params)
     traffic = asyncio.ensure_future(send(plan, server.url, KEYS, MODEL))
-    fault = asyncio.ensure_future(scenario.fault(server, clock, params)) if scenario.fault else None
+    context = Run(server, clock, params.duration, params.seed, redis)
+    fault = asyncio.ensure_future(scenario.fault(context)) if scenario.fault else None
     shots = await traffic
     if fault is not None:
         await fault
@@ -73,7 +90,8 @@ async def run(scenario: Scenario, params: Params, workdir: pathlib.Path) -> Verd
     verdict = judge(scenario.name, shots, server.usage(), rules, clock.times, clock.problems)
     if after is not None:
         verdict.resources = {name: (before[name], after[name]) for name in before}
-        if after["fds"] > before["fds"] + 16:
+        pools = REDIS_CONNECTIONS if scenario.redis else 0  # a bounded pool that warmed up is no leak
+        if after["fds"] > before["fds"] + 16 + pools:
             verdict.violate(f"file descriptors grew from {before['fds']} to {after['fds']}")
         if after["threads"] > before["threads"] + 2:
             verdict.violate(f"threads grew from {before['threads']} to {after['threads']}")

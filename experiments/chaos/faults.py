@@ -1,5 +1,6 @@
-"""Faults a chaos scenario injects while its traffic runs: each an async function of the running
-:class:`~experiments.chaos.server.Server` and a :class:`Clock` that records when it struck.
+"""Faults a chaos scenario injects while its traffic runs: each an async function of the run's
+:class:`Run` (the gateway, the Redis server if the row has one, and a :class:`Clock` that
+records when the fault struck).
 
 Worker faults that live inside the worker (hangs, stragglers, poison inputs, wrong output
 counts, garbage frames, crash loops) are not here: they are the fault flags of the scenario's
@@ -10,12 +11,14 @@ bad day or a hostile client would: signals to processes, and sockets.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import signal
 import socket
 
 from experiments.chaos.server import Server
+from experiments.redis_server import RedisServer
 
 
 class Clock:
@@ -30,6 +33,15 @@ class Clock:
         self.times.append(asyncio.get_running_loop().time())
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Run:
+    server: Server
+    clock: Clock
+    duration: float  # seconds of traffic
+    seed: int = 0
+    redis: RedisServer | None = None
+
+
 def _kill(pid: int) -> bool:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -42,55 +54,66 @@ async def _pids(server: Server) -> list[int]:
     return await asyncio.to_thread(server.worker_pids)
 
 
-async def kill_workers(server: Server, clock: Clock, every: float, until: float, seed: int = 0) -> None:
+async def kill_workers(run: Run, every: float) -> None:
     """SIGKILL one worker, picked at random, busy or idle, every ``every`` seconds."""
-    draw = random.Random(seed)
+    draw = random.Random(run.seed)
     loop = asyncio.get_running_loop()
-    end = loop.time() + until
+    end = loop.time() + run.duration
     while loop.time() + every < end:
         await asyncio.sleep(every)
-        pids = await _pids(server)
+        pids = await _pids(run.server)
         if pids and _kill(draw.choice(pids)):
-            clock.mark()
+            run.clock.mark()
 
 
-async def kill_idle_fleet(server: Server, clock: Clock, at: float) -> None:
+async def kill_idle_fleet(run: Run, at: float) -> None:
     """SIGKILL every worker at once, at a moment the traffic plan keeps quiet (a gap)."""
     await asyncio.sleep(at)
-    for pid in await _pids(server):
+    for pid in await _pids(run.server):
         _kill(pid)
-    clock.mark()
+    run.clock.mark()
 
 
-async def watch_not_ready(server: Server, clock: Clock, until: float, after: float, every: float = 0.05) -> None:
+async def watch_not_ready(run: Run, after: float, every: float = 0.05) -> None:
     """A fleet that crashes on every call must say so: /readyz stays 503 from ``after`` on."""
     await asyncio.sleep(after)
     loop = asyncio.get_running_loop()
-    end = loop.time() + until
+    end = loop.time() + run.duration - after
     while loop.time() < end:
-        if await asyncio.to_thread(server.ready):
-            clock.problems.append("/readyz said ready while every worker crashes on its first call")
+        if await asyncio.to_thread(run.server.ready):
+            run.clock.problems.append("/readyz said ready while every worker crashes on its first call")
             return
         await asyncio.sleep(every)
 
 
-async def terminate_gateway(server: Server, clock: Clock, at: float) -> None:
+async def terminate_gateway(run: Run, at: float) -> None:
     """SIGTERM the gateway under load: it must drain what it accepted, then exit 0."""
     await asyncio.sleep(at)
-    server.send_signal(signal.SIGTERM)
-    clock.mark()
+    run.server.send_signal(signal.SIGTERM)
+    run.clock.mark()
 
 
-async def hold_connections(server: Server, clock: Clock, at: float, count: int, hold: float,
-                           partial: bytes = b"") -> None:
+async def redis_outage(run: Run, at: float, length: float, freeze: bool) -> None:
+    """Stop Redis (or freeze it with SIGSTOP) for ``length`` seconds, then bring it back: the
+    limits fail open to each gateway's own buckets, and no request may fail for it."""
+    assert run.redis is not None, "a Redis fault needs a row with redis = True"
+    await asyncio.sleep(at)
+    await asyncio.to_thread(run.redis.freeze if freeze else run.redis.stop)
+    run.clock.mark()
+    await asyncio.sleep(length)
+    await asyncio.to_thread(run.redis.thaw if freeze else run.redis.start)
+    run.clock.mark()
+
+
+async def hold_connections(run: Run, at: float, count: int, hold: float, partial: bytes = b"") -> None:
     """Open ``count`` connections, send ``partial`` (nothing: idle; half a request: a slow
     loris) and keep them open for ``hold`` seconds, while the real traffic goes on."""
     await asyncio.sleep(at)
-    clock.mark()
+    run.clock.mark()
     held = []
     for _ in range(count):
         try:
-            sock = socket.create_connection((server.host, server.port), timeout=5)
+            sock = socket.create_connection((run.server.host, run.server.port), timeout=5)
         except OSError:
             break  # the gateway refuses more: that is a documented answer, not this fault's failure
         sock.setblocking(False)

@@ -15,8 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from experiments.chaos import faults
 from experiments.chaos.checks import Rules
-from experiments.chaos.faults import Clock
-from experiments.chaos.server import Server
+from experiments.chaos.faults import Run
 from experiments.chaos.traffic import Plan
 
 PAID, FREE = "sk-chaos-paid-0001", "sk-chaos-free-0002"
@@ -33,9 +32,13 @@ class Params:
     seed: int = 0
 
 
-def config(worker: list[str], params: Params) -> str:
+def config(worker: list[str], workers: int, redis_url: str | None = None) -> str:
+    """The row's ``ferry serve`` config; with ``redis_url`` its keys' limits live in Redis
+    (generous limits: the row checks that they keep working, not that they bite)."""
     argv = ", ".join(f'"{arg}"' for arg in worker)
-    return f"""
+    limits = "" if redis_url is None else f'\n[limits]\nstore = "redis"\nredis_url = "{redis_url}"\n'
+    per_key = "" if redis_url is None else "\ntokens_per_minute = 100000000"
+    return limits + f"""
 [server]
 host = "127.0.0.1"
 ping_interval_ms = 100
@@ -51,16 +54,16 @@ wait_budget_ms = {FREE_BUDGET * 1000:.0f}
 [[keys]]
 key = "{PAID}"
 tenant = "chaos"
-tier = "paid"
+tier = "paid"{per_key}
 [[keys]]
 key = "{FREE}"
 tenant = "chaos"
-tier = "free"
+tier = "free"{per_key}
 
 [[models]]
 name = "{MODEL}@1"
 aliases = ["{MODEL}"]
-workers = {params.workers}
+workers = {workers}
 worker = [{argv}]
 max_batch = 50
 max_wait_ms = 150
@@ -68,7 +71,7 @@ hang_timeout_ms = {HANG_TIMEOUT * 1000:.0f}
 """
 
 
-Fault = Callable[[Server, Clock, Params], Awaitable[None]]
+Fault = Callable[[Run], Awaitable[None]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,23 +82,22 @@ class Scenario:
     fault: Fault | None = None
     rules: Rules = Rules()
     plan: dict = dataclasses.field(default_factory=dict)  # Plan fields beyond rate/duration/seed
+    workers: int | None = None  # worker processes, if not the run's own number
+    redis: bool = False  # the keys' limits live in a redis-server the row starts
     exit_code: int = 0  # what ``ferry serve`` must exit with at the end
     start_fails: bool = False  # the gateway must refuse to start, saying why
 
-    def traffic(self, params: Params) -> Plan:
-        return Plan(rate=params.rate, duration=params.duration, seed=params.seed, **self.plan)
-
-    def toml(self, params: Params) -> str:
-        return config(list(self.worker), params)
+    def toml(self, params: Params, redis_url: str | None = None) -> str:
+        return config(list(self.worker), self.workers or params.workers, redis_url)
 
 
-def _kill_every(server: Server, clock: Clock, params: Params) -> Awaitable[None]:
-    every = 2.0 if params.duration >= 10 else params.duration / 4
-    return faults.kill_workers(server, clock, every, params.duration, params.seed)
+def _kill_every(run: Run) -> Awaitable[None]:
+    return faults.kill_workers(run, every=2.0 if run.duration >= 10 else run.duration / 4)
 
 
 def _at(fraction: float, fault: Callable[..., Awaitable[None]], **kwargs) -> Fault:
-    return lambda server, clock, params: fault(server, clock, at=params.duration * fraction, **kwargs)
+    """``fault`` at ``fraction`` of the run's traffic; other durations in seconds."""
+    return lambda run: fault(run, at=run.duration * fraction, **kwargs)
 
 
 def _poisoned(shot) -> frozenset[int] | None:
@@ -109,10 +111,14 @@ def _budget_plus_hang(shot) -> float:
     return (PAID_BUDGET if shot.tier == "paid" else FREE_BUDGET) + HANG_TIMEOUT + 0.5
 
 
-def _down_all_run(server: Server, clock: Clock, params: Params) -> Awaitable[None]:
+def _down_all_run(run: Run) -> Awaitable[None]:
     """A fresh fleet is ready; from its first crash on (the first batch leaves within a flush,
     its call crashes it), it must stay not ready for the rest of the run."""
-    return faults.watch_not_ready(server, clock, params.duration, after=1.0)
+    return faults.watch_not_ready(run, after=1.0)
+
+
+def _redis_out(run: Run, freeze: bool) -> Awaitable[None]:
+    return faults.redis_outage(run, at=run.duration * 0.3, length=run.duration / 3, freeze=freeze)
 
 
 SLEEP = ("sleep", "--latency-ms", "200")
@@ -121,13 +127,14 @@ FLEET_DOWN = Rules(statuses=frozenset({500, 529}), expected=None, answer_within=
 SCENARIOS = [
     Scenario("baseline", "no fault"),
     Scenario("worker-kills", "SIGKILL a random worker every 2 s", fault=_kill_every),
-    Scenario("idle-deaths", "SIGKILL every worker at once, between calls",
-             fault=_at(0.5, faults.kill_idle_fleet)),
+    Scenario("idle-deaths", "SIGKILL every worker at once while all are idle",
+             fault=_at(0.5, faults.kill_idle_fleet), plan={"quiet": (0.4, 0.2)}),
     Scenario("hung-worker", "one worker hangs on 5 % of its calls",
              worker=(*SLEEP, "--hang-prob", "0.05", "--only-slot", "0"),
              rules=Rules(statuses=frozenset({500, 529}))),
     Scenario("straggler", "one worker 5x slower than the others",
-             worker=(*SLEEP, "--slow-factor", "5", "--only-slot", "0")),
+             worker=(*SLEEP, "--slow-factor", "5", "--only-slot", "0"),
+             rules=Rules(statuses=frozenset({500, 529}))),
     Scenario("poison", "0.5 % of inputs fail the model", worker=(*SLEEP, "--poison", "POISON"),
              rules=Rules(allowed=_poisoned), plan={"poison_share": 0.005}),
     Scenario("wrong-count", "each worker's 3rd call returns one output too few",
@@ -146,7 +153,12 @@ SCENARIOS = [
     Scenario("slow-loris", "300 connections sending half a request",
              fault=_at(0.2, faults.hold_connections, count=300, hold=5.0,
                        partial=b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: ")),
-    Scenario("burst-5x", "5x the rate for 2 s", plan={"burst": (3.0, 2.0, 5.0)}),
+    Scenario("burst-5x", "5x the rate for 2 s, on 2 workers: 3x their capacity", workers=2,
+             plan={"burst": (0.2, 0.15, 5.0)}),
+    Scenario("redis-stop", "Redis stopped for a third of the run, then restarted (limits in Redis)",
+             redis=True, fault=lambda run: _redis_out(run, freeze=False)),
+    Scenario("redis-freeze", "Redis frozen (SIGSTOP) for a third of the run (limits in Redis)",
+             redis=True, fault=lambda run: _redis_out(run, freeze=True)),
 ]
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 
@@ -156,8 +168,11 @@ SHORT_PARAMS = Params(rate=150.0, duration=3.0, workers=2, seed=7)
 
 
 def plan_for(scenario: Scenario, params: Params) -> Plan:
-    """The scenario's traffic at these parameters (a burst scaled into a short run)."""
-    plan = scenario.traffic(params)
-    if plan.burst is not None and plan.burst[0] + plan.burst[1] > params.duration:
-        plan = dataclasses.replace(plan, burst=(params.duration * 0.3, params.duration * 0.3, plan.burst[2]))
-    return plan
+    """The scenario's traffic at these parameters; its burst and quiet windows are fractions
+    of the run's duration."""
+    fields = dict(scenario.plan)
+    for name in ("burst", "quiet"):
+        if name in fields:
+            start, length, *rest = fields[name]
+            fields[name] = (start * params.duration, length * params.duration, *rest)
+    return Plan(rate=params.rate, duration=params.duration, seed=params.seed, **fields)

@@ -33,6 +33,7 @@ class Plan:
     poison: str = "POISON"
     give_up_share: float = 0.0  # clients that leave mid-queue or mid-stream
     burst: tuple[float, float, float] | None = None  # (start s, length s, rate multiplier)
+    quiet: tuple[float, float] | None = None  # (start s, length s) with no arrival
     max_tokens: int = 256
     timeout: float = 30.0
     seed: int = 0
@@ -43,6 +44,9 @@ class Plan:
             start, length, factor = self.burst
             extra = poisson(self.rate * (factor - 1), length, self.seed + 1) + start
             times = np.sort(np.concatenate([times, extra]))
+        if self.quiet is not None:
+            start, length = self.quiet
+            times = times[(times < start) | (times >= start + length)]
         return times
 
 

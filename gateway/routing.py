@@ -1,0 +1,75 @@
+"""Weighted aliases: which version of a model answers a client, stable per session. Pure.
+
+Seed 000 §6.4 shifts traffic to a new version step by step; seeds 001 and 004 split by user or
+session, never by request, because one conversation that hops between versions changes its
+style mid-way. So a :class:`Split` places each session at a fixed point of [0, 1) (a hash of the
+alias and the session key) and lays the versions' shares end to end over that interval, in
+version-name order::
+
+    weights  @1 = 95, @2 = 5          @1 = 50, @2 = 50            @1 = 0, @2 = 100
+    [0, 1)   |====== @1 ======|@2|    |=== @1 ===|=== @2 ===|      |======== @2 ========|
+                       ^ a session's point: the same alias and key land here every time
+
+A session keeps its version as long as its point stays in that version's band. Moving weight
+from ``@1`` to ``@2`` only moves the sessions in the band that changed hands, and nobody who is on
+``@2`` goes back while ``@2``'s share grows: a canary's users stay canary users as it widens.
+
+The session key is what the client says identifies a conversation or user (Anthropic's
+``metadata.user_id``, OpenAI's ``user``), else the API key's id, so a client that says nothing
+still sees one version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+_SCALE = float(1 << 64)
+
+
+def session_point(alias: str, session: str) -> float:
+    """Where a session falls in [0, 1) for an alias: the same inputs, the same point, in every
+    process (sha256, not Python's salted ``hash``), so several gateways agree."""
+    digest = hashlib.sha256(f"{alias}\0{session}".encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "big") / _SCALE
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Split:
+    """An alias's versions and their weights; :meth:`pick` says which one a session gets."""
+
+    alias: str
+    weights: tuple[tuple[str, float], ...]  # (version, weight >= 0), at least one weight > 0
+
+    def __post_init__(self) -> None:
+        ordered = tuple(sorted(self.weights))  # bands in name order, however the weights were given
+        object.__setattr__(self, "weights", ordered)
+        if not ordered or any(w < 0 for _, w in ordered) or sum(w for _, w in ordered) <= 0:
+            raise ValueError(f"{self.alias}: expected weights >= 0 adding up to more than 0, got {dict(ordered)}")
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """Each version's share of the sessions, in 0..1."""
+        total = sum(w for _, w in self.weights)
+        return {version: weight / total for version, weight in self.weights}
+
+    def pick(self, session: str) -> str:
+        """The version whose band holds this session's point."""
+        point = session_point(self.alias, session) * sum(w for _, w in self.weights)
+        last = None
+        for version, weight in self.weights:
+            if weight <= 0:
+                continue
+            last = version
+            if point < weight:
+                return version
+            point -= weight
+        return last  # type: ignore[return-value]  # rounding at the very top of the interval
+
+    def among(self, versions: set[str]) -> Split | None:
+        """The split over only these versions (the others cannot take traffic now); None if
+        none of them has any weight."""
+        kept = tuple((v, w) for v, w in self.weights if v in versions)
+        if sum(w for _, w in kept) <= 0:
+            return None
+        return Split(self.alias, kept)
