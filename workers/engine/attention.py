@@ -87,7 +87,7 @@ def _group(
         positions[b, :length] = torch.tensor(batch.positions[starts[i] : starts[i] + length])
     keys = torch.arange(max_blocks * block_size)
     mask = keys <= positions.repeat_interleave(group, dim=1)[:, :, None]
-    whole = len(tokens) == batch.num_tokens and tokens == rows == list(range(batch.num_tokens))
+    whole = len(members) * max_query == batch.num_tokens and tokens == list(range(batch.num_tokens))
     return AttentionGroup(
         tokens=torch.tensor(tokens, dtype=torch.long, device=device),
         rows=torch.tensor(rows, dtype=torch.long, device=device),

@@ -80,8 +80,9 @@ class ModelRunner:
 
     def execute(self, batch: ForwardBatch) -> list[int | None]:
         """The next token of each sequence whose ``samples[i]`` is set, None for the others."""
+        logits = self.logits(batch)  # runs even when nothing is sampled: the chunk's K and V
         samples = [sample for sample in batch.samples if sample is not None]
-        tokens = iter(self.sampler(self.logits(batch), samples) if samples else [])
+        tokens = iter(self.sampler(logits, samples) if samples else [])
         return [None if sample is None else next(tokens) for sample in batch.samples]
 
     @torch.inference_mode()
