@@ -1,5 +1,5 @@
 """The paged model against two oracles, on tiny random checkpoints, in float32: a naive
-full-recompute forward of the same weights (tests/naive_llama.py) and transformers'
+full-recompute forward of the same weights (tests/oracles.py) and transformers'
 ``LlamaForCausalLM.generate``. Batches come from tests/paged_driver.py: staggered arrivals,
 uneven prefill chunks beside decodes, blocks reused right after another sequence freed them.
 """
@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from tests.naive_llama import NaiveLlama
+from tests.oracles import NaiveLlama, transformers_greedy
 from tests.paged_driver import PagedDriver, Request
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.checkpoint import ModelConfig, Rope, read_rope
@@ -21,19 +21,6 @@ from workers.engine.tiny_checkpoint import CHAT_TEMPLATE
 
 GREEDY = SamplingParams(max_tokens=64)
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
-
-
-def transformers_greedy(model_dir, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
-    from transformers import GenerationConfig, LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.generation_config.eos_token_id = None  # run every sequence to its length, EOS or not
-    answers = []
-    for prompt, n in zip(prompts, max_tokens):
-        config = GenerationConfig(max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
-        out = model.generate(torch.tensor([prompt]), generation_config=config)
-        answers.append(out[0, len(prompt) :].tolist())
-    return answers
 
 
 def mixed_requests(vocab: int, count: int, seed: int) -> list[Request]:

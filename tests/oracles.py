@@ -1,6 +1,6 @@
-"""The test oracle next to transformers: a plain Llama forward with no cache at all.
+"""The test oracles: transformers' greedy ``generate``, and a plain Llama forward with no cache.
 
-It reads the checkpoint's tensors as they are (separate Q, K, V, gate and up matrices), expands
+The naive forward reads the checkpoint's tensors as they are (separate Q, K, V, gate and up matrices), expands
 the KV heads, and recomputes the whole sequence for every token it generates, with
 ``is_causal`` attention: nothing paged, nothing batched, nothing reused. What it shares with the
 engine is only ``checkpoint.py`` (the config and RoPE frequencies, which the transformers
@@ -62,3 +62,18 @@ class NaiveLlama:
         for _ in range(max_tokens):
             tokens.append(int(self.logits(tokens)[-1].argmax()))
         return tokens[len(prompt) :]
+
+
+def transformers_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+    """transformers' ``LlamaForCausalLM.generate``, greedy, float32, one prompt at a time (no
+    padding), each run to its full length whatever EOS it meets."""
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.generation_config.eos_token_id = None
+    answers = []
+    for prompt, n in zip(prompts, max_tokens):
+        config = GenerationConfig(max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
+        out = model.generate(torch.tensor([prompt]), generation_config=config)
+        answers.append(out[0, len(prompt) :].tolist())
+    return answers
