@@ -13,6 +13,7 @@ import torch
 
 from tests.oracles import NaiveLlama, transformers_greedy
 from tests.paged_driver import PagedDriver, Request
+from workers.engine.attention import partition, plan_attention
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.checkpoint import ModelConfig, Rope, read_rope
 from workers.engine.runner import ModelRunner
@@ -147,7 +148,7 @@ def test_runner_reads_the_checkpoint(tiny_checkpoint):
     assert runner.tokenizer.decode(runner.tokenizer.encode("A ferry crosses the river.").ids) == "A ferry crosses the river."
     # 2 layers x K and V x 2 KV heads x head dim 16 x 4 bytes; 10^6 bytes hold 122 blocks of 16
     assert (runner.kv_bytes_per_token, runner.num_blocks, runner.block_size) == (512, 122, 16)
-    assert runner.kv_cache.shape == (2, 2, 2, 122 * 16, 16)
+    assert runner.kv_cache.shape == (2, 2, 2, 122, 16, 16)
     bf16 = ModelRunner(tiny_checkpoint, num_blocks=3, block_size=8, dtype="bfloat16")
     assert (bf16.kv_bytes_per_token, bf16.num_blocks, bf16.kv_cache.dtype) == (256, 3, torch.bfloat16)
 
@@ -230,3 +231,44 @@ def test_config_reads_both_rope_spellings_and_refuses_the_rest():
         ModelConfig.from_dict(shape | {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
     with pytest.raises(ValueError, match="num_key_value_heads: expected a divisor of 2 heads, got 3"):
         ModelConfig.from_dict(shape | {"num_key_value_heads": 3})
+
+
+def test_partition_pads_alike_sequences_together():
+    # decodes with contexts of 1, 2, 2, 7 and 57, 63, 62 blocks of 16; prefill chunks of 200 and 3
+    query_lens = [1, 1, 1, 1, 1, 1, 1, 200, 3]
+    context_lens = [10, 30, 20, 100, 900, 1000, 980, 200, 3]
+    assert partition(query_lens, context_lens, 16) == [[0, 1, 2, 3], [4, 5, 6], [8], [7]]
+    assert partition([1] * 4, [16, 32, 48, 64], 16) == [[0, 1, 2, 3]]
+
+
+def test_groups_of_one_step_each_read_their_own_contexts(tiny_checkpoint):
+    """Decodes of very different contexts and prefill chunks of very different sizes land in
+    separate padded calls of one step; each sampled row still equals the naive model."""
+    runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=300)
+    rng = random.Random(8)
+    lengths = {"long": 601, "s1": 6, "s2": 8, "p": 20, "p2": 2}
+    tokens = {name: [rng.randrange(3, runner.config.vocab_size) for _ in range(n)] for name, n in lengths.items()}
+    free = list(range(300))
+    rng.shuffle(free)
+    tables = {name: [free.pop() for _ in range(-(-n // 4))] for name, n in lengths.items()}
+
+    def part(name, start, end, sample):
+        table = tables[name]
+        return (tokens[name][start:end], list(range(start, end)), [table[p // 4] * 4 + p % 4 for p in range(start, end)], end, table, sample)
+
+    def batch(parts):
+        return ForwardBatch(
+            [t for p in parts for t in p[0]], [t for p in parts for t in p[1]], [t for p in parts for t in p[2]],
+            [len(p[0]) for p in parts], [p[3] for p in parts], [p[4] for p in parts],
+            [Sample(GREEDY, 0) if p[5] else None for p in parts],
+        )
+
+    runner.execute(batch([part("long", 0, 300, False), part("s1", 0, 5, False), part("s2", 0, 7, False)]))
+    runner.execute(batch([part("long", 300, 600, False)]))
+    step = batch([part("s1", 5, 6, True), part("p", 0, 20, True), part("long", 600, 601, True), part("p2", 0, 2, True), part("s2", 7, 8, True)])
+    plan = plan_attention(step, runner.cache_shape, torch.float32, runner.device)
+    assert [g.num_seqs for g in plan.groups] == [2, 1, 2]  # s1 s2 | long | p p2 (p2 padded to 20 rows)
+    logits = runner.logits(step)
+    naive = NaiveLlama(tiny_checkpoint)
+    for row, name in enumerate(["s1", "p", "long", "p2", "s2"]):
+        torch.testing.assert_close(logits[row], naive.logits(tokens[name])[-1], atol=1e-4, rtol=1e-4)

@@ -83,7 +83,7 @@ class DecoderLayer(nn.Module):
         qkv = self.qkv_proj(self.input_layernorm(h)).view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
         qk = rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)
         q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
-        h = h + self.o_proj(paged_attention(q, k, v, kv[0], kv[1], plan, self.scale))
+        h = h + self.o_proj(paged_attention(q, k, v, kv, plan, self.scale))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)
         return h + self.down_proj(F.silu(gate) * up)
 
@@ -105,7 +105,8 @@ class Llama(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [tokens, hidden] before the final norm; writes every layer's K and V.
 
-        ``kv_cache`` is [layers, 2, kv_heads, slots, head_dim] (see :mod:`~workers.engine.attention`).
+        ``kv_cache`` is [layers, 2, kv_heads, blocks, block_size, head_dim] (see
+        :mod:`~workers.engine.attention`).
         """
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, h.dtype)

@@ -1,8 +1,8 @@
 """The torch :class:`~workers.engine.batch.Runner`: a Llama checkpoint, its paged KV cache and
 a sampler, one :meth:`ModelRunner.execute` per engine step.
 
-The runner owns the cache, ``[layers, 2, kv_heads, num_blocks * block_size, head_dim]`` (K and
-V per layer; see :mod:`workers.engine.attention` for why the slot axis comes after the heads);
+The runner owns the cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]`` (K and
+V per layer; see :mod:`workers.engine.attention` for why the blocks come after the heads);
 the engine's block manager owns which blocks belong to whom and says so through the batch's
 block tables and slot mapping. The cache starts zeroed: a slot never written holds finite
 numbers, and the attention mask keeps any slot outside a sequence's context out of its sums.
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from workers.engine.attention import plan_attention
+from workers.engine.attention import CacheShape, plan_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.checkpoint import read_chat_template, read_eos_token_ids
 from workers.engine.model import load_llama
@@ -72,9 +72,12 @@ class ModelRunner:
         self.num_blocks = num_blocks
         config = self.config
         self.kv_cache = torch.zeros(
-            (config.num_layers, 2, config.num_kv_heads, num_blocks * block_size, config.head_dim),
+            (config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim),
             dtype=self.dtype,
             device=self.device,
+        )
+        self.cache_shape = CacheShape(
+            config.num_kv_heads, num_blocks, block_size, config.head_dim, config.num_heads // config.num_kv_heads
         )
         self.sampler = Sampler(self.device)
 
@@ -90,7 +93,7 @@ class ModelRunner:
         """Run the batch (writing its K and V to the cache) and return float32 logits
         [sampled sequences, vocab] of the last token of each sequence with a sample."""
         self._check(batch)
-        plan = plan_attention(batch, self.block_size, self.config.num_heads // self.config.num_kv_heads, self.device)
+        plan = plan_attention(batch, self.cache_shape, self.dtype, self.device)
         self.model.rotary.ensure(max(batch.positions) + 1)
         hidden = self.model(
             torch.tensor(batch.input_ids, device=self.device),
