@@ -1,6 +1,6 @@
 """Model speed: the paged ModelRunner against transformers' generate, side by side, on SmolLM2-135M.
 
-    python -m experiments.model_speed [--batches 16 32] [--context 256] [--steps 16] [--dtypes float32 bfloat16]
+    python -m experiments.model_speed [--batches 16 32] [--context 256] [--steps 16] [--dtypes ...]
 
 A quick measurement to guide the model's performance work, not the engine benchmark: every
 sequence has the same ``--context`` prompt tokens (no padding on either side), and each system
@@ -53,8 +53,15 @@ class Paged:
         call of a kernel pays for its set-up."""
         n = min(64, len(self.prompts[0]))
         self.runner.execute(
-            ForwardBatch(self.prompts[0][:n], list(range(n)), [self._slot(0, p) for p in range(n)], [n], [n],
-                         [self.tables[0]], [Sample(GREEDY, 0)])
+            ForwardBatch(
+                self.prompts[0][:n],
+                list(range(n)),
+                [self._slot(0, p) for p in range(n)],
+                [n],
+                [n],
+                [self.tables[0]],
+                [Sample(GREEDY, 0)],
+            )
         )
 
     def prefill(self, chunk: int) -> float:
@@ -147,15 +154,26 @@ def main() -> None:
     rows = []
     for dtype in args.dtypes:
         blocks = largest * (-(-(args.context + args.steps * args.rounds * len(args.batches) + 1) // 16))
-        paged = Paged(ModelRunner(model_dir, num_blocks=blocks, dtype=dtype), prompts, args.steps * len(args.batches), args.rounds)
+        paged = Paged(
+            ModelRunner(model_dir, num_blocks=blocks, dtype=dtype),
+            prompts,
+            args.steps * len(args.batches),
+            args.rounds,
+        )
         peer = Transformers(model_dir, getattr(torch, dtype), prompts)
         paged.warm_up()
         peer.warm_up()
         ours_prefill, theirs_prefill = paged.prefill(args.chunk), peer.prefill()
         tokens = largest * args.context
         rows.append(
-            {"dtype": dtype, "phase": "prefill", "batch": largest, "ours tok/s": tokens / ours_prefill,
-             "transformers tok/s": tokens / theirs_prefill, "ratio": theirs_prefill / ours_prefill}
+            {
+                "dtype": dtype,
+                "phase": "prefill",
+                "batch": largest,
+                "ours tok/s": tokens / ours_prefill,
+                "transformers tok/s": tokens / theirs_prefill,
+                "ratio": theirs_prefill / ours_prefill,
+            }
         )
         print(rows[-1], flush=True)
         for batch in args.batches:
@@ -164,8 +182,14 @@ def main() -> None:
                 ours = min(ours, paged.decode(batch, args.steps))
                 theirs = min(theirs, peer.decode(batch, args.steps))
             rows.append(
-                {"dtype": dtype, "phase": "decode", "batch": batch, "ours tok/s": batch * args.steps / ours,
-                 "transformers tok/s": batch * args.steps / theirs, "ratio": theirs / ours}
+                {
+                    "dtype": dtype,
+                    "phase": "decode",
+                    "batch": batch,
+                    "ours tok/s": batch * args.steps / ours,
+                    "transformers tok/s": batch * args.steps / theirs,
+                    "ratio": theirs / ours,
+                }
             )
             print(rows[-1], flush=True)
     print(markdown(rows))

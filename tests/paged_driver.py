@@ -28,7 +28,7 @@ class Request:
     prompt: list[int]
     max_tokens: int
     arrival: int = 0  # the step it arrives at
-    params: SamplingParams = SamplingParams()
+    params: SamplingParams = dataclasses.field(default_factory=SamplingParams)
 
 
 @dataclasses.dataclass
@@ -83,13 +83,24 @@ class PagedDriver:
                 running.remove(seq)
                 done[seq.rid] = seq.outputs
                 self.tables[seq.rid] = seq.blocks
-                self.reserved -= self._blocks_for(len(seq.request.prompt) + seq.request.max_tokens) - len(seq.blocks)
+                self.reserved -= self._blocks_for(len(seq.request.prompt) + seq.request.max_tokens) - len(
+                    seq.blocks
+                )
                 self.free.extend(seq.blocks)
         return [done[rid] for rid in range(len(requests))]
 
     def _step(self, running: list[_Running]) -> None:
         order = self.rng.sample(running, len(running))
-        ids, positions, slots, query_lens, context_lens, tables, samples, chunks = [], [], [], [], [], [], [], []
+        ids, positions, slots, query_lens, context_lens, tables, samples, chunks = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
         bs = self.runner.block_size
         for seq in order:
             remaining = len(seq.tokens) - seq.computed

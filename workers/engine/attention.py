@@ -27,6 +27,7 @@ slot of a reused block past the context, and never another sequence (each has it
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -115,7 +116,7 @@ def partition(query_lens: list[int], context_lens: list[int], block_size: int) -
     for prefill in (False, True):
         run = [members for key, members in sorted(buckets.items()) if key[0] == prefill]
         while len(run) > 1:
-            savings = [cost(a) + cost(b) + GROUP_OVERHEAD - cost(a + b) for a, b in zip(run, run[1:])]
+            savings = [cost(a) + cost(b) + GROUP_OVERHEAD - cost(a + b) for a, b in itertools.pairwise(run)]
             best = max(range(len(savings)), key=savings.__getitem__)
             if savings[best] <= 0:
                 break
@@ -137,7 +138,7 @@ def _group(
     tokens: list[int] = []
     rows: list[int] = []
     blocks: list[int] = []
-    positions = torch.zeros(len(members), max_query, dtype=torch.long)  # padded rows see key 0 only
+    padded_positions: list[int] = []  # padded query rows take position 0: they see key 0 only
     for b, i in enumerate(members):
         length = batch.query_lens[i]
         tokens.extend(range(starts[i], starts[i] + length))
@@ -145,7 +146,9 @@ def _group(
         table = batch.block_tables[i][:max_blocks]
         blocks.extend(table)
         blocks.extend([0] * (max_blocks - len(table)))
-        positions[b, :length] = torch.tensor(batch.positions[starts[i] : starts[i] + length])
+        padded_positions.extend(batch.positions[starts[i] : starts[i] + length])
+        padded_positions.extend([0] * (max_query - length))
+    positions = torch.tensor(padded_positions, dtype=torch.long).view(len(members), max_query)
     planes = torch.arange(2 * shape.kv_heads)[:, None] * shape.num_blocks
     keys = torch.arange(max_blocks * shape.block_size)
     # A decode's query rows all see the same keys: one mask row, broadcast over them.
@@ -173,7 +176,9 @@ def paged_attention(
     [tokens, heads * head_dim]."""
     tokens, heads, head_dim = q.shape
     s = plan.shape
-    cache.view(-1, head_dim).index_copy_(0, plan.writes, torch.stack((k, v)).transpose(1, 2).reshape(-1, head_dim))
+    cache.view(-1, head_dim).index_copy_(
+        0, plan.writes, torch.stack((k, v)).transpose(1, 2).reshape(-1, head_dim)
+    )
     blocks = cache.view(-1, s.block_size * head_dim)
     out = None if len(plan.groups) == 1 and plan.groups[0].whole else q.new_empty(tokens, heads * head_dim)
     for g in plan.groups:
@@ -187,8 +192,12 @@ def paged_attention(
             .permute(0, 2, 1, 3, 4)
             .reshape(g.num_seqs, s.kv_heads, g.max_query * s.group, head_dim)
         )
-        context = blocks.index_select(0, g.reads).view(2, s.kv_heads, g.num_seqs, -1, head_dim).transpose(1, 2)
-        attended = F.scaled_dot_product_attention(query, context[0], context[1], attn_mask=g.mask, scale=scale)
+        context = (
+            blocks.index_select(0, g.reads).view(2, s.kv_heads, g.num_seqs, -1, head_dim).transpose(1, 2)
+        )
+        attended = F.scaled_dot_product_attention(
+            query, context[0], context[1], attn_mask=g.mask, scale=scale
+        )
         flat = (
             attended.view(g.num_seqs, s.kv_heads, g.max_query, s.group, head_dim)
             .permute(0, 2, 1, 3, 4)

@@ -112,7 +112,9 @@ def convert_gguf(gguf_path: str | Path, out: str | Path, log: Log = print) -> Pa
             log(f"{out}: already converted")
             return out
         if found is None:
-            raise FileExistsError(f"{out}: exists and was not written by this converter; remove it or pick --out")
+            raise FileExistsError(
+                f"{out}: exists and was not written by this converter; remove it or pick --out"
+            )
         log(f"{out}: converted from {found.get('source')} in format {found.get('format')}; converting again")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -169,7 +171,9 @@ def _write(gguf_path: Path, out: Path, log: Log) -> None:
     files = {
         "config.json": config,
         "generation_config.json": {
-            f"{name}_token_id": config[f"{name}_token_id"] for name in ("bos", "eos", "pad") if name in special
+            f"{name}_token_id": config[f"{name}_token_id"]
+            for name in ("bos", "eos", "pad")
+            if name in special
         },
         "tokenizer_config.json": {
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -184,7 +188,10 @@ def _write(gguf_path: Path, out: Path, log: Log) -> None:
 
 
 def _config(meta: dict, tensor_names: set[str]) -> dict:
-    if "rope_freqs.weight" in tensor_names or meta.get("llama.rope.scaling.type", "none") not in ("none", "linear"):
+    if "rope_freqs.weight" in tensor_names or meta.get("llama.rope.scaling.type", "none") not in (
+        "none",
+        "linear",
+    ):
         raise ValueError("GGUF rope scaling: only none and linear are supported")
     heads = int(meta["llama.attention.head_count"])
     hidden = int(meta["llama.embedding_length"])
@@ -228,7 +235,9 @@ def unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's row order for a Q or K projection of ``heads`` heads: within each head
     it interleaves the two halves that rotate-half RoPE pairs (rows i and i + d/2)."""
     rows = weight.shape[0]
-    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
 
 
 def _write_weights(reader, config: dict, path: Path, log: Log) -> None:
@@ -255,7 +264,9 @@ def _tokenizer(meta: dict):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     if meta.get("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"GGUF tokenizer: expected a gpt2 (byte-level BPE) one, got {meta.get('tokenizer.ggml.model')!r}")
+        raise ValueError(
+            f"GGUF tokenizer: expected a gpt2 (byte-level BPE) one, got {meta.get('tokenizer.ggml.model')!r}"
+        )
     split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre == "smollm":

@@ -49,7 +49,9 @@ class Rotary:
         """Make the tables cover positions ``0 .. length - 1``."""
         if length <= self.cos.shape[0]:
             return
-        positions = torch.arange(max(length, 2 * self.cos.shape[0]), dtype=torch.float32, device=self.inv_freq.device)
+        positions = torch.arange(
+            max(length, 2 * self.cos.shape[0]), dtype=torch.float32, device=self.inv_freq.device
+        )
         angles = positions[:, None] * self.inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)
         self.cos, self.sin = angles.cos(), angles.sin()

@@ -77,7 +77,11 @@ class ModelRunner:
             device=self.device,
         )
         self.cache_shape = CacheShape(
-            config.num_kv_heads, num_blocks, block_size, config.head_dim, config.num_heads // config.num_kv_heads
+            config.num_kv_heads,
+            num_blocks,
+            block_size,
+            config.head_dim,
+            config.num_heads // config.num_kv_heads,
         )
         self.sampler = Sampler(self.device)
 
@@ -106,7 +110,9 @@ class ModelRunner:
             last += length
             if sample is not None:
                 ends.append(last)
-        return self.model.logits(hidden.index_select(0, torch.tensor(ends, dtype=torch.long, device=self.device)))
+        return self.model.logits(
+            hidden.index_select(0, torch.tensor(ends, dtype=torch.long, device=self.device))
+        )
 
     def _check(self, batch: ForwardBatch) -> None:
         """Reject a batch whose lists disagree or that points outside the cache: an index past
@@ -117,7 +123,9 @@ class ModelRunner:
         if not (len(batch.context_lens) == len(batch.block_tables) == len(batch.samples) == seqs):
             raise ValueError(f"batch: {seqs} sequences, context_lens, block_tables and samples disagree")
         if not 0 <= min(batch.slot_mapping) <= max(batch.slot_mapping) < self.num_blocks * self.block_size:
-            raise ValueError(f"batch.slot_mapping: expected slots in [0, {self.num_blocks * self.block_size})")
+            raise ValueError(
+                f"batch.slot_mapping: expected slots in [0, {self.num_blocks * self.block_size})"
+            )
         for i, (table, context) in enumerate(zip(batch.block_tables, batch.context_lens)):
             if len(table) * self.block_size < context:
                 raise ValueError(f"batch.block_tables[{i}]: {len(table)} blocks cannot hold {context} tokens")

@@ -62,7 +62,9 @@ class Sampler:
         noise = torch.empty(shape, device=self.device)
         unseeded = [row for row, sample in enumerate(samples) if sample.params.seed is None]
         if unseeded:
-            rows = torch.empty(len(unseeded), shape[1], device=self.device).exponential_(generator=self.generator)
+            rows = torch.empty(len(unseeded), shape[1], device=self.device).exponential_(
+                generator=self.generator
+            )
             noise[torch.tensor(unseeded, device=self.device)] = rows
         for row, sample in enumerate(samples):
             if sample.params.seed is not None:

@@ -73,7 +73,9 @@ def write_tiny_checkpoint(
 ) -> Path:
     """Write the checkpoint into ``out_dir`` (created if missing) and return its path."""
     if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
-        raise ValueError(f"rope_scaling: expected one of {sorted(ROPE_SCALINGS)} or None, got {rope_scaling!r}")
+        raise ValueError(
+            f"rope_scaling: expected one of {sorted(ROPE_SCALINGS)} or None, got {rope_scaling!r}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer()
@@ -153,7 +155,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=2)
     args = parser.parse_args(argv)
     out = write_tiny_checkpoint(
-        args.out_dir, tied=not args.untied, rope_scaling=args.rope_scaling, seed=args.seed, num_layers=args.layers
+        args.out_dir,
+        tied=not args.untied,
+        rope_scaling=args.rope_scaling,
+        seed=args.seed,
+        num_layers=args.layers,
     )
     print(out)
 
