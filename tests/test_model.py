@@ -186,6 +186,7 @@ def test_runner_rejects_bad_settings(tiny_checkpoint, kwargs, message):
         ({"block_tables": [[0]]}, "batch.block_tables\\[0\\]: 1 blocks cannot hold 5 tokens"),
         ({"block_tables": [[0, 8]]}, r"batch.block_tables\[0\]: expected block ids in \[0, 8\)"),
         ({"positions": [0, 1]}, "batch: 3 input ids, positions, slots and query_lens disagree"),
+        ({"positions": [3, 4, 5]}, r"batch sequence 0: expected its last token at position .* = 4, got 5"),
     ],
 )
 def test_runner_rejects_a_batch_pointing_outside_its_cache(tiny_checkpoint, change, message):

@@ -85,6 +85,7 @@ class ModelRunner:
         )
         self.sampler = Sampler(self.device)
 
+    @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> list[int | None]:
         """The next token of each sequence whose ``samples[i]`` is set, None for the others."""
         logits = self.logits(batch)  # runs even when nothing is sampled: the chunk's K and V
@@ -126,7 +127,15 @@ class ModelRunner:
             raise ValueError(
                 f"batch.slot_mapping: expected slots in [0, {self.num_blocks * self.block_size})"
             )
+        last = -1
         for i, (table, context) in enumerate(zip(batch.block_tables, batch.context_lens)):
+            last += batch.query_lens[i]
+            if not batch.query_lens[i] >= 1 or batch.positions[last] != context - 1:
+                # The mask lets a token see positions up to its own: past the context, stale slots.
+                raise ValueError(
+                    f"batch sequence {i}: expected its last token at position context_lens[{i}] - 1 = "
+                    f"{context - 1}, got {batch.positions[last]}"
+                )
             if len(table) * self.block_size < context:
                 raise ValueError(f"batch.block_tables[{i}]: {len(table)} blocks cannot hold {context} tokens")
             if table and not (min(table) >= 0 and max(table) < self.num_blocks):
