@@ -207,3 +207,14 @@ def test_smollm2_knows_the_capital_of_france(smollm2_runner):
     [answer] = PagedDriver(runner).run([Request(prompt, 8)])
     assert runner.tokenizer.decode(answer).startswith("The capital of France is Paris.")
     assert answer[-1] in runner.eos_token_ids
+
+
+def test_the_command_names_what_went_wrong(tiny_gguf, tmp_path, capsys):
+    _, gguf_path, _ = tiny_gguf
+    convert.main([str(gguf_path), "--out", str(tmp_path / "model")])
+    assert capsys.readouterr().out.splitlines()[-1] == str(tmp_path / "model")
+    with pytest.raises(SystemExit, match="convert: model: expected one of \\['smollm2-135m'\\]"):
+        convert.main(["gpt-5"])
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(SystemExit, match="was not written by this converter"):
+        convert.main([str(gguf_path), "--out", str(tmp_path / "mine")])

@@ -292,15 +292,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("model", help=f"one of {sorted(SOURCES)}, or a path to a .gguf file")
     parser.add_argument("--out", type=Path, help="output directory (default: under the user's cache)")
     args = parser.parse_args(argv)
-    if args.model.endswith(".gguf"):
-        if args.out is None:
-            parser.error("--out is required with a .gguf path")
-        out = convert_gguf(args.model, args.out)
-    else:
-        try:
+    if args.model.endswith(".gguf") and args.out is None:
+        parser.error("--out is required with a .gguf path")
+    try:
+        if args.model.endswith(".gguf"):
+            out = convert_gguf(args.model, args.out)
+        else:
             out = ensure_converted(args.model, args.out)
-        except (ValueError, FileNotFoundError, FileExistsError) as error:
-            sys.exit(f"convert: {error}")
+    except (ValueError, OSError) as error:  # a bad name, a missing wheel or file, a foreign --out
+        sys.exit(f"convert: {error}")
     print(out)
 
 
