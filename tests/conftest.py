@@ -72,3 +72,25 @@ def redis_server(tmp_path):
     server = _redis(tmp_path)
     yield server
     server.stop()
+
+
+TINY_CHECKPOINTS = {
+    # name: how it is written (workers.engine.tiny_checkpoint)
+    "tied": {"tied": True},
+    "untied-llama3": {"tied": False, "rope_scaling": "llama3", "seed": 1},
+    "tied-linear": {"tied": True, "rope_scaling": "linear", "seed": 2, "num_layers": 3},
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """Tiny random Llama checkpoints with a real tokenizer, by name (see TINY_CHECKPOINTS)."""
+    from workers.engine.tiny_checkpoint import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny")
+    return {name: write_tiny_checkpoint(root / name, **kwargs) for name, kwargs in TINY_CHECKPOINTS.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_checkpoints):
+    return tiny_checkpoints["tied"]

@@ -1,0 +1,150 @@
+"""A Llama-family network whose attention reads and writes the paged KV cache.
+
+The math is transformers' ``LlamaForCausalLM`` (RMSNorm computed in float32, rotate-half RoPE,
+grouped-query attention, SwiGLU MLP, tied or untied embeddings), so in float32 its greedy
+tokens match transformers' token for token. Two layouts differ for speed: Q, K and V are one
+matmul (``qkv_proj``), and so are the MLP's gate and up (``gate_up_proj``);
+:func:`load_llama` fuses the checkpoint's separate matrices at load.
+
+One forward pass takes a whole step, every sequence's tokens flattened into one batch: the
+matmuls see ``[tokens, hidden]`` whatever the mix of decodes and prefill chunks, and only the
+attention (:mod:`workers.engine.attention`) knows where one sequence ends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.engine.attention import AttentionPlan, paged_attention
+from workers.engine.checkpoint import ModelConfig, read_config, read_tensors
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # In float32 whatever the model's dtype, as transformers does: bfloat16 sums of squares
+        # would drift.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Rotary:
+    """cos/sin tables by position in float32, grown on demand past the checkpoint's context."""
+
+    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+        self.inv_freq = config.rope.inv_freq(config.head_dim).to(device)
+        self.cos = self.sin = torch.empty(0, device=device)
+        self.ensure(config.max_position_embeddings)
+
+    def ensure(self, length: int) -> None:
+        """Make the tables cover positions ``0 .. length - 1``."""
+        if length <= self.cos.shape[0]:
+            return
+        positions = torch.arange(
+            max(length, 2 * self.cos.shape[0]), dtype=torch.float32, device=self.inv_freq.device
+        )
+        angles = positions[:, None] * self.inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        self.cos, self.sin = angles.cos(), angles.sin()
+
+    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of each position (within :meth:`ensure`'s length), [tokens, 1, head_dim]."""
+        return self.cos[positions, None].to(dtype), self.sin[positions, None].to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.scale = config.head_dim**-0.5
+        hidden, ffn = config.hidden_size, config.intermediate_size
+        self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps)
+        self.qkv_proj = nn.Linear(hidden, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(hidden, 2 * ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, plan: AttentionPlan
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(self.input_layernorm(h)).view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
+        qk = rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)
+        q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
+        h = h + self.o_proj(paged_attention(q, k, v, kv, plan, self.scale))
+        gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)
+        return h + self.down_proj(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: Rotary) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = rotary
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, plan: AttentionPlan
+    ) -> torch.Tensor:
+        """Hidden states [tokens, hidden] before the final norm; writes every layer's K and V.
+
+        ``kv_cache`` is [layers, 2, kv_heads, blocks, block_size, head_dim] (see
+        :mod:`~workers.engine.attention`).
+        """
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, h.dtype)
+        for layer, kv in zip(self.layers, kv_cache):
+            h = layer(h, cos, sin, kv, plan)
+        return h
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of the rows asked for: only the tokens that are sampled pay for the
+        vocabulary-sized matmul."""
+        return self.lm_head(self.norm(hidden)).float()
+
+
+def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Llama:
+    """The network of a Hugging Face directory, its weights fused and cast to ``dtype``."""
+    config = read_config(model_dir)
+    weights: dict[str, torch.Tensor] = {}
+    for name, tensor in read_tensors(model_dir).items():
+        if not name.startswith("model.") and name != "lm_head.weight":
+            raise ValueError(f"{model_dir}: unexpected tensor {name!r} for a Llama checkpoint")
+        weights[name.removeprefix("model.")] = tensor
+    for i in range(config.num_layers):
+        prefix = f"layers.{i}."
+        attention = [weights.pop(f"{prefix}self_attn.{p}_proj.weight") for p in "qkv"]
+        mlp = [weights.pop(f"{prefix}mlp.{p}_proj.weight") for p in ("gate", "up")]
+        weights[prefix + "qkv_proj.weight"] = torch.cat(attention, dim=0)
+        weights[prefix + "gate_up_proj.weight"] = torch.cat(mlp, dim=0)
+        weights[prefix + "o_proj.weight"] = weights.pop(prefix + "self_attn.o_proj.weight")
+        weights[prefix + "down_proj.weight"] = weights.pop(prefix + "mlp.down_proj.weight")
+    weights = {name: tensor.to(device=device, dtype=dtype) for name, tensor in weights.items()}
+    if config.tie_word_embeddings:
+        weights["lm_head.weight"] = weights["embed_tokens.weight"]
+    rotary = Rotary(config, device)
+    with torch.device("meta"):  # no memory for weights about to be replaced by the checkpoint's
+        model = Llama(config, rotary)
+    model.load_state_dict(weights, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval()

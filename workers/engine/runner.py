@@ -1,0 +1,142 @@
+"""The torch :class:`~workers.engine.batch.Runner`: a Llama checkpoint, its paged KV cache and
+a sampler, one :meth:`ModelRunner.execute` per engine step.
+
+The runner owns the cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]`` (K and
+V per layer; see :mod:`workers.engine.attention` for why the blocks come after the heads);
+the engine's block manager owns which blocks belong to whom and says so through the batch's
+block tables and slot mapping. The cache starts zeroed: a slot never written holds finite
+numbers, and the attention mask keeps any slot outside a sequence's context out of its sums.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from workers.engine.attention import CacheShape, plan_attention
+from workers.engine.batch import ForwardBatch
+from workers.engine.checkpoint import read_chat_template, read_eos_token_ids
+from workers.engine.model import load_llama
+from workers.engine.sampler import Sampler
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DEFAULT_KV_MEMORY_GB = 1.0
+
+
+class ModelRunner:
+    """Loads ``model_dir`` (a Hugging Face directory) and runs forward batches over its cache.
+
+    The cache has ``num_blocks`` blocks of ``block_size`` tokens; without ``num_blocks`` it
+    takes ``kv_memory_gb`` (10^9 bytes; default 1) divided by the bytes a block holds.
+    ``device`` defaults to CUDA where present, else the CPU.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        kv_memory_gb: float | None = None,
+        dtype: str = "float32",
+        device: str | torch.device | None = None,
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        if block_size < 1:
+            raise ValueError(f"block_size: expected >= 1, got {block_size}")
+        if num_blocks is not None and kv_memory_gb is not None:
+            raise ValueError("num_blocks and kv_memory_gb: give one or the other, not both")
+        if num_blocks is not None and num_blocks < 1:
+            raise ValueError(f"num_blocks: expected >= 1, got {num_blocks}")
+        if kv_memory_gb is not None and not kv_memory_gb > 0:
+            raise ValueError(f"kv_memory_gb: expected > 0, got {kv_memory_gb}")
+        model_dir = Path(model_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = DTYPES[dtype]
+        self.model = load_llama(model_dir, self.dtype, self.device)
+        self.config = self.model.config
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.chat_template = read_chat_template(model_dir)
+        self.eos_token_ids = read_eos_token_ids(model_dir)
+        self.max_model_len = self.config.max_position_embeddings
+        self.kv_bytes_per_token = self.config.kv_bytes_per_token(self.dtype.itemsize)
+        self.block_size = block_size
+        if num_blocks is None:
+            budget = (kv_memory_gb or DEFAULT_KV_MEMORY_GB) * 1e9
+            num_blocks = int(budget // (self.kv_bytes_per_token * block_size))
+            if num_blocks < 1:
+                raise ValueError(f"kv_memory_gb: {kv_memory_gb} holds no block of {block_size} tokens")
+        self.num_blocks = num_blocks
+        config = self.config
+        self.kv_cache = torch.zeros(
+            (config.num_layers, 2, config.num_kv_heads, num_blocks, block_size, config.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.cache_shape = CacheShape(
+            config.num_kv_heads,
+            num_blocks,
+            block_size,
+            config.head_dim,
+            config.num_heads // config.num_kv_heads,
+        )
+        self.sampler = Sampler(self.device)
+
+    @torch.inference_mode()
+    def execute(self, batch: ForwardBatch) -> list[int | None]:
+        """The next token of each sequence whose ``samples[i]`` is set, None for the others."""
+        logits = self.logits(batch)  # runs even when nothing is sampled: the chunk's K and V
+        samples = [sample for sample in batch.samples if sample is not None]
+        tokens = iter(self.sampler(logits, samples) if samples else [])
+        return [None if sample is None else next(tokens) for sample in batch.samples]
+
+    @torch.inference_mode()
+    def logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run the batch (writing its K and V to the cache) and return float32 logits
+        [sampled sequences, vocab] of the last token of each sequence with a sample."""
+        self._check(batch)
+        plan = plan_attention(batch, self.cache_shape, self.dtype, self.device)
+        self.model.rotary.ensure(max(batch.positions) + 1)
+        hidden = self.model(
+            torch.tensor(batch.input_ids, device=self.device),
+            torch.tensor(batch.positions, device=self.device),
+            self.kv_cache,
+            plan,
+        )
+        ends, last = [], -1
+        for length, sample in zip(batch.query_lens, batch.samples):
+            last += length
+            if sample is not None:
+                ends.append(last)
+        return self.model.logits(
+            hidden.index_select(0, torch.tensor(ends, dtype=torch.long, device=self.device))
+        )
+
+    def _check(self, batch: ForwardBatch) -> None:
+        """Reject a batch whose lists disagree or that points outside the cache: an index past
+        the cache would fault a CUDA kernel instead of raising."""
+        tokens, seqs = batch.num_tokens, batch.num_seqs
+        if not (len(batch.positions) == len(batch.slot_mapping) == tokens == sum(batch.query_lens) > 0):
+            raise ValueError(f"batch: {tokens} input ids, positions, slots and query_lens disagree")
+        if not (len(batch.context_lens) == len(batch.block_tables) == len(batch.samples) == seqs):
+            raise ValueError(f"batch: {seqs} sequences, context_lens, block_tables and samples disagree")
+        if not 0 <= min(batch.slot_mapping) <= max(batch.slot_mapping) < self.num_blocks * self.block_size:
+            raise ValueError(
+                f"batch.slot_mapping: expected slots in [0, {self.num_blocks * self.block_size})"
+            )
+        last = -1
+        for i, (table, context) in enumerate(zip(batch.block_tables, batch.context_lens)):
+            last += batch.query_lens[i]
+            if not batch.query_lens[i] >= 1 or batch.positions[last] != context - 1:
+                # The mask lets a token see positions up to its own: past the context, stale slots.
+                raise ValueError(
+                    f"batch sequence {i}: expected its last token at position context_lens[{i}] - 1 = "
+                    f"{context - 1}, got {batch.positions[last]}"
+                )
+            if len(table) * self.block_size < context:
+                raise ValueError(f"batch.block_tables[{i}]: {len(table)} blocks cannot hold {context} tokens")
+            if table and not (min(table) >= 0 and max(table) < self.num_blocks):
+                raise ValueError(f"batch.block_tables[{i}]: expected block ids in [0, {self.num_blocks})")

@@ -1,0 +1,89 @@
+"""Pick each sequence's next token from its logits: greedy, or temperature, top-k and top-p.
+
+Sampling is an exponential race: with ``E_i`` drawn from Exp(1), ``argmax_i p_i / E_i`` is token
+``i`` with probability ``p_i`` (the Gumbel-max trick in another dress), so a row's draw is one
+vector of noise and an argmax, vectorized over the batch. A row with a seed draws its noise
+from its own generator keyed by ``(seed, index)``, where ``index`` is how many tokens the
+sequence already has: its token depends on neither its batch mates nor on a preemption that
+made it recompute. Rows without a seed share the sampler's process generator.
+
+Filters run in transformers' and vLLM's order: temperature, then top-k, then top-p over what
+top-k kept (renormalized). A filter is off at its neutral value (top_k 0, top_p 1).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from workers.engine.batch import Sample
+
+_MASK64 = (1 << 64) - 1
+
+
+def stream_key(seed: int, index: int) -> int:
+    """A 63-bit generator seed for output token ``index`` of a request seeded with ``seed``
+    (splitmix64's finalizer over both, so nearby seeds and indexes give unrelated streams)."""
+    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+class Sampler:
+    """Turns a [rows, vocab] logits tensor and one :class:`Sample` per row into token ids."""
+
+    def __init__(self, device: torch.device, seed: int | None = None) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1 if seed is None else seed)
+
+    def __call__(self, logits: torch.Tensor, samples: Sequence[Sample]) -> list[int]:
+        tokens = logits.argmax(dim=-1)
+        drawn = [row for row, sample in enumerate(samples) if not sample.params.greedy]
+        if drawn:
+            index = torch.tensor(drawn, device=logits.device)
+            tokens[index] = self._draw(logits.index_select(0, index).float(), [samples[r] for r in drawn])
+        return tokens.tolist()
+
+    def _draw(self, logits: torch.Tensor, samples: list[Sample]) -> torch.Tensor:
+        params = [sample.params for sample in samples]
+        temperature = torch.tensor([p.temperature for p in params], device=logits.device)
+        logits = logits / temperature[:, None]
+        if any(p.top_k or p.top_p < 1.0 for p in params):
+            logits = _filter(logits, [p.top_k for p in params], [p.top_p for p in params])
+        probs = torch.softmax(logits, dim=-1)
+        return (probs / self._noise(probs.shape, samples)).argmax(dim=-1)
+
+    def _noise(self, shape: torch.Size, samples: list[Sample]) -> torch.Tensor:
+        """Exp(1) noise, one row per sample: its own stream if seeded, the process one if not."""
+        noise = torch.empty(shape, device=self.device)
+        unseeded = [row for row, sample in enumerate(samples) if sample.params.seed is None]
+        if unseeded:
+            rows = torch.empty(len(unseeded), shape[1], device=self.device).exponential_(
+                generator=self.generator
+            )
+            noise[torch.tensor(unseeded, device=self.device)] = rows
+        for row, sample in enumerate(samples):
+            if sample.params.seed is not None:
+                generator = torch.Generator(device=self.device)
+                generator.manual_seed(stream_key(sample.params.seed, sample.index))
+                noise[row].exponential_(generator=generator)
+        return noise.clamp_min_(1e-10)
+
+
+def _filter(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Logits outside each row's top-k, then outside its top-p nucleus, set to -inf."""
+    vocab = logits.shape[-1]
+    ordered, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logits.device)
+    k = torch.tensor([k or vocab for k in top_k], device=logits.device)
+    ordered = ordered.masked_fill(rank[None, :] >= k[:, None], float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    # A token stays while the mass ranked above it is below top_p: the first always stays.
+    before = probs.cumsum(dim=-1) - probs
+    p = torch.tensor([p if p < 1.0 else float("inf") for p in top_p], device=logits.device)
+    ordered = ordered.masked_fill(before >= p[:, None], float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter_(-1, order, ordered)
