@@ -91,7 +91,7 @@ def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
             PRESETS[args.simulated], eos_prob=args.sim_eos_prob, wait=time.sleep, vocab=args.sim_vocab, **size
         )
         return runner, f"sim-{args.simulated}"
-    from workers.engine.model import ModelRunner  # torch: imported only by a real engine
+    from workers.engine.runner import ModelRunner  # torch: imported only by a real engine
 
     runner = ModelRunner(args.model, dtype=args.dtype, device=args.device, **size)
     return runner, os.path.basename(os.path.normpath(args.model))
