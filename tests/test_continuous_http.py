@@ -11,6 +11,7 @@ SDK, interleaved streams and stop sequences with the tiny checkpoint, and SmolLM
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import time
@@ -121,7 +122,7 @@ def interleaved(results: list[dict]) -> int:
     """How often the next delta to arrive, of all the streams, was another stream's: one stream
     after another would make it len(results) - 1."""
     order = sorted((at, index) for index, result in enumerate(results) for at in result["at"])
-    return sum(1 for (_, a), (_, b) in zip(order, order[1:]) if a != b)
+    return sum(1 for (_, a), (_, b) in itertools.pairwise(order) if a != b)
 
 
 def test_a_stop_sequence_split_across_two_tokens_ends_the_answer_unshown_and_bills_the_text_before_it(gateway):

@@ -11,6 +11,7 @@ answers the same alone or among twenty others.
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import aiohttp
 import anthropic
@@ -81,7 +82,7 @@ def test_a_stop_sequence_split_across_two_tokens_is_honoured_and_never_shown(tin
               if name == "content_block_delta"]
     text = "".join(pieces)
     boundary, at = 0, None
-    for left, right in zip(pieces, pieces[1:]):  # one token each: the server was idle
+    for left, right in itertools.pairwise(pieces):  # one token each: the server was idle
         boundary += len(left)
         stop = left[-1:] + right[:1]
         if len(stop) == 2 and "\ufffd" not in stop and text.find(stop) == boundary - 1:
