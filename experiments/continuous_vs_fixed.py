@@ -9,14 +9,21 @@ One ``ferry serve`` serves SmolLM2-135M-Instruct twice, on this machine's CPU:
   ends (the rest pad), run by the same engine runner (same weights, same kernels).
 
 The same mixed workload goes to each in turn (the continuous one first): ``--requests`` streamed
-requests with Poisson arrivals at ``--rate`` per second, prompts of a few words to a paragraph,
-``max_tokens`` drawn from 16, 32 and 64, greedy (temperature 0), from a fixed seed. Every time is
-the client's: TTFT is arrival to the first text, TPOT the time between the first and the last
-text over the tokens after the first (a static batch sends its whole answer at once: its TPOT
-is 0, and its TTFT is its whole latency), tokens/s the output tokens of all requests over the
-time from the first arrival to the last answer.
+requests, prompts of a few words to a paragraph, ``max_tokens`` drawn from 16, 32 and 64,
+greedy (temperature 0), from a fixed seed; once for each of ``--rates``: Poisson arrivals at
+that many per second, or all at once for 0 (the fleet saturated: its tokens/s is its capacity).
+Every time is the client's: TTFT is arrival to the first text, TPOT the time between the first
+and the last text over the tokens after the first (a static batch sends its whole answer at
+once: its TPOT is 0, and its TTFT is its whole latency), tokens/s the output tokens of all
+requests over the time from the first arrival to the last answer. Both run in ``--dtype``
+(bfloat16 by default: on this CPU its decode steps are 2-4x float32's, experiments/README.md).
 
-    .venv/bin/python -m experiments.continuous_vs_fixed --requests 24 --rate 1.5
+The machine's two cores are shared with other jobs whose load comes and goes, and one phase can
+run 10x slower than the same phase a minute later. So each (arrivals, mode) pair runs
+``--repeat`` times, the two modes alternating, and the table shows the median of each figure
+over the repeats, with the load average before and after.
+
+    .venv/bin/python -m experiments.continuous_vs_fixed --requests 24 --rates 0 2 --repeat 3
 
 Results go to ``experiments/results/continuous_vs_fixed.md``. The two phases run one after the
 other so that they do not share the CPU; both models stay loaded throughout.
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -43,13 +51,14 @@ from batcher.config import converted_dir
 from experiments.common import RESULTS, markdown
 
 KEY = "sk-bench-paid-0001"
+MODES = (("continuous", "smollm2-continuous@1"), ("static batches", "smollm2-static@1"))
 WORDS = [
     "ferry", "river", "pilot", "crossing", "morning", "fog", "deck", "cars", "bicycles", "winter", "spring",
     "trees", "hills", "tickets", "coins", "walker", "cart", "truck", "trailer", "bridge", "bank", "city",
 ]
 
 
-def config(model_dir: str, max_batch: int, max_tokens: int) -> str:
+def config(model_dir: str, max_batch: int, max_tokens: int, dtype: str) -> str:
     return f"""
 [server]
 port = 0
@@ -72,12 +81,15 @@ workers = 1
 max_batch_tokens = 256
 max_seqs = 32
 kv_memory_gb = 0.5
+dtype = "{dtype}"
+stats_timeout_ms = 60000
 
 [[models]]
 name = "smollm2-static@1"
 mode = "fixed"
 workers = 1
-worker = ["generate", "--model", "{model_dir}", "--max-tokens", "{max_tokens}", "--kv-memory-gb", "0.5"]
+worker = ["generate", "--model", "{model_dir}", "--max-tokens", "{max_tokens}", "--kv-memory-gb", "0.5",
+          "--dtype", "{dtype}"]
 max_batch = {max_batch}
 max_wait_ms = 100
 hang_timeout_ms = 600000
@@ -91,7 +103,7 @@ def workload(requests: int, rate: float, seed: int) -> list[tuple[float, str, in
     rng = random.Random(seed)
     at, jobs = 0.0, []
     for _ in range(requests):
-        at += rng.expovariate(rate)
+        at += rng.expovariate(rate) if rate > 0 else 0.0
         words = rng.choice((4, 12, 40, 120))
         question = "Tell me about " + " ".join(rng.choice(WORDS) for _ in range(words)) + "."
         jobs.append((at, question, rng.choice((16, 32, 64))))
@@ -143,16 +155,19 @@ def summary(name: str, results: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=24)
-    parser.add_argument("--rate", type=float, default=1.5, help="arrivals per second")
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 2.0],
+                        help="arrivals per second, one run each (0: all at once)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each pair; the table shows medians")
     parser.add_argument("--max-batch", type=int, default=8, help="the static batch's size limit")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     model_dir = converted_dir("smollm2-135m")
     subprocess.run([sys.executable, "-m", "workers.engine.convert", "smollm2-135m", "--out", model_dir], check=True)
-    jobs = workload(args.requests, args.rate, args.seed)
+    longest = max(m for _, _, m in workload(args.requests, 1.0, args.seed))
     with tempfile.TemporaryDirectory() as state:
         path = Path(state) / "bench.toml"
-        path.write_text(config(model_dir, args.max_batch, max(m for _, _, m in jobs)) + f'\n[state]\ndir = "{state}"\n')
+        path.write_text(config(model_dir, args.max_batch, longest, args.dtype) + f'\n[state]\ndir = "{state}"\n')
         server = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
                                   stdout=subprocess.PIPE, text=True)
         try:
@@ -162,16 +177,28 @@ def main() -> None:
                     break
             else:
                 raise SystemExit("ferry serve did not start")
+            load_before = os.getloadavg()[0]
             rows = []
-            for name, model in (("continuous", "smollm2-continuous@1"), ("static batches", "smollm2-static@1")):
-                started = time.monotonic()
-                rows.append(summary(name, asyncio.run(phase(url, model, jobs))))
-                print(f"{name}: {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+            for rate in args.rates:
+                jobs, arrivals = workload(args.requests, rate, args.seed), f"{rate:g}/s" if rate else "all at once"
+                runs: dict[str, list[dict]] = {name: [] for name, _ in MODES}
+                for _ in range(args.repeat):
+                    for name, model in MODES:
+                        started = time.monotonic()
+                        runs[name].append(summary(name, asyncio.run(phase(url, model, jobs))))
+                        print(f"{arrivals}, {name}: {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+                for name, _ in MODES:
+                    rows.append({"arrivals": arrivals, "mode": name, **{
+                        column: statistics.median(run[column] for run in runs[name])
+                        for column in runs[name][0] if column != "mode"}})
+            load_after = os.getloadavg()[0]
         finally:
             server.terminate()
             server.wait(60)
     command = "python -m experiments.continuous_vs_fixed " + " ".join(sys.argv[1:])
-    text = f"# Continuous batching against static batches (SmolLM2-135M, CPU)\n\n`{command}`\n\n{markdown(rows)}\n"
+    text = (f"# Continuous batching against static batches (SmolLM2-135M, CPU)\n\n`{command}`\n\n"
+            f"Medians of {args.repeat} runs each; load average {load_before:.2f} before, {load_after:.2f} after.\n\n"
+            f"{markdown(rows)}\n")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "continuous_vs_fixed.md").write_text(text)
     print(text)
