@@ -13,8 +13,8 @@ One replica per GPU, each an engine worker (``python -m workers engine``) kept a
 
 **Queues on the gateway side.** Each replica has tier queues in the pool (paid first, FIFO, with
 the fixed mode's aging); its engine gets a job only while it has room for it now: fewer than
-``max_seqs`` sequences, less than one step's token budget of prompt not yet prefilled, and free
-KV blocks by its last report. So a job waits in the pool, where its deadline (its tier's wait
+``max_seqs`` sequences, less than :data:`PREFILL_STEPS` steps' token budget of prompt not yet
+prefilled, and free KV blocks by its last report. So a job waits in the pool, where its deadline (its tier's wait
 budget, or the job's own) can still pass: it then gets 529 :class:`~batcher.types.Expired`
 before it has cost a prefill. Once sent, a job runs to its end.
 
@@ -55,6 +55,11 @@ from batcher.token_stream import Output, Tokenizer
 from batcher.types import Expired, ReplicaLost, Request, RequestFailed, State, TooLarge, WorkersFailed
 from workers.engine.block_manager import cdiv
 from workers.protocol import Abort, Add
+
+
+PREFILL_STEPS = 2
+"""Steps' worth of prompt an engine is given ahead: the next step's chunk is already there while
+this one runs (with one, every other step of a burst would wait for the frames of the next)."""
 
 
 class EnginePool:
@@ -245,9 +250,10 @@ class EnginePool:
         return min(r.queue.next_deadline(), min((t.rerun_due for t in r.reruns if not t.closed), default=math.inf))
 
     def _fill(self, r: Replica, now: float) -> None:
-        """Send ``r`` the next tickets while its engine can start them within about a step."""
+        """Send ``r`` the next tickets while its engine can start them within about two steps."""
         config = self.config
-        while len(r.live) < config.max_seqs and r.prefilling < config.max_batch_tokens and r.free_blocks > 0:
+        while len(r.live) < config.max_seqs and r.prefilling < PREFILL_STEPS * config.max_batch_tokens \
+                and r.free_blocks > 0:
             ticket = self._next(r, now)
             if ticket is None:
                 return

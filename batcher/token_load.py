@@ -4,7 +4,7 @@ rate (seed 000 §5.6, §6.2: "queued tokens / recent throughput"). Pure.
 A request's cost is the tokens the fleet must still compute for it: its prompt less the prefix
 its replica already holds, plus its ``max_tokens`` (one token computed per output token). The
 engine pool keeps each tier's queue on the gateway side and hands a replica only what it can
-start within about a step, so the queued work is exactly the work that has not started; a new
+start within about two steps, so the queued work is exactly the work that has not started; a new
 request of tier ``t`` waits, roughly, until the fleet has computed what is queued in ``t`` and
 above, while the higher tiers' new arrivals keep passing it::
 
