@@ -18,10 +18,12 @@ once: its TPOT is 0, and its TTFT is its whole latency), tokens/s the output tok
 requests over the time from the first arrival to the last answer. Both run in ``--dtype``
 (bfloat16 by default: on this CPU its decode steps are 2-4x float32's, experiments/README.md).
 
-The machine's two cores are shared with other jobs whose load comes and goes, and one phase can
-run 10x slower than the same phase a minute later. So each (arrivals, mode) pair runs
-``--repeat`` times, the two modes alternating, and the table shows the median of each figure
-over the repeats, with the load average before and after.
+The machine's two cores are shared with other jobs whose load comes and goes. With torch's
+default two threads a process, a phase ran up to 20x slower than the same phase a minute later
+(its threads spin while other processes hold the cores), so the server and its workers run one
+thread each (``OMP_NUM_THREADS=1`` unless set), and each (arrivals, mode) pair runs
+``--repeat`` times, the two modes alternating; the table shows each figure's median over the
+repeats, with the load average before and after.
 
     .venv/bin/python -m experiments.continuous_vs_fixed --requests 24 --rates 0 2 --repeat 3
 
@@ -168,8 +170,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as state:
         path = Path(state) / "bench.toml"
         path.write_text(config(model_dir, args.max_batch, longest, args.dtype) + f'\n[state]\ndir = "{state}"\n')
+        threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # see the module doc
         server = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
-                                  stdout=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, text=True, env={**os.environ, **threads})
         try:
             for line in server.stdout:  # type: ignore[union-attr]
                 if "listening on http://" in line:
@@ -189,7 +192,7 @@ def main() -> None:
                         print(f"{arrivals}, {name}: {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
                 for name, _ in MODES:
                     rows.append({"arrivals": arrivals, "mode": name, **{
-                        column: statistics.median(run[column] for run in runs[name])
+                        column: statistics.median_low(run[column] for run in runs[name])
                         for column in runs[name][0] if column != "mode"}})
             load_after = os.getloadavg()[0]
         finally:
