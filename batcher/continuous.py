@@ -56,7 +56,6 @@ from batcher.types import Expired, ReplicaLost, Request, RequestFailed, State, T
 from workers.engine.block_manager import cdiv
 from workers.protocol import Abort, Add
 
-
 PREFILL_STEPS = 2
 """Steps' worth of prompt an engine is given ahead: the next step's chunk is already there while
 this one runs (with one, every other step of a burst would wait for the frames of the next)."""
