@@ -61,11 +61,9 @@ import trio
 
 from batcher.config import PoolConfig
 from batcher.stats import Stats
-from batcher.supervisor import Process, Readiness, Supervisor, WorkerStartError
+from batcher.supervisor import Process, Readiness, Supervisor
 from batcher.types import Batch, Request, RequestFailed, WorkersFailed
 from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
-
-__all__ = ["SlotState", "Spawn", "Worker", "WorkerInfo", "WorkerPool", "WorkerStartError"]
 
 log = logging.getLogger("ferry.pool")
 
