@@ -289,6 +289,7 @@ class Bridge:
             elif op == "cancel":
                 if subject.ticket is not None and subject.model in fleet:  # type: ignore[operator]
                     fleet[subject.model].cancel(subject.ticket)  # type: ignore[index]
+                subject.ticket = None
             elif op == "snapshot":
                 snapshots = {name: backend.snapshot() for name, backend in fleet.items()}  # type: ignore[union-attr]
                 self._call_asyncio(_settle, subject[0], (snapshots, None))
@@ -315,7 +316,9 @@ class Bridge:
         on_event = functools.partial(self._on_event, handle)
         try:
             backend = self._fleet[handle.model]  # type: ignore[index]
-            handle.ticket = backend.submit(handle.job, on_event)
+            ticket = backend.submit(handle.job, on_event)
+            if not (handle.outbox and isinstance(handle.outbox[-1], TERMINAL_EVENTS)):  # not shed at once
+                handle.ticket = ticket
         except (KeyError, ValueError) as exc:  # a model or tier the core does not know
             on_event(Failed(CoreStopped(f"cannot queue the request: {exc}"), retryable=False))
 
@@ -323,6 +326,11 @@ class Bridge:
         if not handle.outbox:
             self._dirty.append(handle)
         handle.outbox.append(event)
+        if isinstance(event, TERMINAL_EVENTS):
+            # The ticket (the backend's request) holds this callback, which holds the handle: a
+            # cycle per request, left for the cyclic collector, which then cost the gateway ~5 %
+            # of a core at 1,600 requests/s. A finished job needs no ticket.
+            handle.ticket = None
         self._events_ready.set()  # type: ignore[union-attr]
 
     async def _return_events(self) -> None:
