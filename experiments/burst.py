@@ -44,7 +44,7 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from batcher.config import DEFAULT_TOML, default_config, parse_config
+from batcher.config_file import DEFAULT_TOML, default_config, parse_config
 from batcher.fixed import open_batcher
 from batcher.sim.arrivals import poisson, tier_mix
 from batcher.sim.replay import Replay, ReplayBatcher

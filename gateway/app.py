@@ -37,7 +37,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.backend import Job
-from batcher.config import FerryConfig
+from batcher.config_file import FerryConfig
 from batcher.metrics import Metrics
 from gateway import api, openai
 from gateway.answer import Answer
