@@ -4,7 +4,8 @@ A scenario documents which statuses its fault may cause (:class:`Rules`); everyt
 client could notice is a violation: a malformed body, a 529 without ``Retry-After``, an error
 that names a pid or carries a traceback, another request's text, a stream that ends neither
 with ``message_stop`` nor with an ``error`` event, and a usage record that is missing, twice
-there, or disagrees with the status the client got.
+there, or disagrees with the status the client got or with the tokens it received (every row's
+model counts a token as a UTF-8 byte, so the text received says how many were delivered).
 """
 
 from __future__ import annotations
@@ -161,6 +162,10 @@ def _judge_usage(shot: Shot, rows: list[UsageRecord], verdict: Verdict) -> None:
         verdict.violate(f"request {shot.index}: no usage record for {shot.request_id}")
     elif rows[0].status != shot.status:
         verdict.violate(f"request {shot.index}: usage says {rows[0].status}, the client got {shot.status}")
+    elif rows[0].output_tokens != len((shot.output or "").encode()):
+        # every row's model counts tokens as UTF-8 bytes (the bytes tokenizer, ASCII engines)
+        verdict.violate(f"request {shot.index}: billed {rows[0].output_tokens} output tokens, "
+                        f"received {len((shot.output or '').encode())}")
 
 
 def recovery(shots: list[Shot], fault_times: Iterable[float]) -> float | None:

@@ -32,10 +32,39 @@ class Params:
     seed: int = 0
 
 
-def config(worker: list[str], workers: int, redis_url: str | None = None) -> str:
-    """The row's ``ferry serve`` config; with ``redis_url`` its keys' limits live in Redis
-    (generous limits: the row checks that they keep working, not that they bite)."""
+def fixed_model(worker: list[str], workers: int) -> str:
+    """The fixed-mode model most rows serve: ``worker`` processes of the reference shape."""
     argv = ", ".join(f'"{arg}"' for arg in worker)
+    return f"""
+[[models]]
+name = "{MODEL}@1"
+aliases = ["{MODEL}"]
+workers = {workers}
+worker = [{argv}]
+max_batch = 50
+max_wait_ms = 150
+hang_timeout_ms = {HANG_TIMEOUT * 1000:.0f}
+"""
+
+
+def continuous_model(worker: list[str], workers: int) -> str:
+    """A continuous-mode model on simulated engines (``worker`` names the preset): seeded ASCII
+    tokens a character each, steps as long as the preset's GPU would take them."""
+    return f"""
+[[models]]
+name = "{MODEL}@1"
+aliases = ["{MODEL}"]
+mode = "continuous"
+simulated = "{worker[0]}"
+workers = {workers}
+num_blocks = 512
+stats_timeout_ms = 2000
+"""
+
+
+def config(model: str, redis_url: str | None = None) -> str:
+    """The row's ``ferry serve`` config around its model table; with ``redis_url`` its keys'
+    limits live in Redis (generous limits: the row checks they keep working, not that they bite)."""
     limits = "" if redis_url is None else f'\n[limits]\nstore = "redis"\nredis_url = "{redis_url}"\n'
     per_key = "" if redis_url is None else "\ntokens_per_minute = 100000000"
     return limits + f"""
@@ -59,16 +88,7 @@ tier = "paid"{per_key}
 key = "{FREE}"
 tenant = "chaos"
 tier = "free"{per_key}
-
-[[models]]
-name = "{MODEL}@1"
-aliases = ["{MODEL}"]
-workers = {workers}
-worker = [{argv}]
-max_batch = 50
-max_wait_ms = 150
-hang_timeout_ms = {HANG_TIMEOUT * 1000:.0f}
-"""
+""" + model
 
 
 Fault = Callable[[Run], Awaitable[None]]
@@ -84,11 +104,12 @@ class Scenario:
     plan: dict = dataclasses.field(default_factory=dict)  # Plan fields beyond rate/duration/seed
     workers: int | None = None  # worker processes, if not the run's own number
     redis: bool = False  # the keys' limits live in a redis-server the row starts
+    model: Callable[[list[str], int], str] = fixed_model  # the model table: fixed, or continuous
     exit_code: int = 0  # what ``ferry serve`` must exit with at the end
     start_fails: bool = False  # the gateway must refuse to start, saying why
 
     def toml(self, params: Params, redis_url: str | None = None) -> str:
-        return config(list(self.worker), self.workers or params.workers, redis_url)
+        return config(self.model(list(self.worker), self.workers or params.workers), redis_url)
 
 
 def _kill_every(run: Run) -> Awaitable[None]:
@@ -155,6 +176,10 @@ SCENARIOS = [
                        partial=b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: ")),
     Scenario("burst-5x", "5x the rate for 2 s, on 2 workers: 3x their capacity", workers=2,
              plan={"burst": (0.2, 0.15, 5.0)}),
+    Scenario("engine-kills", "continuous mode: SIGKILL one of 2 engines every 2 s, half the answers streamed",
+             worker=("smollm2-135m",), model=continuous_model, workers=2, fault=_kill_every,
+             rules=Rules(statuses=frozenset({500, 529}), expected=None),
+             plan={"stream_share": 0.5, "max_tokens": 32}),
     Scenario("redis-stop", "Redis stopped for a third of the run, then restarted (limits in Redis)",
              redis=True, fault=lambda run: _redis_out(run, freeze=False)),
     Scenario("redis-freeze", "Redis frozen (SIGSTOP) for a third of the run (limits in Redis)",
@@ -162,7 +187,8 @@ SCENARIOS = [
 ]
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 
-SHORT = ("baseline", "worker-kills", "poison", "garbage-frames", "crash-on-first-call", "disconnects", "sigterm")
+SHORT = ("baseline", "worker-kills", "poison", "garbage-frames", "crash-on-first-call", "disconnects", "sigterm",
+         "engine-kills")
 """The rows CI runs (tests/test_chaos.py), seconds each, fixed seeds."""
 SHORT_PARAMS = Params(rate=150.0, duration=3.0, workers=2, seed=7)
 
