@@ -1,13 +1,12 @@
 """WorkerPool: N workers, one call each at a time, kept alive and honest.
 
 Each worker slot (one GPU) has a :class:`~batcher.supervisor.Supervisor` that spawns the worker,
-waits for ``ready``, watches the process for its whole life and restarts it after a backoff when
-it dies; the pool's part is what the worker does while it lives: serve the batches handed to it
-one by one. A call that crashes the worker, breaks the protocol, or runs past ``hang_timeout``
-costs the worker its life. A call that returns an error, or the wrong number of outputs, fails
-without killing the worker. A worker that dies while idle is noticed at once (its slot takes no
-more work and restarts), and a call sent to a worker that was already gone (its pipe closed on
-send) is not the call's fault: it goes to another worker and does not count as an attempt.
+waits for ``ready``, watches the process for its whole life and restarts it after a backoff; the
+pool's part is what the worker does while it lives: serve batches one by one. A call that
+crashes the worker, breaks the protocol or runs past its hang timeout costs the worker its life;
+one that returns an error or the wrong number of outputs fails without killing it. A worker that
+dies while idle is noticed at once, and a call sent to a worker already gone (its pipe closed
+before the worker's ``accepted``) goes to another worker without counting as an attempt.
 
 Either way the batch is not lost. It goes to the retry backlog, which idle workers drain before
 they take new work, preferring a worker it has not failed on:
@@ -20,28 +19,18 @@ they take new work, preferring a worker it has not failed on:
 so one poison input among 50 costs about 2·log2(50) extra calls, its own request fails, and
 the other 49 succeed. Requests whose callers have gone are pruned before every (re)send.
 
-None of this runs forever. A dispatched request whose batch a worker has failed (a crash, a
-hang, a protocol fault) is due by its dispatch deadline plus one ``hang_timeout``: past that it
-fails (:class:`~batcher.types.WorkersFailed`) wherever it is (in the retry backlog while every
-worker restarts, or in a retried call still running), so a fleet that crashes or hangs on every
-call answers each request with a clear error on time. And
-:attr:`WorkerPool.ready` stays false from the moment every slot has lost its worker until a
-call is answered again (:class:`~batcher.supervisor.Readiness`).
+None of this runs forever. A request whose batch a worker has failed is due by its dispatch
+deadline plus one ``hang_timeout``, and fails then (:class:`~batcher.types.WorkersFailed`)
+wherever it is, so a fleet that crashes or hangs on every call answers on time. Once every slot
+has lost its worker, :attr:`WorkerPool.ready` is false until a call is answered, and an idle
+worker sends a probe call (one empty input) to prove the fleet serves again without traffic.
 
-A slow fleet is not a hung worker. A call's hang timeout is the larger of ``hang_timeout`` and
-:data:`SLOW_CALLS` recent call times (the EWMA of answered calls), doubled for each time this
-batch was already killed as hung, and never more than :data:`MAX_STRETCH` x ``hang_timeout``. A
-worker that hangs among healthy ones is killed at ``hang_timeout`` and its batch answered by
-the next; a fleet whose every call outlasts ``hang_timeout`` loses one worker, the retry of that
-batch gets twice the time and is answered, and from then on calls are judged by their own pace.
-
-What a caller is told names what went wrong (a worker crashed, hung, broke the protocol; the
-model raised ValueError), never a pid, a slot or a traceback; the log has the detail, and no
-input text.
-
-The pool speaks to workers through the :class:`Worker` protocol, so the same supervision runs
-real processes (:mod:`batcher.process_worker`) and simulated ones (``batcher.sim.workers``) under
-``trio.testing.MockClock``.
+A slow fleet is not a hung worker: a call may run the larger of ``hang_timeout`` and
+:data:`SLOW_CALLS` recent call times, doubled each time its batch was already killed as hung, at
+most :data:`MAX_STRETCH` x ``hang_timeout``. A caller is told what went wrong (a worker crashed,
+hung, broke the protocol; the model raised ValueError), never a pid or a slot; the log has the
+detail, and no input text. Workers are real processes (:mod:`batcher.process_worker`) or
+simulated ones (``batcher.sim.workers``) under ``trio.testing.MockClock``, behind :class:`Worker`.
 """
 
 from __future__ import annotations
@@ -62,7 +51,7 @@ import trio
 from batcher.config import PoolConfig
 from batcher.stats import Stats
 from batcher.supervisor import Process, Readiness, Supervisor
-from batcher.types import Batch, Request, RequestFailed, WorkersFailed
+from batcher.types import Batch, Request, RequestFailed, State, WorkersFailed
 from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
 
 log = logging.getLogger("ferry.pool")
@@ -135,6 +124,7 @@ class WorkerPool:
         self._retry: deque[Batch] = deque()
         self._batch_ids = itertools.count(1)
         self._readiness = Readiness(config.workers)
+        self._probe: Request | None = None  # the probe call in flight, if any
         self._overdue_changed = trio.Event()  # wakes the task that fails overdue requests
 
     @property
@@ -159,19 +149,13 @@ class WorkerPool:
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
         call at the recent call time (0 once overdue). Admission plans with it (DESIGN §8)."""
-        seconds = self.call_seconds
-        return [
-            max(0.0, slot.busy_since + seconds - now) if slot.state is SlotState.BUSY else 0.0
-            for slot in self._slots
-            if slot.state is not SlotState.STARTING
-        ]
+        seconds, busy, starting = self.call_seconds, SlotState.BUSY, SlotState.STARTING
+        return [max(0.0, s.busy_since + seconds - now) if s.state is busy else 0.0
+                for s in self._slots if s.state is not starting]
 
     def workers(self) -> list[WorkerInfo]:
-        return [
-            WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None, slot.state,
-                       slot.supervisor.restarts)
-            for slot in self._slots
-        ]
+        return [WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None, slot.state,
+                           slot.supervisor.restarts) for slot in self._slots]
 
     def dispatch(self, requests: list[Request], reason: str, now: float) -> Batch:
         """Hand a new batch to an idle worker; the caller has checked :attr:`idle_count`.
@@ -279,6 +263,9 @@ class WorkerPool:
         batch.failures += 1
         batch.failed_on.add(slot.index)
         batch.last_error = error
+        if batch.reason == "probe":  # it proved nothing: the next idle worker sends another
+            batch.requests[0].fail(WorkersFailed(error), trio.current_time())
+            return
         live = self._drop_overdue(batch, trio.current_time())
         if not live:
             return
@@ -332,9 +319,24 @@ class WorkerPool:
         if retry := self._retry_for(slot):
             self._send(slot, retry)
             return
+        if not self._readiness.proven and self._probe is None:
+            self._send(slot, self._probe_batch())
+            return
         slot.state = SlotState.IDLE
         bisect.insort(self._idle, slot, key=lambda s: s.index)
         self.on_idle()
+
+    def _probe_batch(self) -> Batch:
+        """A call of one empty input, sent while the fleet is not ready and a worker idles: its
+        answer makes the fleet ready without waiting for traffic that a load balancer would not
+        send to a gateway that says it is not ready."""
+        now = trio.current_time()
+        probe = self._probe = Request(0, "", 0, now, math.inf, self._probed, State.DISPATCHED)
+        self.stats.probes += 1
+        return Batch(next(self._batch_ids), [probe], "probe")
+
+    def _probed(self, probe: Request) -> None:
+        self._probe = None
 
     def _exited(self, slot: _Slot) -> None:
         """The exit watch saw the worker die: an idle one stops waiting for work (a busy one's

@@ -54,7 +54,8 @@ class Stats:
     expired: int = 0  # queued past their deadline: Overloaded
     shed: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)  # by tier
     cancelled: int = 0  # callers gone, before or after dispatch
-    calls: int = 0  # run_batch calls sent to workers, retries included
+    calls: int = 0  # run_batch calls sent to workers, retries and probes included
+    probes: int = 0  # calls of one empty input, sent to prove a fleet that lost every worker serves again
     busy_seconds: float = 0.0  # summed over workers: time spent inside calls
     restarts: int = 0  # workers killed (crash, hang, protocol fault) and started again
     retries: int = 0  # batches re-dispatched whole after a failed call
