@@ -168,6 +168,20 @@ def _group(
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PagedAttention:
+    """The :class:`~workers.engine.model.Attention` of one engine step: every layer's paged
+    cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]``, and the step's plan."""
+
+    kv_cache: torch.Tensor
+    plan: AttentionPlan
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        return paged_attention(q, k, v, self.kv_cache[layer], self.plan, scale)
+
+
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, plan: AttentionPlan, scale: float
 ) -> torch.Tensor:

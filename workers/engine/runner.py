@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from workers.engine.attention import CacheShape, plan_attention
+from workers.engine.attention import CacheShape, PagedAttention, plan_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.checkpoint import read_chat_template, read_eos_token_ids
 from workers.engine.model import load_llama
@@ -103,8 +103,7 @@ class ModelRunner:
         hidden = self.model(
             torch.tensor(batch.input_ids, device=self.device),
             torch.tensor(batch.positions, device=self.device),
-            self.kv_cache,
-            plan,
+            PagedAttention(self.kv_cache, plan),
         )
         ends, last = [], -1
         for length, sample in zip(batch.query_lens, batch.samples):

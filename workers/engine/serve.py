@@ -86,7 +86,7 @@ def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
     if args.simulated:
         runner = SimulatedRunner(PRESETS[args.simulated], eos_prob=args.sim_eos_prob, wait=time.sleep, **size)
         return runner, f"sim-{args.simulated}"
-    from workers.engine.model import ModelRunner  # torch: imported only by a real engine
+    from workers.engine.runner import ModelRunner  # torch: imported only by a real engine
 
     runner = ModelRunner(args.model, dtype=args.dtype, device=args.device, **size)
     return runner, os.path.basename(os.path.normpath(args.model))
