@@ -4,12 +4,15 @@
 the batch size, and each output is its input reversed, so anyone can tell which input an output
 belongs to. ``echo`` answers at once. ``classify`` does real batched tensor work with torch (on
 CUDA when the worker's ``CUDA_VISIBLE_DEVICES`` shows one, else on CPU): a byte-level network
-with seeded random weights that labels each input, whatever else shares its batch.
+with seeded random weights that labels each input, whatever else shares its batch. ``llm`` is a
+Llama checkpoint answering prompts by static batching: each call is one padded batch that waits
+for its longest answer (the baseline the continuous engine is measured against).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Protocol
 
@@ -90,6 +93,33 @@ class Classify:
         return [f"label-{label}" for label in labels]
 
 
+class LLM:
+    """A Llama checkpoint (a Hugging Face directory) as a fixed-mode model: each input is a
+    prompt's text, taken as given (the gateway has applied the chat template), each output the
+    text of its greedy answer, up to ``max_new_tokens`` tokens or the model's EOS. A call runs
+    as one padded batch that waits for its longest answer (:mod:`workers.engine.static`).
+    """
+
+    def __init__(self, model_dir: str, dtype: str, max_new_tokens: int) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"llm --max-new-tokens: expected >= 1, got {max_new_tokens}")
+        from tokenizers import Tokenizer  # only this model needs them
+
+        from workers.engine.static import StaticBatcher
+
+        self.batcher = StaticBatcher(model_dir, dtype=dtype)
+        self.tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+        self.max_new_tokens = max_new_tokens
+        self.name = f"llm-{os.path.basename(os.path.normpath(model_dir))}"
+
+    def run_batch(self, inputs: list[str]) -> list[str]:
+        """The answers' texts, in order; a ValueError names an input with no tokens or one the
+        model's context cannot hold with its answer."""
+        prompts = [self.tokenizer.encode(text).ids for text in inputs]
+        answers = self.batcher.generate(prompts, [self.max_new_tokens] * len(prompts))
+        return [self.tokenizer.decode(answer) for answer in answers]
+
+
 def add_model_arguments(kinds: argparse._SubParsersAction) -> None:
     """One sub-command per model kind, each with that model's own options."""
     sleep = kinds.add_parser("sleep", help="the 200 ms reference GPU")
@@ -101,6 +131,12 @@ def add_model_arguments(kinds: argparse._SubParsersAction) -> None:
     classify.add_argument("--labels", type=int, default=16)
     classify.add_argument("--max-bytes", type=int, default=2048)
     classify.add_argument("--weights-seed", type=int, default=0)
+    llm = kinds.add_parser("llm", help="a Llama checkpoint answering each batch as one padded batch")
+    llm.add_argument("--model", metavar="DIR", required=True, help="a Hugging Face model directory")
+    llm.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    llm.add_argument(
+        "--max-new-tokens", type=int, default=256, help="answer tokens at most, per input (default 256)"
+    )
 
 
 def load_model(args: argparse.Namespace) -> Model:
@@ -109,4 +145,6 @@ def load_model(args: argparse.Namespace) -> Model:
         return Sleep(args.latency_ms)
     if args.kind == "echo":
         return Echo()
+    if args.kind == "llm":
+        return LLM(args.model, args.dtype, args.max_new_tokens)
     return Classify(args.dim, args.layers, args.labels, args.max_bytes, args.weights_seed)
