@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import random
 import sys
@@ -107,8 +108,8 @@ def run_engine(runner: ModelRunner, requests: list[Request], max_batch_tokens: i
         seconds,
         sum(utilisation) / len(utilisation),
         [answers[rid] for rid in range(len(requests))],
-        f"{stats.step} steps, {stats.preemptions} preemptions, {stats.step and stats.generated_tokens / stats.step:.1f} "
-        "tokens a step",
+        f"{stats.step} steps, {stats.generated_tokens / stats.step:.1f} tokens a step, "
+        f"{stats.preemptions} preemptions",
     )
 
 
@@ -129,13 +130,20 @@ def run_static(batcher: StaticBatcher, requests: list[Request], size: int, name:
     return Outcome(name, len(requests), generated, seconds, sum(utilisation) / len(utilisation), answers)
 
 
-def run_transformers(model_dir, dtype: str, requests: list[Request], num_blocks: int, max_batch_tokens: int) -> Outcome:
+def run_transformers(
+    model_dir, dtype: str, requests: list[Request], cache_tokens: int, max_batch_tokens: int, page_size: int
+) -> Outcome:
     from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    model = LlamaForCausalLM.from_pretrained(
+        model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa"
+    )
     generation = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0, max_new_tokens=300)
     config = ContinuousBatchingConfig(
-        num_blocks=num_blocks, block_size=16, max_batch_tokens=max_batch_tokens, allow_block_sharing=False
+        num_blocks=cache_tokens // page_size,
+        page_size=page_size,
+        max_batch_tokens=max_batch_tokens,
+        allow_block_sharing=False,  # no prompt shares a prefix here
     )
     with model.continuous_batching_context_manager(
         generation_config=generation, continuous_batching_config=config, block=True, timeout=5
@@ -154,7 +162,9 @@ def run_transformers(model_dir, dtype: str, requests: list[Request], num_blocks:
                 done[result.request_id] = list(result.generated_tokens)
         seconds = time.perf_counter() - started
     answers = [done[rid] for rid in ids]
-    return Outcome("transformers continuous batching", len(requests), sum(map(len, answers)), seconds, answers=answers)
+    return Outcome(
+        "transformers continuous batching", len(requests), sum(map(len, answers)), seconds, answers=answers
+    )
 
 
 def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
@@ -171,7 +181,12 @@ def main() -> None:
     parser.add_argument("--solo", type=int, default=4, help="requests for the one-at-a-time system")
     parser.add_argument("--max-batch-tokens", type=int, default=512)
     parser.add_argument("--max-seqs", type=int, default=64)
-    parser.add_argument("--kv-memory-gb", type=float, default=1.0, help="the engine's (and transformers') KV cache")
+    parser.add_argument(
+        "--kv-memory-gb", type=float, default=1.0, help="the engine's (and transformers') KV cache"
+    )
+    parser.add_argument(
+        "--hf-page-size", type=int, default=256, help="transformers' page, in tokens (its default, 256)"
+    )
     parser.add_argument("--systems", nargs="+", default=["engine", "static", "solo", "transformers"])
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1: see the module's docstring)"
@@ -184,23 +199,29 @@ def main() -> None:
     requests = workload(args.requests, args.seed, runner.config.vocab_size)
     print(
         f"{len(requests)} requests: prompts {sum(len(r.prompt) for r in requests):,} tokens, "
-        f"answers {sum(r.answer for r in requests):,}; {args.dtype}; KV cache {runner.num_blocks} blocks of 16",
+        f"answers {sum(r.answer for r in requests):,}; {args.dtype}; "
+        f"KV cache {runner.num_blocks} blocks of {runner.block_size}",
         file=sys.stderr,
     )
+    warm_up = Request(requests[0].prompt[:32], 4)  # each system's first call pays its kernels' set-up
     outcomes: list[Outcome] = []
 
     def report(outcome: Outcome) -> None:
-        print(f"  {outcome.system}: {outcome.tokens_per_second:.1f} tok/s {outcome.note}", file=sys.stderr, flush=True)
+        print(
+            f"  {outcome.system}: {outcome.tokens_per_second:.1f} tok/s {outcome.note}",
+            file=sys.stderr,
+            flush=True,
+        )
         outcomes.append(outcome)
 
     engine = None
     if "engine" in args.systems:
-        run_engine(runner, workload(2, args.seed + 1, runner.config.vocab_size), args.max_batch_tokens, args.max_seqs)
+        run_engine(runner, [warm_up], args.max_batch_tokens, args.max_seqs)
         engine = run_engine(runner, requests, args.max_batch_tokens, args.max_seqs)
         report(engine)
     if "static" in args.systems or "solo" in args.systems:
         batcher = StaticBatcher(model_dir, dtype=args.dtype)
-        batcher.generate([requests[0].prompt[:32]], [4])  # warm-up
+        batcher.generate([warm_up.prompt], [warm_up.answer])
         for size in args.static_batch if "static" in args.systems else []:
             outcome = run_static(batcher, requests, size, f"static batches of {size}")
             if engine and args.dtype == "float32":
@@ -209,25 +230,27 @@ def main() -> None:
         if "solo" in args.systems:
             report(run_static(batcher, requests[: args.solo], 1, f"no batching (first {args.solo} requests)"))
     if "transformers" in args.systems:
-        outcome = run_transformers(model_dir, args.dtype, requests, runner.num_blocks, args.max_batch_tokens)
+        cache_tokens = runner.num_blocks * runner.block_size
+        outcome = run_transformers(
+            model_dir, args.dtype, requests, cache_tokens, args.max_batch_tokens, args.hf_page_size
+        )
         if engine and args.dtype == "float32":
             outcome.note = agreement(engine.answers, outcome.answers)
         report(outcome)
-    rows = []
-    for outcome in outcomes:
-        rows.append(
-            {
-                "system": outcome.system,
-                "requests": outcome.requests,
-                "generated": outcome.generated,
-                "seconds": outcome.seconds,
-                "tok/s": outcome.tokens_per_second,
-                "engine / this": engine.tokens_per_second / outcome.tokens_per_second if engine else float("nan"),
-                "KV utilisation": outcome.kv_utilisation,
-                "note": outcome.note,
-            }
-        )
-    print(markdown(rows))
+    print(markdown([row(outcome, engine) for outcome in outcomes]))
+
+
+def row(outcome: Outcome, engine: Outcome | None) -> dict:
+    return {
+        "system": outcome.system,
+        "requests": outcome.requests,
+        "tokens generated": outcome.generated,
+        "seconds": outcome.seconds,
+        "tok/s": outcome.tokens_per_second,
+        "engine / this": engine.tokens_per_second / outcome.tokens_per_second if engine else float("nan"),
+        "KV utilisation": "—" if math.isnan(outcome.kv_utilisation) else f"{outcome.kv_utilisation:.0%}",
+        "note": outcome.note,
+    }
 
 
 if __name__ == "__main__":
