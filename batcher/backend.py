@@ -46,7 +46,10 @@ class Job:
     ``prompt`` is the rendered input (a fixed-mode worker's one string) and ``prompt_tokens``
     its token ids under the model's tokenizer (what a continuous engine prefills, and what
     admission prices). ``deadline`` is the seconds it may wait for a worker after reaching the
-    core; None means its tier's wait budget.
+    core; None means its tier's wait budget. ``stream``: the client is shown text as it comes.
+    A continuous backend needs to know: it holds a whole answer's text until the answer ends,
+    so that a job whose engine dies can be re-run elsewhere without its client noticing, while
+    a stream's tokens go out as they are made (and a stream that has sent some cannot be re-run).
     """
 
     prompt: str
@@ -57,6 +60,7 @@ class Job:
     deadline: float | None = None
     sampling: Sampling = Sampling()
     stop_sequences: tuple[str, ...] = ()
+    stream: bool = False
 
 
 class Usage(NamedTuple):

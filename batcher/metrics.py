@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from batcher.backend import Snapshot
+from batcher.engine_metrics import engine_families
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
@@ -131,3 +132,6 @@ class _CoreCollector(Collector):
         yield flushes
         yield from (family for family, _ in counters)
         yield from (sizes, wait, queued, estimate)
+        yield from engine_families(
+            [(b.model, self.snapshots[b.model].stats) for b in self.backends if b.model in self.snapshots]
+        )

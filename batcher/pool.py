@@ -22,9 +22,9 @@ the other 49 succeed. Requests whose callers have gone are pruned before every (
 
 None of this runs forever. A dispatched request whose batch a worker has failed (a crash, a
 hang, a protocol fault) is due by its dispatch deadline plus one ``hang_timeout``: past that it
-fails (:class:`~batcher.types.WorkersFailed`), wherever it is (in
-the retry backlog while every worker restarts, or in a retried call still running), so a fleet
-that crashes or hangs on every call answers each request with a clear error on time. And
+fails (:class:`~batcher.types.WorkersFailed`) wherever it is (in the retry backlog while every
+worker restarts, or in a retried call still running), so a fleet that crashes or hangs on every
+call answers each request with a clear error on time. And
 :attr:`WorkerPool.ready` stays false from the moment every slot has lost its worker until a
 call is answered again (:class:`~batcher.supervisor.Readiness`).
 
@@ -61,11 +61,9 @@ import trio
 
 from batcher.config import PoolConfig
 from batcher.stats import Stats
-from batcher.supervisor import Process, Readiness, Supervisor, WorkerStartError
+from batcher.supervisor import Process, Readiness, Supervisor
 from batcher.types import Batch, Request, RequestFailed, WorkersFailed
 from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
-
-__all__ = ["SlotState", "Spawn", "Worker", "WorkerInfo", "WorkerPool", "WorkerStartError"]
 
 log = logging.getLogger("ferry.pool")
 

@@ -13,11 +13,11 @@ import os
 import subprocess
 import sys
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import trio
 
-from batcher.pool import Spawn
 from workers.faults import INSTANCE_ENV
 from workers.protocol import (
     MAX_FRAME_BYTES,
@@ -35,8 +35,10 @@ from workers.protocol import (
 )
 
 
-class ProcessWorker:
-    """One ``python -m workers`` process and the framed pipe to it."""
+class PipeProcess:
+    """One ``python -m workers`` process and the framed pipe to it: spawn, the ``ready`` frame,
+    exit and kill. What flows after ``ready`` is the subclass's (a fixed-mode call at a time
+    here; an engine's stream of frames in :mod:`batcher.engine_worker`)."""
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], max_frame: int = MAX_FRAME_BYTES) -> None:
         self.argv = [sys.executable, "-m", "workers", *argv]
@@ -57,23 +59,6 @@ class ProcessWorker:
         if not isinstance(ready, Ready):
             raise ProtocolError(f"expected ready as the first frame, got {ready.kind}")
         self.model = ready.model
-
-    async def call(self, request: RunBatch) -> Result | Error:
-        assert self._process is not None and self._process.stdin is not None, "call before start"
-        try:
-            await self._process.stdin.send_all(encode(request, self._max_frame))
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise NotDelivered(f"pid {self.pid}: pipe closed ({exc})") from None
-        try:
-            accepted = await self._receive()
-        except WorkerLost as exc:  # it died before reading the call (a kill racing the send)
-            raise NotDelivered(f"{exc} before accepting the call") from None
-        if accepted != Accepted(request.id):
-            raise ProtocolError(f"expected accepted {request.id} after run_batch {request.id}, got {accepted.kind}")
-        reply = await self._receive()
-        if not isinstance(reply, Result | Error):
-            raise ProtocolError(f"expected result or error, got {reply.kind}")
-        return reply
 
     async def wait_exit(self) -> None:
         assert self._process is not None, "wait_exit before start"
@@ -101,6 +86,30 @@ class ProcessWorker:
         return self._received.popleft()
 
 
+class ProcessWorker(PipeProcess):
+    """A fixed-mode worker process: one ``run_batch`` call at a time."""
+
+    async def call(self, request: RunBatch) -> Result | Error:
+        assert self._process is not None and self._process.stdin is not None, "call before start"
+        try:
+            await self._process.stdin.send_all(encode(request, self._max_frame))
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise NotDelivered(f"pid {self.pid}: pipe closed ({exc})") from None
+        try:
+            accepted = await self._receive()
+        except WorkerLost as exc:  # it died before reading the call (a kill racing the send)
+            raise NotDelivered(f"{exc} before accepting the call") from None
+        if accepted != Accepted(request.id):
+            raise ProtocolError(f"expected accepted {request.id} after run_batch {request.id}, got {accepted.kind}")
+        reply = await self._receive()
+        if not isinstance(reply, Result | Error):
+            raise ProtocolError(f"expected result or error, got {reply.kind}")
+        return reply
+
+
+P = TypeVar("P", bound=PipeProcess)
+
+
 def worker_devices(workers: int, visible: str | None = None) -> list[str]:
     """The ``CUDA_VISIBLE_DEVICES`` of each worker: round robin over the gateway's own list.
 
@@ -115,15 +124,18 @@ def worker_devices(workers: int, visible: str | None = None) -> list[str]:
     return [devices[index % len(devices)] for index in range(workers)]
 
 
-def process_workers(argv: Sequence[str], workers: int, max_frame: int = MAX_FRAME_BYTES) -> Spawn:
+def process_workers(
+    argv: Sequence[str], workers: int, max_frame: int = MAX_FRAME_BYTES, kind: type[P] = ProcessWorker
+) -> Callable[[int], P]:
     """A :data:`Spawn` that starts ``python -m workers *argv`` on each slot's own device, and
-    names each start (``SLOT:START``, counted from 1 per slot) in its environment."""
+    names each start (``SLOT:START``, counted from 1 per slot) in its environment; ``kind`` is
+    the pool's side of the process (an engine's: :class:`batcher.engine_worker.EngineProcess`)."""
     devices = worker_devices(workers)
     starts: Counter[int] = Counter()
 
-    def spawn(slot: int) -> ProcessWorker:
+    def spawn(slot: int) -> P:
         starts[slot] += 1
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[slot], INSTANCE_ENV: f"{slot}:{starts[slot]}"}
-        return ProcessWorker(argv, env, max_frame)
+        return kind(argv, env, max_frame)
 
     return spawn

@@ -30,9 +30,9 @@ class Histogram:
         if not self.counts:
             self.counts = [0] * (len(self.bounds) + 1)  # the last bucket is +Inf
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.total += value * times
 
     @property
     def count(self) -> int:

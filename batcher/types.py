@@ -62,6 +62,17 @@ class WorkersFailed(RequestFailed):
     """
 
 
+class TooLarge(FerryError):
+    """The request could never run: its prompt plus ``max_tokens`` needs more KV cache than one
+    replica holds (HTTP 400; the message names the limit). Sending it again cannot help."""
+
+
+class ReplicaLost(RequestFailed):
+    """The engine serving a stream died after the stream had sent tokens (HTTP 500,
+    ``api_error``: retryable). It is not re-run elsewhere, which would repeat or contradict
+    text the client already has; the client retries the request if it wants a whole answer."""
+
+
 class State(enum.Enum):
     QUEUED = "queued"
     DISPATCHED = "dispatched"

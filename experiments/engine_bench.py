@@ -2,7 +2,8 @@
 batching, side by side on one workload, on SmolLM2-135M on this CPU.
 
     python -m experiments.engine_bench [--requests 32] [--dtype float32] [--static-batch 8 16]
-        [--solo 4] [--max-batch-tokens 512] [--max-seqs 64] [--systems engine static solo transformers]
+        [--solo 2] [--max-batch-tokens 512] [--max-seqs 64]
+        [--systems engine generate padded solo transformers]
 
 The workload (``--seed``): ``--requests`` prompts of 20-500 random tokens, each asking for
 10-300 answer tokens, every one generated (EOS ignored, so every system does the same work), all
@@ -12,20 +13,25 @@ token, after a short warm-up of its own:
 - **engine**: :class:`workers.engine.engine.Engine` over the paged ``ModelRunner``, the step loop
   only (no worker process, no gateway): one token budget per step, decodes and prompt chunks
   together, a sequence joining on the step after another leaves.
-- **static B**: :class:`workers.engine.static.StaticBatcher`, what the ``llm`` fixed-mode worker
-  runs: batches of ``B`` requests in arrival order, each left-padded and waiting for its longest
-  answer.
-- **solo**: the same, one request at a time, on the first ``--solo`` requests only (it would
-  take the whole run's time budget several times over).
+- **generate B**: static batching as the fixed-mode ``generate`` worker runs it
+  (:meth:`workers.models.Generate.generate`, over the same paged runner): batches of ``B``
+  requests in arrival order, the whole batch prefilled in one step, every row decoding until
+  the batch's longest answer is done.
+- **padded B**: static batching the plain way (:class:`workers.engine.static.StaticBatcher`):
+  the same batches, each left-padded to its longest prompt over a contiguous cache reserved for
+  its longest prompt plus its longest answer.
+- **solo**: ``generate`` one request at a time, on the first ``--solo`` requests only (all of
+  them would take the run's time budget several times over).
 - **transformers**: ``LlamaForCausalLM``'s continuous batching manager (what ``generate_batch``
   runs; used directly, as ``generate_batch`` gives every request the same ``max_new_tokens``),
   sdpa attention, a paged cache as large as the engine's, the same token budget.
 
 Reported per system: generated tokens per second, and KV utilisation averaged over steps:
-tokens whose K and V are held over the slots reserved for them (blocks allocated x block size
-for the engine; rows x (longest prompt + longest answer) for a static batch). The engine's
-answers are checked against the static ones token for token (float32 only: bfloat16 sums in
-another order drift), which also shows each system did the same work.
+tokens whose K and V are held (a row's own, not padding) over the slots reserved for them
+(blocks allocated x block size for the engine and ``generate``, whose ended rows go on growing
+as padding; rows x (longest prompt + longest answer) for ``padded``). Every system's answers are
+checked against the engine's token for token (float32 only: bfloat16 sums in another order
+drift), which also shows each did the same work.
 
 Every system runs in this one process with ``--threads`` torch threads, 1 by default: on this
 shared 2-core machine, under a load average of 4, a 200-token prefill took 8.2 s with 2 threads
@@ -41,6 +47,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -51,6 +58,9 @@ from workers.engine.engine import Engine
 from workers.engine.runner import ModelRunner
 from workers.engine.sequence import SamplingParams
 from workers.engine.static import StaticBatcher
+from workers.models import Generate
+
+BLOCK = 16  # tokens a KV block holds (the runner's default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,17 +123,21 @@ def run_engine(runner: ModelRunner, requests: list[Request], max_batch_tokens: i
     )
 
 
-def run_static(batcher: StaticBatcher, requests: list[Request], size: int, name: str) -> Outcome:
+def run_static(generate: Callable, requests: list[Request], size: int, name: str, padded: bool) -> Outcome:
+    """Batches of ``size`` through ``generate(prompts, max_tokens, ignore_eos=True)``."""
     answers: list[list[int]] = []
     utilisation: list[float] = []
     started = time.perf_counter()
     for first in range(0, len(requests), size):
         batch = requests[first : first + size]
-        answers += batcher.generate([r.prompt for r in batch], [r.answer for r in batch], ignore_eos=True)
+        answers += generate([r.prompt for r in batch], [r.answer for r in batch], ignore_eos=True)
         width, steps = max(len(r.prompt) for r in batch), max(r.answer for r in batch)
-        reserved = len(batch) * (width + steps - 1)
-        for step in range(steps):  # tokens held once step `step` has run (its prefill, then decodes)
+        for step in range(steps):  # once step `step` has run: the prefill, then `step` decodes
             held = sum(len(r.prompt) + min(step, r.answer - 1) for r in batch)
+            if padded:
+                reserved = len(batch) * (width + steps - 1)
+            else:
+                reserved = sum(-(-(len(r.prompt) + step) // BLOCK) * BLOCK for r in batch)
             utilisation.append(held / reserved)
     seconds = time.perf_counter() - started
     generated = sum(len(answer) for answer in answers)
@@ -167,18 +181,13 @@ def run_transformers(
     )
 
 
-def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
-    same = sum(a == b for a, b in zip(ours, theirs))
-    return f"{same}/{len(theirs)} answers equal the engine's"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--static-batch", type=int, nargs="+", default=[8, 16])
-    parser.add_argument("--solo", type=int, default=4, help="requests for the one-at-a-time system")
+    parser.add_argument("--solo", type=int, default=2, help="requests for the one-at-a-time system")
     parser.add_argument("--max-batch-tokens", type=int, default=512)
     parser.add_argument("--max-seqs", type=int, default=64)
     parser.add_argument(
@@ -187,7 +196,9 @@ def main() -> None:
     parser.add_argument(
         "--hf-page-size", type=int, default=256, help="transformers' page, in tokens (its default, 256)"
     )
-    parser.add_argument("--systems", nargs="+", default=["engine", "static", "solo", "transformers"])
+    parser.add_argument(
+        "--systems", nargs="+", default=["engine", "generate", "padded", "solo", "transformers"]
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1: see the module's docstring)"
     )
@@ -195,7 +206,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model_dir = ensure_converted(log=lambda line: print(line, file=sys.stderr))
-    runner = ModelRunner(model_dir, kv_memory_gb=args.kv_memory_gb, dtype=args.dtype)
+    runner = ModelRunner(model_dir, block_size=BLOCK, kv_memory_gb=args.kv_memory_gb, dtype=args.dtype)
     requests = workload(args.requests, args.seed, runner.config.vocab_size)
     print(
         f"{len(requests)} requests: prompts {sum(len(r.prompt) for r in requests):,} tokens, "
@@ -214,29 +225,39 @@ def main() -> None:
         )
         outcomes.append(outcome)
 
+    def checked(outcome: Outcome) -> None:
+        if engine and args.dtype == "float32":
+            ours = engine.answers[: outcome.requests]
+            outcome.note = (
+                f"{sum(a == b for a, b in zip(ours, outcome.answers))}/{outcome.requests} as the engine"
+            )
+        report(outcome)
+
     engine = None
     if "engine" in args.systems:
         run_engine(runner, [warm_up], args.max_batch_tokens, args.max_seqs)
         engine = run_engine(runner, requests, args.max_batch_tokens, args.max_seqs)
         report(engine)
-    if "static" in args.systems or "solo" in args.systems:
+    sizes = args.static_batch
+    static = Generate(runner, encode=None, decode=None, max_tokens=1, name="generate")
+    if "generate" in args.systems or "solo" in args.systems:
+        static.generate([warm_up.prompt], [warm_up.answer])
+    for size in sizes if "generate" in args.systems else []:
+        checked(run_static(static.generate, requests, size, f"generate, batches of {size}", padded=False))
+    if "padded" in args.systems:
         batcher = StaticBatcher(model_dir, dtype=args.dtype)
         batcher.generate([warm_up.prompt], [warm_up.answer])
-        for size in args.static_batch if "static" in args.systems else []:
-            outcome = run_static(batcher, requests, size, f"static batches of {size}")
-            if engine and args.dtype == "float32":
-                outcome.note = agreement(engine.answers, outcome.answers)
-            report(outcome)
-        if "solo" in args.systems:
-            report(run_static(batcher, requests[: args.solo], 1, f"no batching (first {args.solo} requests)"))
+        for size in sizes:
+            checked(run_static(batcher.generate, requests, size, f"padded, batches of {size}", padded=True))
+    if "solo" in args.systems:
+        solo = requests[: args.solo]
+        checked(run_static(static.generate, solo, 1, f"no batching (first {args.solo})", padded=False))
     if "transformers" in args.systems:
         cache_tokens = runner.num_blocks * runner.block_size
         outcome = run_transformers(
             model_dir, args.dtype, requests, cache_tokens, args.max_batch_tokens, args.hf_page_size
         )
-        if engine and args.dtype == "float32":
-            outcome.note = agreement(engine.answers, outcome.answers)
-        report(outcome)
+        checked(outcome)
     print(markdown([row(outcome, engine) for outcome in outcomes]))
 
 

@@ -5,8 +5,8 @@ crowd of independent clients), from this process's own aiohttp client, to 127.0.
 Latency counts from the *scheduled* arrival, so a generator that falls behind makes the server
 look slower, never faster; the report shows the generator's worst lag too.
 
-With no ``--url`` it starts ``ferry serve --port 0`` itself (the embedded default unless
-``--config``), and reads the gateway process's CPU time (``/proc/PID/stat``: user + system, all
+With no ``--url`` it starts ``ferry serve --port 0`` itself (the embedded default's fixed model
+unless ``--config``), and reads the gateway process's CPU time (``/proc/PID/stat``: user + system, all
 of its threads, not its workers) before and after each run, to report CPU time per request.
 
     .venv/bin/python experiments/http_load.py --rate 1600 --duration 30
@@ -26,11 +26,13 @@ import pathlib
 import resource
 import subprocess
 import sys
+import tempfile
 
 import aiohttp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from batcher.config_file import DEFAULT_TOML  # noqa: E402
 from batcher.sim.arrivals import poisson  # noqa: E402
 from batcher.sim.report import Latency  # noqa: E402
 
@@ -133,8 +135,21 @@ async def run_once(session: aiohttp.ClientSession, url: str, body: bytes, rate: 
                dict(errors), gateway_cpu, own_cpu() - own_before, lag)
 
 
+def fixed_only(toml: str) -> str:
+    """A config without its continuous models: the fixed-mode figures are measured without a
+    language model loading and stepping beside them on the same two cores."""
+    head, *models = toml.split("\n[[models]]\n")
+    return head + "".join(f"\n[[models]]\n{m}" for m in models if 'mode = "continuous"' not in m)
+
+
 def start_gateway(config: str | None) -> tuple[subprocess.Popen, str]:
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", *(["--config", config] if config else [])]
+    """``ferry serve`` on a free port with ``config`` (a path), or the embedded default's fixed model."""
+    if config is None:
+        scratch = tempfile.NamedTemporaryFile("w", suffix=".toml", prefix="ferry-fixed-", delete=False)
+        with scratch:
+            scratch.write(fixed_only(DEFAULT_TOML))
+        config = scratch.name
+    argv = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--config", config]
     root = pathlib.Path(__file__).resolve().parent.parent
     process = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, text=True)
     for line in process.stdout:  # type: ignore[union-attr]

@@ -43,6 +43,10 @@ class Piece:
 class Answer:
     """Feed it a job's events in order (:meth:`push`); read the outcome once :attr:`done`."""
 
+    __slots__ = ("_matcher", "_max_tokens", "_tokenizer", "_safety", "_lookback", "_streaming", "_screened",
+                 "_unscreened", "_marks", "_consumed", "_released", "_covered_end", "_covered_tokens", "_refused",
+                 "_generated", "credited", "parts", "done", "stop_reason", "stop_sequence", "error", "blocked")
+
     def __init__(
         self, stops: tuple[str, ...], max_tokens: int, tokenizer: Tokenizer,
         safety: SafetyCheck | None = None, streaming: bool = False,

@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any
 
-from batcher.types import Overloaded, RequestFailed
+from batcher.types import Overloaded, RequestFailed, TooLarge
 
 
 class ApiError(Exception):
@@ -71,6 +71,7 @@ class ErrorKind:
 # The one table (DESIGN §7). Order matters: the first class an error is an instance of wins.
 ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (InvalidRequest, ErrorKind(400, "invalid_request_error")),
+    (TooLarge, ErrorKind(400, "invalid_request_error")),  # over one replica's KV cache
     (AuthenticationFailed, ErrorKind(401, "authentication_error")),
     (NotFound, ErrorKind(404, "not_found_error")),
     (RequestTimeout, ErrorKind(408, "timeout_error")),

@@ -37,7 +37,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.backend import Job
-from batcher.config import FerryConfig
+from batcher.config_file import FerryConfig
 from batcher.metrics import Metrics
 from gateway import api, openai
 from gateway.answer import Answer
@@ -133,7 +133,7 @@ class Gateway:
         if model.name != call.model:  # an alias: count which version took it
             self.metrics.alias_requests.labels(call.model, model.name).inc()
         job = Job(prompt, prompt_tokens, max_tokens, principal.tier, principal.tenant,
-                  sampling=call.sampling, stop_sequences=call.stop_sequences)
+                  sampling=call.sampling, stop_sequences=call.stop_sequences, stream=call.stream)
         with self.pins.hold(model.name):
             if call.stream:
                 return await self._settled(entry, self._stream(request, entry, codec, model, job))
@@ -245,7 +245,8 @@ class Gateway:
                         raise answer.error  # nothing sent yet: the error's own status
                     entry.status = 200
                     entry.outcome = Outcome.INTERRUPTED if answer.parts else Outcome.FAILED
-                    await stream.send(encoder.error(answer.error), end=True)
+                    text = encoder.text(piece.text) if piece.text else b""  # before the error: it is billed
+                    await stream.send(text + encoder.error(answer.error), end=True)
                 elif answer.done:
                     self._count_blocked(answer, model)
                     entry.stop_reason = answer.stop_reason

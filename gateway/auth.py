@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 
-from batcher.config import KeyConfig
+from batcher.config_file import KeyConfig
 from gateway.api import AuthenticationFailed
 from gateway.ratelimit import Limits
 

@@ -35,12 +35,16 @@ from prometheus_client.registry import Collector
 from gateway import api
 from gateway.auth import KeyRing
 
+SWEEP = 0.25  # seconds between sweeps for late headers, at most: a header deadline is kept within it
 SLOW_AFTER = 1.0  # seconds a connection may take over its headers before the cap may close it for room
 REFUSAL_LINGER = 1.0  # seconds a refused connection may stay open for the client to read its 503
 MAX_LINGERING = 256  # refused connections lingering at once; more are closed right after the 503
 
 
-class Phase(enum.Enum):
+class Phase(enum.StrEnum):
+    """A connection's phase. A ``str`` enum: it keys the guard's dicts several times a request,
+    and a plain Enum's hash is a Python call (``str``'s is not)."""
+
     AWAITING = "awaiting"  # waiting for a request's headers
     BUSY = "busy"  # a request's handler runs
     IDLE = "idle"  # keep-alive, nothing received since the last answer
@@ -51,6 +55,8 @@ async def read_body(request: web.Request, timeout: float) -> bytes:
     """The request's body, or :class:`~gateway.api.RequestTimeout` (408) if it is not all here
     within ``timeout`` seconds. aiohttp then closes the connection: its unread rest cannot frame a
     next request."""
+    if request.content.is_eof():  # the whole body came with the headers: nothing to wait for
+        return await request.read()
     try:
         async with asyncio.timeout(timeout):
             return await request.read()
@@ -95,6 +101,8 @@ class ConnectionGuard:
         self._idle = asyncio.Event()  # set while no connection runs a request
         self._idle.set()
         self.closed = {"header_timeout": 0, "evicted": 0, "refused": 0, "body_timeout": 0}
+        self._sweep: asyncio.TimerHandle | None = None  # the next sweep for late headers, while any are due
+        self._sweep_every = min(SWEEP, header_timeout / 4)
 
     def accept(self, make_handler: Callable[[], asyncio.Protocol]) -> asyncio.Protocol:
         """The protocol for a connection just accepted (the listening server's factory)."""
@@ -143,9 +151,6 @@ class ConnectionGuard:
             self._idle.clear()
         elif not busy:
             self._idle.set()
-        if connection.deadline is not None:
-            connection.deadline.cancel()
-            connection.deadline = None
         connection.phase = phase
         if phase is Phase.CLOSED:
             del self._by_handler[connection.inner]
@@ -155,16 +160,29 @@ class ConnectionGuard:
             self._arm(connection)
 
     def _arm(self, connection: _Connection) -> None:
+        """Its headers are due from now: one sweep a fraction of the header timeout apart closes
+        the late ones, rather than a timer made and cancelled for every request."""
         loop = asyncio.get_running_loop()
         connection.since = loop.time()
-        connection.deadline = loop.call_at(connection.since + self.header_timeout, self._expire, connection)
+        if self._sweep is None:
+            self._arm_sweep()
 
-    def _expire(self, connection: _Connection) -> None:
-        """The headers did not arrive in time: close the connection (no request to answer)."""
-        connection.deadline = None
-        if connection.phase is Phase.AWAITING:
+    def _expire(self) -> None:
+        """Close the connections whose headers are late (no request to answer). AWAITING keeps
+        them in the order they entered it, so the sweep stops at the first one still in time."""
+        self._sweep = None
+        awaiting = self._phases[Phase.AWAITING]
+        limit = asyncio.get_running_loop().time() - self.header_timeout
+        for connection in list(awaiting):
+            if connection.since > limit:
+                break
             self.closed["header_timeout"] += 1
             self._close(connection)
+        if awaiting:
+            self._arm_sweep()
+
+    def _arm_sweep(self) -> None:
+        self._sweep = asyncio.get_running_loop().call_later(self._sweep_every, self._expire)
 
     def _evict(self) -> bool:
         """Close the oldest IDLE connection, else the oldest AWAITING one if it has been sending
@@ -189,14 +207,13 @@ class ConnectionGuard:
 class _Connection(asyncio.Protocol):
     """aiohttp's protocol for one connection, passed every event, and its phase beside it."""
 
-    __slots__ = ("guard", "inner", "transport", "phase", "deadline", "since")
+    __slots__ = ("guard", "inner", "transport", "phase", "since")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard
         self.inner = inner
         self.transport: asyncio.Transport | None = None
         self.phase = Phase.AWAITING  # a new connection's first request is due
-        self.deadline: asyncio.TimerHandle | None = None
         self.since = 0.0  # loop time it entered AWAITING
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from batcher.config import AliasConfig, ModelConfig
+from batcher.config import ModelConfig
+from batcher.config_file import AliasConfig
 from gateway.api import NotFound
 from gateway.chat import ChatTemplate, make_template
 from gateway.routing import Split

@@ -36,7 +36,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from batcher.config import FerryConfig, ModelConfig
+from batcher.config import ModelConfig
+from batcher.config_file import FerryConfig
 from gateway.models import Catalog, ServedModel, serve, splits_of
 from gateway.routing import Split
 

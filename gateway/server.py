@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from batcher.config import FerryConfig, default_config, load_config
+from batcher.config_file import FerryConfig, default_config, load_config
 from batcher.fleet import Launch
 from gateway.admin import reload_on_signal, start_admin
 from gateway.api import ShuttingDown

@@ -27,6 +27,7 @@ the automaton's size.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 
@@ -84,6 +85,14 @@ class _Automaton:
             state = fail[state]
 
 
+@functools.lru_cache(maxsize=1024)
+def _automaton(stops: tuple[str, ...]) -> _Automaton:
+    """The automaton of a set of stop sequences, built once: it never changes after it is built,
+    and most requests name none or the same few (its build was a tenth of a request's gateway
+    CPU at 1,600 requests/s)."""
+    return _Automaton(stops)
+
+
 class StopMatcher:
     """Feed it pieces of output in order; :meth:`feed` says what may be shown."""
 
@@ -94,7 +103,7 @@ class StopMatcher:
             raise ValueError("stop sequences: expected non-empty strings, got an empty one")
         self.stops = tuple(dict.fromkeys(stops))
         self.stopped: str | None = None  # the stop sequence that matched: nothing more is released
-        self._automaton = _Automaton(self.stops)
+        self._automaton = _automaton(self.stops)
         self._state = 0
         self._held = ""  # the text of the automaton's state: a tail that may begin a stop
         self._longest = max((len(stop) for stop in self.stops), default=0)

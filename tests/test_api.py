@@ -9,7 +9,8 @@ import json
 import pytest
 
 from batcher.backend import Delta, Finished, Started, Usage
-from batcher.config import FixedModelConfig, KeyConfig
+from batcher.config import FixedModelConfig
+from batcher.config_file import KeyConfig
 from batcher.types import Overloaded, RequestFailed
 from gateway import api
 from gateway.answer import Answer

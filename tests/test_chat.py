@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from batcher.config import parse_config
+from batcher.config_file import parse_config
 from gateway.chat import Labelled, TemplateRefused, make_template
 
 CHATML = (

@@ -8,7 +8,8 @@ import pathlib
 
 import pytest
 
-from batcher.config import PoolConfig, QueueConfig, default_config, load_config, parse_config
+from batcher.config import PoolConfig, QueueConfig, converted_dir
+from batcher.config_file import default_config, load_config, parse_config
 
 EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "ferry.toml"
 
@@ -29,7 +30,7 @@ def test_the_example_file_loads_with_every_field():
     acme, hobbyist = config.keys
     assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
     assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()
-    fixed, echo, canary = config.models
+    fixed, echo, canary, smollm2 = config.models
     assert (fixed.name, fixed.aliases, fixed.mode, fixed.worker) == (
         "ferry-fixed@1", (), "fixed", ("sleep", "--latency-ms", "200"))
     assert (fixed.max_batch, fixed.max_wait_ms, fixed.context_window, fixed.tokenizer) == (50, 150, 8192, "bytes")
@@ -39,14 +40,26 @@ def test_the_example_file_loads_with_every_field():
     [alias] = config.aliases
     assert (alias.name, alias.weights) == ("ferry-fixed", (("ferry-fixed@1", 95), ("ferry-fixed@2", 5)))
     assert config.admin.socket == "" and config.admin_socket().endswith("/admin.sock")
+    assert (smollm2.mode, smollm2.model, smollm2.kv_memory_gb, smollm2.affinity_bound) == (
+        "continuous", "smollm2-135m", 0.5, 2048)
+    assert smollm2.engine_argv() == [
+        "engine", "--model", converted_dir("smollm2-135m"), "--dtype", "float32", "--block-size", "16",
+        "--max-batch-tokens", "512", "--max-seqs", "256", "--model-version", "smollm2-135m-instruct@1",
+        "--kv-memory-gb", "0.5"]
+    assert smollm2.pool() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3)
 
 
-def test_the_embedded_default_is_8_sleep_workers_on_loopback_with_two_demo_keys():
+def test_the_embedded_default_is_8_sleep_workers_and_smollm2_on_loopback_with_two_demo_keys():
     config = default_config()
     assert config.server.host == "127.0.0.1"
-    [model] = config.models
+    model, smollm2 = config.models
     assert (model.name, model.workers, model.worker) == ("ferry-fixed@1", 8, ("sleep", "--latency-ms", "200"))
     assert (model.max_batch, model.max_wait_ms) == (50, 150)
+    assert (smollm2.name, smollm2.mode, smollm2.model, smollm2.workers) == (
+        "smollm2-135m-instruct@1", "continuous", "smollm2-135m", 1)
+    directory = converted_dir("smollm2-135m")  # converted at the first start: the gateway reads its tokenizer
+    assert (smollm2.model_dir, smollm2.tokenizer, smollm2.chat_template) == (directory, directory, "model")
+    assert smollm2.engine_argv()[:3] == ["engine", "--model", directory]
     assert sorted(key.tier for key in config.keys) == ["free", "paid"]
     assert all(key.key for key in config.keys)
 
@@ -75,7 +88,7 @@ def test_a_minimal_file_takes_the_defaults():
         (MINIMAL + "workers = 0\n", "f.toml: models[0].workers: expected 1..4096, got 0"),
         (MINIMAL + "workers = true\n", "f.toml: models[0].workers: expected int, got True"),
         (MINIMAL + "hang_timeout_ms = 0\n", "f.toml: models[0].hang_timeout_ms: expected milliseconds > 0"),
-        (MINIMAL + "mode = 'continuous'\n", "f.toml: models[0].mode: expected one of ['fixed']"),
+        (MINIMAL + "mode = 'streaming'\n", "f.toml: models[0].mode: expected one of ['continuous', 'fixed']"),
         (MINIMAL + "tokenizer = 'bpe'\n", "f.toml: models[0].tokenizer: expected 'bytes' or a path to a tokenizer.json"),
         (MINIMAL + "context_window = 0\n", "f.toml: models[0].context_window: expected 1..16777216"),
         (MINIMAL.replace("worker = [\"echo\"]", "worker = 'echo'"), "f.toml: models[0].worker: expected a list"),

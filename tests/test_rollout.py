@@ -11,7 +11,7 @@ import threading
 
 import trio
 
-from batcher.config import parse_config
+from batcher.config_file import parse_config
 from gateway.app import GATEWAY
 from gateway.rollout import ReloadFailed, Rollout
 from gateway.usage import read_usage

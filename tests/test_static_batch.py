@@ -1,25 +1,21 @@
-"""Static batching (``workers/engine/static.py``) and the ``llm`` fixed-mode worker built on it:
-a left-padded batch answers each prompt exactly as the naive full-recompute model does alone, a
-row that meets EOS ends while the others go on, and ``python -m workers llm`` behind the real
-pool answers texts batched together, an input it cannot run failing alone.
+"""The engine benchmark's two static baselines against the naive full-recompute model. The padded
+batch (``workers/engine/static.py``): a left-padded batch answers each prompt exactly as the
+naive model does alone, a row that meets EOS ends while the others go on, and a batch the model
+cannot run is refused naming the prompt. The fixed-mode ``generate`` worker's batch, given a
+length per row (tests/test_static_generate.py pins its steps).
 """
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 import torch
-import trio
 
-from batcher.config import PoolConfig
-from batcher.fixed import open_batcher
-from batcher.policy import SizeOrTimeout
-from batcher.process_worker import ProcessWorker
-from batcher.types import RequestFailed
 from tests.oracles import NaiveLlama
+from workers.engine.runner import ModelRunner
 from workers.engine.static import StaticBatcher
+from workers.models import Generate
 
 
 def prompts_of(lengths: list[int], seed: int) -> list[list[int]]:
@@ -78,35 +74,13 @@ def test_a_batch_the_model_cannot_run_is_refused_naming_the_prompt(
         StaticBatcher(tiny_checkpoint).generate(prompts, max_tokens)
 
 
-async def test_the_llm_worker_answers_a_batch_of_texts_and_fails_a_bad_input_alone(tiny_checkpoint):
-    from tokenizers import Tokenizer
-
-    argv = ["llm", "--model", str(tiny_checkpoint), "--max-new-tokens", "6"]
-    spawned: list[ProcessWorker] = []
-
-    def spawn(slot: int) -> ProcessWorker:
-        spawned.append(ProcessWorker(argv, dict(os.environ)))
-        return spawned[-1]
-
-    texts = ["A ferry crosses the river", "Tickets cost 3 coins", "What is the capital of France?", ""]
-    config = PoolConfig(workers=1, hang_timeout=60.0)
-    results: dict[str, str | Exception] = {}
-    async with open_batcher(spawn, config, SizeOrTimeout(8, 0.2)) as batcher:
-
-        async def one(text: str) -> None:
-            try:
-                results[text] = await batcher.answer(text, "paid")
-            except RequestFailed as exc:
-                results[text] = exc
-
-        with trio.fail_after(120):
-            async with trio.open_nursery() as nursery:
-                for text in texts:
-                    nursery.start_soon(one, text)
-    tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
+def test_the_generate_worker_s_static_batch_gives_each_row_its_own_length_as_the_naive_model(tiny_checkpoint):
+    """``Generate.generate`` (the fixed-mode worker's batch, over the paged runner) with a length
+    per row, as the engine benchmark runs it: the batch runs to its longest, each answer is its
+    own, and every one equals the naive model's."""
+    runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=64)
+    model = Generate(runner, encode=None, decode=None, max_tokens=1, name="tiny")
+    prompts = prompts_of([3, 28, 11], seed=9)
     naive = NaiveLlama(tiny_checkpoint)
-    for text in texts[:3]:
-        assert results[text] == tokenizer.decode(naive.greedy(tokenizer.encode(text).ids, 6)), text
-    # The pool bisected the batch to the empty input; the client hears no model detail.
-    assert str(results[""]) == "the input failed on 3 attempts; last: the model raised ValueError"
-    assert batcher.stats.restarts == 0 and [w.model for w in spawned] == ["llm-tied"]
+    answers = model.generate(prompts, [2, 13, 7], ignore_eos=True)
+    assert answers == [naive.greedy(p, n) for p, n in zip(prompts, [2, 13, 7])]

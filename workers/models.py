@@ -4,15 +4,13 @@
 the batch size, and each output is its input reversed, so anyone can tell which input an output
 belongs to. ``echo`` answers at once. ``classify`` does real batched tensor work with torch (on
 CUDA when the worker's ``CUDA_VISIBLE_DEVICES`` shows one, else on CPU): a byte-level network
-with seeded random weights that labels each input, whatever else shares its batch. ``llm`` is a
-Llama checkpoint answering prompts by static batching: each call is one padded batch that waits
-for its longest answer (the baseline the continuous engine is measured against).
+with seeded random weights that labels each input, whatever else shares its batch. ``generate``
+runs a language model the way a fixed-mode fleet must: each call one static batch (below).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from typing import Protocol
 
@@ -93,31 +91,80 @@ class Classify:
         return [f"label-{label}" for label in labels]
 
 
-class LLM:
-    """A Llama checkpoint (a Hugging Face directory) as a fixed-mode model: each input is a
-    prompt's text, taken as given (the gateway has applied the chat template), each output the
-    text of its greedy answer, up to ``max_new_tokens`` tokens or the model's EOS. A call runs
-    as one padded batch that waits for its longest answer (:mod:`workers.engine.static`).
+class Generate:
+    """A language model behind the fixed-mode contract: each ``run_batch`` is one static batch,
+    generated greedily by the continuous engine's own runner (same weights, same kernels), the
+    way a static batcher must run it: every prompt prefilled in one step, then a decode step for
+    every row until the *longest* answer ends (its end-of-sequence id, or ``max_tokens``). A row
+    that has ended keeps decoding as padding, and the next batch waits for this one. That is what
+    continuous batching is measured against (``experiments/continuous_vs_fixed.py``).
+
+    ``run_batch`` gets strings only, so ``max_tokens`` is the worker's, the same for every row;
+    the gateway cuts each answer at its request's own ``max_tokens``.
     """
 
-    def __init__(self, model_dir: str, dtype: str, max_new_tokens: int) -> None:
-        if max_new_tokens < 1:
-            raise ValueError(f"llm --max-new-tokens: expected >= 1, got {max_new_tokens}")
-        from tokenizers import Tokenizer  # only this model needs them
-
-        from workers.engine.static import StaticBatcher
-
-        self.batcher = StaticBatcher(model_dir, dtype=dtype)
-        self.tokenizer = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
-        self.max_new_tokens = max_new_tokens
-        self.name = f"llm-{os.path.basename(os.path.normpath(model_dir))}"
+    def __init__(self, runner, encode, decode, max_tokens: int, name: str) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"generate --max-tokens: expected >= 1, got {max_tokens}")
+        self.name = name
+        self._runner, self._encode, self._decode, self._max_tokens = runner, encode, decode, max_tokens
 
     def run_batch(self, inputs: list[str]) -> list[str]:
-        """The answers' texts, in order; a ValueError names an input with no tokens or one the
-        model's context cannot hold with its answer."""
-        prompts = [self.tokenizer.encode(text).ids for text in inputs]
-        answers = self.batcher.generate(prompts, [self.max_new_tokens] * len(prompts))
-        return [self.tokenizer.decode(answer) for answer in answers]
+        prompts = [self._encode(text) for text in inputs]
+        return [self._decode(answer) for answer in self.generate(prompts, [self._max_tokens] * len(prompts))]
+
+    def generate(
+        self, prompts: list[list[int]], max_tokens: list[int], ignore_eos: bool = False
+    ) -> list[list[int]]:
+        """The static batch in token ids: row ``i`` ends at its end-of-sequence id (not kept,
+        unless ``ignore_eos``) or after ``max_tokens[i]`` tokens, and keeps decoding as padding
+        until every row has ended (``experiments/engine_bench.py`` gives each its own length)."""
+        from workers.engine.config import EngineConfig
+        from workers.engine.engine import Engine
+        from workers.engine.sequence import SamplingParams
+
+        runner = self._runner
+        budget = max(len(prompts), sum(map(len, prompts)))  # the whole batch's prefill in one step
+        config = EngineConfig(runner.block_size, runner.num_blocks, budget, len(prompts), watermark=0.0)
+        engine = Engine(runner, config)
+        padded = SamplingParams(max_tokens=max(max_tokens), ignore_eos=True)  # rows never leave early
+        rids = [engine.add(prompt, padded) for prompt in prompts]
+        limits = dict(zip(rids, max_tokens, strict=True))
+        answers: dict[int, list[int]] = {rid: [] for rid in rids}
+        ended: set[int] = set()
+        while len(ended) < len(rids) and engine.has_work:
+            step = engine.step()
+            for rid, token in step.tokens.items():
+                if rid in ended:
+                    continue  # padding: computed, not kept
+                if token in runner.eos_token_ids and not ignore_eos:
+                    ended.add(rid)
+                    continue
+                answers[rid].append(token)
+                if len(answers[rid]) == limits[rid]:
+                    ended.add(rid)
+            ended.update(done.rid for done in step.finished)
+        for rid in rids:
+            engine.abort(rid)  # the rows still padding
+        return [answers[rid] for rid in rids]
+
+
+def load_generate(args: argparse.Namespace) -> Generate:
+    """A Hugging Face model directory's runner and tokenizer (torch, tokenizers)."""
+    import os
+
+    from tokenizers import Tokenizer
+
+    from workers.engine.runner import ModelRunner
+
+    runner = ModelRunner(args.model, dtype=args.dtype, device=args.device, kv_memory_gb=args.kv_memory_gb)
+    vocabulary = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+
+    def encode(text: str) -> list[int]:
+        return vocabulary.encode(text, add_special_tokens=False).ids
+
+    name = f"generate-{os.path.basename(os.path.normpath(args.model))}"
+    return Generate(runner, encode, vocabulary.decode, args.max_tokens, name)
 
 
 def add_model_arguments(kinds: argparse._SubParsersAction) -> None:
@@ -131,12 +178,14 @@ def add_model_arguments(kinds: argparse._SubParsersAction) -> None:
     classify.add_argument("--labels", type=int, default=16)
     classify.add_argument("--max-bytes", type=int, default=2048)
     classify.add_argument("--weights-seed", type=int, default=0)
-    llm = kinds.add_parser("llm", help="a Llama checkpoint answering each batch as one padded batch")
-    llm.add_argument("--model", metavar="DIR", required=True, help="a Hugging Face model directory")
-    llm.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    llm.add_argument(
-        "--max-new-tokens", type=int, default=256, help="answer tokens at most, per input (default 256)"
+    generate = kinds.add_parser("generate", help="a language model, one static padded greedy batch a call")
+    generate.add_argument("--model", required=True, metavar="DIR", help="a Hugging Face model directory")
+    generate.add_argument(
+        "--max-tokens", type=int, default=256, help="tokens each row may generate (default 256)"
     )
+    generate.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    generate.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
+    generate.add_argument("--kv-memory-gb", type=float, default=None, help="KV cache size (default 1)")
 
 
 def load_model(args: argparse.Namespace) -> Model:
@@ -145,6 +194,6 @@ def load_model(args: argparse.Namespace) -> Model:
         return Sleep(args.latency_ms)
     if args.kind == "echo":
         return Echo()
-    if args.kind == "llm":
-        return LLM(args.model, args.dtype, args.max_new_tokens)
+    if args.kind == "generate":
+        return load_generate(args)
     return Classify(args.dim, args.layers, args.labels, args.max_bytes, args.weights_seed)

@@ -148,7 +148,7 @@ def write_report(path: pathlib.Path, rows: list[str], verdicts: list[Verdict], p
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"""# Reliability: what each fault costs
 
-Written by `.venv/bin/python -m experiments.chaos --report {path.name}` ({time.strftime('%Y-%m-%d')},
+Written by `.venv/bin/python -m experiments.chaos --report` ({time.strftime('%Y-%m-%d')},
 the 2-core development machine, gateway and load generator side by side). Each row starts a
 fresh `ferry serve` (8 `sleep` workers of 200 ms unless the row says otherwise; paid budget
 1 s, free 300 ms, `hang_timeout` 1 s), offers Poisson traffic at {params.rate:g} requests/s for

@@ -34,7 +34,7 @@ One concept per file, each small (nano-vllm's shape):
 - ``simulated``      pure: a runner with no model, its steps priced by the cost model
 - ``serve``          ``python -m workers engine``: the engine behind the framed pipe
 - ``static``         torch: one padded batch that waits for its longest answer, over the same
-  network (the ``llm`` fixed-mode worker, static batching to compare the engine with)
+  network (plain static batching, a baseline of ``experiments/engine_bench.py``)
 - ``convert``        ``python -m workers.engine.convert``: SmolLM2-135M's GGUF into a model directory
 - ``tiny_checkpoint`` a tiny random Llama checkpoint with a real tokenizer, for fast tests
 

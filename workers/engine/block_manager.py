@@ -41,6 +41,12 @@ def chain_hash(parent: bytes, token_ids: list[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=32).digest()
 
 
+def prefix_root(salt: str, tenant: str) -> bytes:
+    """The parent of a sequence's first block: the model version and the tenant, so that no
+    block matches across weights or tenants. The gateway's router hashes prompts the same way."""
+    return hashlib.blake2b(repr((salt, tenant)).encode()).digest()
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -206,7 +212,7 @@ class BlockManager:
 
     def _extend_hashes(self, seq: Sequence, num_blocks: int) -> None:
         hashes, bs = seq.block_hashes, self.block_size
-        parent = hashes[-1] if hashes else hashlib.blake2b(repr((self._salt, seq.tenant)).encode()).digest()
+        parent = hashes[-1] if hashes else prefix_root(self._salt, seq.tenant)
         for i in range(len(hashes), num_blocks):
             parent = chain_hash(parent, seq.tokens(i * bs, (i + 1) * bs))
             hashes.append(parent)

@@ -130,6 +130,17 @@ class Llama(nn.Module):
         return self.lm_head(self.norm(hidden)).float()
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def placement(dtype: str, device: str | torch.device | None) -> tuple[torch.dtype, torch.device]:
+    """The torch dtype a name gives (a ValueError names any other), and the device: ``device``,
+    or CUDA where present, else the CPU."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype], torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Llama:
     """The network of a Hugging Face directory, its weights fused and cast to ``dtype``."""
     config = read_config(model_dir)

@@ -78,13 +78,18 @@ def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
     engine.add_argument(
         "--sim-eos-prob", type=float, default=0.0, help="--simulated: chance a token ends its answer"
     )
+    engine.add_argument(
+        "--sim-vocab", type=int, default=None, help="--simulated: draw ids below this (128: ASCII)"
+    )
 
 
 def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
     """The runner the command line names, and the model name ``ready`` announces."""
     size = {"block_size": args.block_size, "num_blocks": args.num_blocks, "kv_memory_gb": args.kv_memory_gb}
     if args.simulated:
-        runner = SimulatedRunner(PRESETS[args.simulated], eos_prob=args.sim_eos_prob, wait=time.sleep, **size)
+        runner = SimulatedRunner(
+            PRESETS[args.simulated], eos_prob=args.sim_eos_prob, wait=time.sleep, vocab=args.sim_vocab, **size
+        )
         return runner, f"sim-{args.simulated}"
     from workers.engine.runner import ModelRunner  # torch: imported only by a real engine
 

@@ -39,13 +39,18 @@ class SimulatedRunner:
         seed: int = 0,
         max_model_len: int = 131_072,
         wait: Callable[[float], object] | None = None,
+        vocab: int | None = None,
     ) -> None:
         """Size the cache by ``num_blocks``, or by ``kv_memory_gb`` GiB of the model's KV (1024
-        blocks when neither is given); ``max_model_len`` is the context it claims (Llama 3's)."""
+        blocks when neither is given). Token ids are drawn from the model's vocabulary, or from
+        the first ``vocab`` ids (128: ASCII, one character a token under the gateway's ``bytes`` tokenizer).
+        ``max_model_len`` is the context it claims (Llama 3's)."""
         if num_blocks is not None and kv_memory_gb is not None:
             raise ValueError("SimulatedRunner: give num_blocks or kv_memory_gb, not both")
         if kv_memory_gb is not None:
             num_blocks = int(kv_memory_gb * 2**30) // (cost.shape.kv_bytes_per_token * block_size)
+        if vocab is not None and vocab < 2:
+            raise ValueError(f"SimulatedRunner vocab: expected at least 2 ids, got {vocab}")
         if not 0.0 <= eos_prob <= 1.0:
             raise ValueError(f"SimulatedRunner eos_prob: expected a probability in [0, 1], got {eos_prob}")
         self.cost, self.block_size, self.num_blocks = (
@@ -56,6 +61,7 @@ class SimulatedRunner:
         self.eos_token_ids = frozenset({eos_token_id})
         self.max_model_len = max_model_len
         self._eos, self._eos_prob, self._seed, self._wait = eos_token_id, eos_prob, seed, wait
+        self._vocab = cost.shape.vocab if vocab is None else vocab
         self.last_step_seconds = 0.0
         self.total_seconds = 0.0
 
@@ -85,5 +91,5 @@ class SimulatedRunner:
     def _token(self, digest: bytes) -> int:
         if int.from_bytes(digest[:8]) < self._eos_prob * 2**64:
             return self._eos
-        token = int.from_bytes(digest[8:]) % (self.cost.shape.vocab - 1)
+        token = int.from_bytes(digest[8:]) % (self._vocab - 1)
         return token + (token >= self._eos)  # every id but the end-of-sequence one

@@ -1,7 +1,10 @@
-"""Static batching over the engine's network: one padded batch that waits for its longest answer.
+"""Static batching the plain way, over the engine's network: one padded batch that waits for its
+longest answer.
 
-What the continuous engine is measured against (``experiments/engine_bench.py``), and the
-``llm`` kind of fixed-mode worker (:class:`workers.models.LLM`). A batch of prompts is padded on
+One of the baselines the continuous engine is measured against (``experiments/engine_bench.py``),
+the way a server without paging batches: a contiguous cache and padding. (The fixed-mode
+``generate`` worker, :class:`workers.models.Generate`, batches statically over the engine's own
+paged runner instead: no padding in its prefill.) A batch of prompts is padded on
 the left to its longest, prefilled in one forward pass, then decoded one token per row per step
 until every row has ended (EOS or its own ``max_tokens``). A row that ended is still computed:
 the batch keeps its shape, so its step costs what the full batch costs. The KV cache is
@@ -13,8 +16,7 @@ contiguous, reserved up front for the longest prompt plus the longest answer, fo
 
 Left padding puts every row's last prompt token in the same column, so each step appends one
 column to all rows. The mask hides pad keys, and RoPE positions count each row's own tokens
-(pads sit at position 0), so a row answers exactly as it would alone. Greedy only: a fixed-mode
-input carries no sampling parameters.
+(pads sit at position 0), so a row answers exactly as it would alone. Greedy only.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from workers.engine.checkpoint import read_eos_token_ids
-from workers.engine.model import load_llama
-from workers.engine.runner import DTYPES
+from workers.engine.model import load_llama, placement
 
 
 class PaddedAttention:
@@ -73,11 +74,8 @@ class StaticBatcher:
     def __init__(
         self, model_dir: str | Path, *, dtype: str = "float32", device: str | torch.device | None = None
     ) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        self.dtype, self.device = placement(dtype, device)
         model_dir = Path(model_dir)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = DTYPES[dtype]
         self.model = load_llama(model_dir, self.dtype, self.device)
         self.config = self.model.config
         self.eos_token_ids = read_eos_token_ids(model_dir)

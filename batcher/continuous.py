@@ -1,0 +1,345 @@
+"""The continuous mode's backend: an EnginePool of engine worker processes behind a Router.
+
+One replica per GPU, each an engine worker (``python -m workers engine``) kept alive by its own
+:class:`~batcher.supervisor.Supervisor`, the fixed pool's supervision (spawn with its own
+``CUDA_VISIBLE_DEVICES``, ``ready``, exit watch, restart with backoff). The pool's part::
+
+    submit ─> too big for one replica's KV cache? 400 ─> Router: replica (least queued tokens,
+           bounded prefix affinity) ─> admission in tokens: 529 ─> that replica's tier queues
+    dispatch loop: expire queued jobs past their deadline (529, no prefill spent)
+                   hand a replica the next job while it can start it soon ─> add frame
+    a replica's frames, a step at a time: tokens ─> Output (detokenize; stream or hold)
+                   finished ─> the rest and Finished; stats ─> load, rate, liveness
+
+**Queues on the gateway side.** Each replica has tier queues in the pool (paid first, FIFO, with
+the fixed mode's aging); its engine gets a job only while it has room for it now: fewer than
+``max_seqs`` sequences, less than :data:`PREFILL_STEPS` steps' token budget of prompt not yet
+prefilled, and free KV blocks by its last report. So a job waits in the pool, where its deadline (its tier's wait
+budget, or the job's own) can still pass: it then gets 529 :class:`~batcher.types.Expired`
+before it has cost a prefill. Once sent, a job runs to its end.
+
+**Routing** happens at arrival (:mod:`batcher.router`): the load of a replica is the tokens it
+still owes its jobs, queued here or running there; the prefix is the request's block hashes.
+What a replica holds and how its engine's frames become events is :mod:`batcher.replica`.
+
+**A replica that dies** (its process exits, breaks the protocol, or sends no ``stats`` for
+``stats_timeout``: killed) loses what it held. A job that has shown its client nothing (a whole
+answer, or a stream with no delta yet) is re-run on another replica, ahead of that replica's
+queue, and its client never learns of it; one that was lost ``max_attempts`` times fails (500),
+as does one that no replica takes within its tier's budget of the loss (every engine down). A
+stream that has sent deltas ends with :class:`~batcher.types.ReplicaLost` (an SSE ``error`` of
+type ``api_error``, retryable): never a silent restart, never a duplicate token, and the usage
+bills what was delivered. Jobs only queued for the dead replica go to the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+from batcher.admission import AdmissionControl
+from batcher.backend import Job, OnEvent, Snapshot
+from batcher.config import ContinuousModelConfig, QueueConfig
+from batcher.engine_metrics import ContinuousStats
+from batcher.engine_worker import EngineProcess
+from batcher.replica import Replica, Ticket
+from batcher.router import Router, prefix_hashes
+from batcher.supervisor import Readiness, Supervisor
+from batcher.token_load import TokenLoad
+from batcher.token_stream import Output, Tokenizer
+from batcher.types import Expired, ReplicaLost, Request, RequestFailed, State, TooLarge, WorkersFailed
+from workers.engine.block_manager import cdiv
+from workers.protocol import Abort, Add
+
+PREFILL_STEPS = 2
+"""Steps' worth of prompt an engine is given ahead: the next step's chunk is already there while
+this one runs (with one, every other step of a burst would wait for the frames of the next)."""
+
+
+class EnginePool:
+    """The continuous :class:`~batcher.backend.Backend` (see the module doc)."""
+
+    def __init__(
+        self,
+        config: ContinuousModelConfig,
+        queue: QueueConfig,
+        spawn: Callable[[int], EngineProcess],
+        tokenizer: Tokenizer,
+    ) -> None:
+        self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
+        self.stats = ContinuousStats()
+        self._readiness = Readiness(config.workers)
+        self._replicas = [
+            Replica(i, queue, self.stats, self._changed, self._readiness.answered) for i in range(config.workers)
+        ]
+        timeout, pool = config.stats_timeout_ms / 1000, config.pool()
+        for r in self._replicas:
+            r.supervisor = Supervisor(r.index, spawn, pool, self.stats, functools.partial(self._serve, r, timeout),
+                                      on_down=functools.partial(self._lost, r))
+        self.router = Router([0] * config.workers, config.affinity_bound)
+        self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
+        self._queued = [0] * len(queue.tiers)  # tokens waiting in the replicas' tier queues, by tier
+        self._rids = itertools.count(1)
+        self._ids = itertools.count(1)
+        self._wakeup = trio.Event()
+
+    # --- the Backend protocol -----------------------------------------------------------
+
+    def submit(self, job: Job, on_event: OnEvent) -> Ticket:
+        """Route and queue a job, or fail it at once: too large (400) or shed (529)."""
+        now = trio.current_time()
+        tier = len(self.queue_config.tiers) - 1 if job.tier is None else self.queue_config.tier_index(job.tier)
+        wait = job.deadline if job.deadline is not None else self.queue_config.deadline(tier)
+        hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
+        ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
+        error = self._too_large(job)
+        if error is None:
+            replica = self._route(ticket)
+            if self.admission is not None:
+                error = self.admission.shed(self.load(), tier, now, ticket.cost)
+                if error is not None:
+                    self.stats.shed[tier] += 1
+        if error is not None:
+            ticket.closed = True
+            ticket.out.fail(error, retryable=not isinstance(error, TooLarge))
+            return ticket
+        self._enqueue(replica, ticket)
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The caller went away: out of its queue at once, or its sequence aborted."""
+        if ticket.closed:
+            return
+        ticket.closed = True
+        self.stats.cancelled += 1
+        r = self._replicas[ticket.replica]
+        if ticket.request is not None and ticket.request.state is State.QUEUED:
+            ticket.request.cancel(trio.current_time())
+            r.queue.discard(ticket.request)
+            self._unqueue(r, ticket)
+        elif r.live.get(ticket.rid) is ticket:
+            r.send(Abort(ticket.rid))  # its blocks are free before the engine's next step
+        else:  # a re-run waiting in r.reruns: skipped when it reaches the front
+            r.owe(ticket, 0)
+
+    def load(self) -> TokenLoad:
+        """Queued tokens per tier against the fleet's measured rate (DESIGN §8)."""
+        rate = sum(r.computed.value for r in self._replicas if r.up)
+        arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
+        return TokenLoad(tuple(self._queued), rate, arrivals)
+
+    def snapshot(self) -> Snapshot:
+        """Each replica's engine as last reported, the pool's counters, the load."""
+        stats = self.stats.copy()
+        stats.replicas = tuple(r.replica_stats() for r in self._replicas)
+        load = self.load()
+        status = {
+            "workers": [r.status() for r in self._replicas],
+            "queued_tokens": sum(self._queued), "token_rate": load.rate,
+            "cancelled": stats.cancelled, "expired": stats.expired, "reruns": stats.retries,
+            "interrupted": stats.interrupted,
+        }
+        return Snapshot(self.ready, status, stats, load)
+
+    @property
+    def ready(self) -> bool:
+        """A replica is up, and one has finished a sequence since every replica last died."""
+        return any(r.up for r in self._replicas) and self._readiness.proven
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every engine, report started once all are up, then dispatch until cancelled."""
+        async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as starting:
+                for r in self._replicas:
+                    starting.start_soon(nursery.start, r.supervisor.run)
+            nursery.start_soon(self._dispatch)
+            task_status.started()
+
+    # --- placement ----------------------------------------------------------------------
+
+    def _too_large(self, job: Job) -> TooLarge | None:
+        bs = self.config.block_size
+        needed = cdiv(len(job.prompt_tokens) + job.max_tokens, bs)
+        capacity = max(r.total_blocks for r in self._replicas)
+        if needed <= capacity:
+            return None
+        return TooLarge(
+            f"prompt is too long for this model's KV cache: {len(job.prompt_tokens)} prompt tokens + "
+            f"max_tokens {job.max_tokens} need {needed} blocks of {bs} tokens; one replica holds "
+            f"{capacity} ({capacity * bs} tokens)"
+        )
+
+    def _route(self, ticket: Ticket) -> Replica:
+        """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
+        up = any(r.up for r in self._replicas)
+        route = self.router.choose([r.load if r.up or not up else None for r in self._replicas], ticket.hashes)
+        ticket.replica = route.replica
+        job = ticket.job
+        ticket.cost = len(job.prompt_tokens) - route.held_blocks * self.config.block_size + job.max_tokens
+        return self._replicas[route.replica]
+
+    def _enqueue(self, r: Replica, ticket: Ticket) -> None:
+        request = Request(next(self._ids), "", ticket.tier, ticket.arrival, ticket.deadline,
+                          functools.partial(self._left_queue, ticket))
+        ticket.request = request
+        r.waiting[request.id] = ticket
+        r.queue.push(request)
+        self._queued[ticket.tier] += ticket.cost
+        r.owe(ticket, ticket.cost)
+        self._changed()
+
+    def _rerun(self, ticket: Ticket) -> None:
+        """Queue a ticket lost with its engine at the front of another replica's work."""
+        target = self._route(ticket)
+        target.owe(ticket, ticket.cost)
+        target.reruns.append(ticket)
+
+    def _unqueue(self, r: Replica, ticket: Ticket, owed: int = 0) -> None:
+        """``ticket`` leaves ``r``'s queues, owing ``owed`` there (its cost once sent)."""
+        del r.waiting[ticket.request.id]  # type: ignore[union-attr]
+        self._queued[ticket.tier] -= ticket.cost
+        r.owe(ticket, owed)
+        ticket.request = None
+
+    def _left_queue(self, ticket: Ticket, request: Request) -> None:
+        """A queued ticket's request ended: expired (its error goes out) or cancelled."""
+        if request.state is State.FAILED:
+            self._unqueue(self._replicas[ticket.replica], ticket)
+            self.stats.expired += 1
+            ticket.closed = True
+            ticket.out.fail(request.error, retryable=True)  # type: ignore[arg-type]
+
+    def _changed(self) -> None:
+        self._wakeup.set()
+
+    # --- the dispatch loop --------------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        """Expire what waited too long and hand each replica what it can start; then sleep until
+        the next deadline or a change (an arrival, an engine's step or report, an engine up)."""
+        while True:
+            now = trio.current_time()
+            wake = math.inf
+            for r in self._replicas:
+                wake = min(wake, self._expire(r, now))
+                if r.up:
+                    self._fill(r, now)
+            self._wakeup = trio.Event()
+            with trio.move_on_at(wake):
+                await self._wakeup.wait()
+
+    def _expire(self, r: Replica, now: float) -> float:
+        """Fail the tickets past their deadline; return the next deadline still to come."""
+        expired = r.queue.expire(now)
+        load = self.load() if expired else None
+        for request in expired:
+            retry_after = self.admission.retry_after(load, request.tier, now) if self.admission else 1.0
+            waited = now - request.arrival
+            request.fail(Expired(f"not started within {waited:.3f}s of arrival", retry_after), now)
+        for ticket in [t for t in r.reruns if not t.closed and t.rerun_due <= now]:
+            ticket.closed = True
+            r.owe(ticket, 0)
+            self.stats.timed_out += 1
+            ticket.out.fail(WorkersFailed("its engine was lost and no other took the request in time"), False)
+        return min(r.queue.next_deadline(), min((t.rerun_due for t in r.reruns if not t.closed), default=math.inf))
+
+    def _fill(self, r: Replica, now: float) -> None:
+        """Send ``r`` the next tickets while its engine can start them within about two steps."""
+        config = self.config
+        while len(r.live) < config.max_seqs and r.prefilling < PREFILL_STEPS * config.max_batch_tokens \
+                and r.free_blocks > 0:
+            ticket = self._next(r, now)
+            if ticket is None:
+                return
+            job, sampling = ticket.job, ticket.job.sampling
+            ticket.rid = rid = next(self._rids)
+            ticket.dispatched_at, ticket.prefilling, ticket.rerun_due = now, True, math.inf
+            r.live[rid] = ticket
+            if not ticket.attempts:
+                self.stats.queue_wait[ticket.tier].observe(now - ticket.arrival)
+            r.prefilling += len(job.prompt_tokens)
+            r.free_blocks -= cdiv(len(job.prompt_tokens) + 1, config.block_size)
+            self.router.sent(r.index, ticket.hashes)
+            r.send(Add(
+                rid, list(job.prompt_tokens), job.max_tokens, ticket.tier, job.tenant,
+                config.temperature if sampling.temperature is None else sampling.temperature,
+                1.0 if sampling.top_p is None else sampling.top_p,
+                0 if sampling.top_k is None else sampling.top_k,
+                sampling.seed, [], False,
+            ))
+
+    def _next(self, r: Replica, now: float) -> Ticket | None:
+        """The next ticket for ``r``: a re-run first, then its queues by tier."""
+        while r.reruns:
+            ticket = r.reruns.popleft()
+            if not ticket.closed:
+                return ticket
+        taken = r.queue.take(1, now)
+        if not taken:
+            return None
+        ticket = r.waiting[taken[0].id]
+        self._unqueue(r, ticket, ticket.cost)
+        return ticket
+
+    # --- engines coming and going -------------------------------------------------------
+
+    async def _serve(self, r: Replica, timeout: float, worker: EngineProcess) -> bool:
+        self.router.resize(r.index, worker.first_stats.total_blocks)
+        return await r.serve(worker, timeout)
+
+    def _lost(self, r: Replica) -> None:
+        """``r``'s engine is gone (before anything awaits): re-run what showed its client
+        nothing, end the streams that showed text, and move what only queued there."""
+        now = trio.current_time()
+        self._readiness.lost(r.index)
+        self.router.forget(r.index)
+        lost = r.down()
+        moved = [t for t in r.reruns if not t.closed]
+        r.reruns.clear()
+        for ticket in moved:
+            r.owe(ticket, 0)
+        for request in r.queue.take(r.queue.count, now):
+            ticket = r.waiting[request.id]
+            self._unqueue(r, ticket)
+            moved.append(ticket)
+        for ticket in lost:
+            if ticket.closed:
+                continue
+            ticket.attempts += 1
+            if ticket.out.sent:
+                ticket.closed = True
+                self.stats.interrupted += 1
+                ticket.out.fail(ReplicaLost(
+                    f"the engine serving this stream was lost after {ticket.out.sent} output tokens; "
+                    "send the request again for a whole answer"), retryable=True)
+            elif ticket.attempts >= self.config.max_attempts:
+                ticket.closed = True
+                ticket.out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
+            else:
+                self.stats.retries += 1
+                ticket.out.restart()
+                ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
+                self._rerun(ticket)
+        for ticket in moved:  # a re-run still waiting stays one; a queued ticket queues again
+            if ticket.rerun_due < math.inf:
+                self._rerun(ticket)
+            else:
+                self._enqueue(self._route(ticket), ticket)
+        self._changed()
+
+
+@contextlib.asynccontextmanager
+async def open_engine_pool(
+    config: ContinuousModelConfig, queue: QueueConfig, spawn: Callable[[int], EngineProcess], tokenizer: Tokenizer
+) -> AsyncIterator[EnginePool]:
+    """Start a model's engines and the pool in front of them; stop both on exit."""
+    async with trio.open_nursery() as nursery:
+        pool = EnginePool(config, queue, spawn, tokenizer)
+        await nursery.start(pool.run)
+        yield pool
+        nursery.cancel_scope.cancel()

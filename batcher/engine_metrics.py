@@ -1,0 +1,105 @@
+"""What the continuous backend counts, and the ``/metrics`` families it becomes (seed 000 §6.5,
+seed 001's monitoring table, with vLLM's metric names as the model).
+
+The engines report their load in ``stats`` frames; the pool keeps the last report of each
+replica, adds up the counters of the engines that died before it (so a restart does not send a
+counter backwards), and copies it all into a :class:`ContinuousStats` at each snapshot. At
+scrape time :func:`engine_families` turns the snapshot into families (vLLM's in brackets):
+
+    ferry_engine_running_sequences      gauge    {model, replica}   (vllm:num_requests_running)
+    ferry_engine_waiting_sequences      gauge    {model, replica}   (vllm:num_requests_waiting)
+    ferry_engine_kv_blocks_free / _used gauge    {model, replica}   (vllm:kv_cache_usage_perc)
+    ferry_engine_preemptions            counter  {model, replica}   (vllm:num_preemptions)
+    ferry_engine_prefix_cache_queries   counter  {model, replica}   (vllm:prefix_cache_queries), tokens
+    ferry_engine_prefix_cache_hits      counter  {model, replica}   (vllm:prefix_cache_hits), tokens;
+                                                 a recompute after a preemption is not a hit
+    ferry_engine_generated_tokens       counter  {model, replica}   (vllm:generation_tokens)
+    ferry_engine_generation_tokens_per_second gauge {model, replica}  recent rate
+    ferry_engine_step_tokens            histogram {model}          (vllm:iteration_tokens_total),
+                                                 each stats interval's mean tokens per step, once per step
+    ferry_engine_reruns                 counter  {model}   jobs re-run unseen after their engine died
+    ferry_engine_interrupted_streams    counter  {model}   streams ended by an error after sending text
+
+TTFT, time per output token, end-to-end latency (the gateway's, by model and tier) and queue
+wait (``ferry_queue_wait_seconds``, arrival to the engine, by tier) are shared with the fixed mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from batcher.stats import Histogram, Stats
+
+STEP_TOKEN_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+COUNTERS = ("preemptions", "prefix_queries", "prefix_hits", "generated_tokens")
+"""The engine counters a replica carries over its engines' restarts."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    """One replica's engine as it last reported, with counters since the pool started."""
+
+    replica: int
+    total_blocks: int
+    generation_rate: float  # tokens generated per second, recently
+    running: int
+    waiting: int
+    free_blocks: int
+    used_blocks: int
+    cached_blocks: int
+    preemptions: int
+    prefix_queries: int
+    prefix_hits: int
+    generated_tokens: int
+
+
+@dataclasses.dataclass(slots=True)
+class ContinuousStats(Stats):
+    """The pool's counters: the fixed mode's that apply (queue wait, restarts, ``retries`` as
+    re-runs, expired, cancelled, shed) and the engines'."""
+
+    interrupted: int = 0  # streams ended with ReplicaLost
+    step_tokens: Histogram = dataclasses.field(default_factory=lambda: Histogram(STEP_TOKEN_BOUNDS))
+    replicas: tuple[ReplicaStats, ...] = ()
+
+
+_GAUGES = (
+    ("ferry_engine_running_sequences", "Sequences the engine runs (vllm:num_requests_running).", "running"),
+    ("ferry_engine_waiting_sequences", "Sequences the engine holds but has not scheduled.", "waiting"),
+    ("ferry_engine_kv_blocks_free", "Free KV cache blocks, cached prefixes included.", "free_blocks"),
+    ("ferry_engine_kv_blocks_used", "KV cache blocks held by sequences.", "used_blocks"),
+    ("ferry_engine_generation_tokens_per_second", "Tokens generated per second, recently.", "generation_rate"),
+)
+_COUNTERS = (
+    ("ferry_engine_preemptions", "Sequences preempted by recompute.", "preemptions"),
+    ("ferry_engine_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_queries"),
+    ("ferry_engine_prefix_cache_hits", "Prompt tokens the prefix cache supplied.", "prefix_hits"),
+    ("ferry_engine_generated_tokens", "Tokens generated.", "generated_tokens"),
+)
+
+
+def engine_families(models: list[tuple[str, Stats]]) -> Iterator:
+    """The continuous families of every ``(model, stats)`` whose stats are a backend's
+    :class:`ContinuousStats` (nothing for fixed-mode models)."""
+    engines = [(model, stats) for model, stats in models if isinstance(stats, ContinuousStats)]
+    by_replica = ["model", "replica"]
+    gauges = [(GaugeMetricFamily(name, text, labels=by_replica), field) for name, text, field in _GAUGES]
+    counters = [(CounterMetricFamily(name, text, labels=by_replica), field) for name, text, field in _COUNTERS]
+    steps = HistogramMetricFamily("ferry_engine_step_tokens", "Tokens computed per engine step.", labels=["model"])
+    reruns = CounterMetricFamily("ferry_engine_reruns", "Jobs re-run unseen after their engine died.",
+                                 labels=["model"])
+    interrupted = CounterMetricFamily("ferry_engine_interrupted_streams",
+                                      "Streams ended by an error after sending text.", labels=["model"])
+    for model, stats in engines:
+        for replica in stats.replicas:  # type: ignore[attr-defined]
+            labels = [model, str(replica.replica)]
+            for family, field in (*gauges, *counters):
+                family.add_metric(labels, getattr(replica, field))
+        steps.add_metric([model], stats.step_tokens.cumulative(), stats.step_tokens.total)  # type: ignore[attr-defined]
+        reruns.add_metric([model], stats.retries)
+        interrupted.add_metric([model], stats.interrupted)  # type: ignore[attr-defined]
+    yield from (family for family, _ in (*gauges, *counters))
+    yield from (steps, reruns, interrupted)
