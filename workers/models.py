@@ -110,16 +110,26 @@ class Generate:
         self._runner, self._encode, self._decode, self._max_tokens = runner, encode, decode, max_tokens
 
     def run_batch(self, inputs: list[str]) -> list[str]:
+        prompts = [self._encode(text) for text in inputs]
+        return [self._decode(answer) for answer in self.generate(prompts, [self._max_tokens] * len(prompts))]
+
+    def generate(
+        self, prompts: list[list[int]], max_tokens: list[int], ignore_eos: bool = False
+    ) -> list[list[int]]:
+        """The static batch in token ids: row ``i`` ends at its end-of-sequence id (not kept,
+        unless ``ignore_eos``) or after ``max_tokens[i]`` tokens, and keeps decoding as padding
+        until every row has ended (``experiments/engine_bench.py`` gives each its own length)."""
         from workers.engine.config import EngineConfig
         from workers.engine.engine import Engine
         from workers.engine.sequence import SamplingParams
 
-        runner, prompts = self._runner, [self._encode(text) for text in inputs]
+        runner = self._runner
         budget = max(len(prompts), sum(map(len, prompts)))  # the whole batch's prefill in one step
         config = EngineConfig(runner.block_size, runner.num_blocks, budget, len(prompts), watermark=0.0)
         engine = Engine(runner, config)
-        padded = SamplingParams(max_tokens=self._max_tokens, ignore_eos=True)  # rows never leave early
+        padded = SamplingParams(max_tokens=max(max_tokens), ignore_eos=True)  # rows never leave early
         rids = [engine.add(prompt, padded) for prompt in prompts]
+        limits = dict(zip(rids, max_tokens, strict=True))
         answers: dict[int, list[int]] = {rid: [] for rid in rids}
         ended: set[int] = set()
         while len(ended) < len(rids) and engine.has_work:
@@ -127,14 +137,16 @@ class Generate:
             for rid, token in step.tokens.items():
                 if rid in ended:
                     continue  # padding: computed, not kept
-                if token in runner.eos_token_ids:
+                if token in runner.eos_token_ids and not ignore_eos:
                     ended.add(rid)
-                else:
-                    answers[rid].append(token)
+                    continue
+                answers[rid].append(token)
+                if len(answers[rid]) == limits[rid]:
+                    ended.add(rid)
             ended.update(done.rid for done in step.finished)
         for rid in rids:
             engine.abort(rid)  # the rows still padding
-        return [self._decode(answers[rid]) for rid in rids]
+        return [answers[rid] for rid in rids]
 
 
 def load_generate(args: argparse.Namespace) -> Generate:
@@ -168,7 +180,9 @@ def add_model_arguments(kinds: argparse._SubParsersAction) -> None:
     classify.add_argument("--weights-seed", type=int, default=0)
     generate = kinds.add_parser("generate", help="a language model, one static padded greedy batch a call")
     generate.add_argument("--model", required=True, metavar="DIR", help="a Hugging Face model directory")
-    generate.add_argument("--max-tokens", type=int, default=256, help="tokens each row may generate (default 256)")
+    generate.add_argument(
+        "--max-tokens", type=int, default=256, help="tokens each row may generate (default 256)"
+    )
     generate.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     generate.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
     generate.add_argument("--kv-memory-gb", type=float, default=None, help="KV cache size (default 1)")

@@ -24,11 +24,19 @@ One concept per file, each small (nano-vllm's shape):
 - ``block_manager``  pure: blocks, block tables, ref counts, LRU free list, prefix cache
 - ``scheduler``      pure: one token budget per step, chunked prefill, preemption
 - ``cost_model``     pure: the time of one step from a model's shape and a GPU's speeds
+- ``checkpoint``     a Hugging Face directory's shape, RoPE, stop tokens, chat template, weights
+- ``attention``      torch: write K and V to their slots, attend each sequence to its own blocks
 - ``model``          torch: a Llama-family network whose attention reads and writes the paged cache
 - ``sampler``        torch: greedy, temperature, top-k, top-p, per-request seeds
+- ``runner``         torch: the :class:`~workers.engine.batch.Runner` of a real model: weights,
+  the KV cache and the sampler, one ``execute`` per step
 - ``engine``         ``add`` / ``abort`` / ``step``: the scheduler, the block manager and a runner
 - ``simulated``      pure: a runner with no model, its steps priced by the cost model
 - ``serve``          ``python -m workers engine``: the engine behind the framed pipe
+- ``static``         torch: one padded batch that waits for its longest answer, over the same
+  network (plain static batching, a baseline of ``experiments/engine_bench.py``)
+- ``convert``        ``python -m workers.engine.convert``: SmolLM2-135M's GGUF into a model directory
+- ``tiny_checkpoint`` a tiny random Llama checkpoint with a real tokenizer, for fast tests
 
 The engine talks to the network through the :class:`~workers.engine.batch.Runner` protocol: the
 torch model runner in a worker process, or a simulated runner priced by the cost model, so the

@@ -10,9 +10,10 @@ positions in order::
     block table [7, 2, 9]  ->  rows (K, head h, blocks 7, 2, 9)  ->  positions 0 ... 47 of head h
                                                                     (padded past the context)
 
-Sequences are attended in groups, each one ``scaled_dot_product_attention`` call over padded
-tensors: decodes (one query each) apart from prefill chunks, and each kind split by size where
-padding would cost more than another call (:func:`partition`). Grouped
+Sequences are attended in groups, each one call over padded tensors (``scaled_dot_product_attention``
+for prefill chunks; two plain matmuls for decodes, faster for a single query): decodes apart
+from prefill chunks, and each kind split by size where padding would cost more than another
+call (:func:`partition`). Grouped
 queries need no copy of K and V: the ``group = heads / kv_heads`` query heads that share a KV
 head become rows of that head's query matrix, so a decode is ``group`` rows against its
 context and a chunk of ``q`` tokens is ``q * group`` rows::
@@ -50,7 +51,7 @@ class AttentionGroup:
 
     tokens: torch.Tensor  # [n] index in the flat batch of each query token of the group
     rows: torch.Tensor  # [n] where those tokens sit in the padded [num_seqs * max_query] layout
-    reads: torch.Tensor  # [2 * kv_heads * num_seqs * max_blocks] cache rows, padded with block 0
+    reads: torch.Tensor  # [2 * num_seqs * kv_heads * max_blocks] cache rows, padded with block 0
     mask: torch.Tensor  # [num_seqs, 1, max_query * group or 1, max_blocks * block_size]: 0 or -inf
     num_seqs: int
     max_query: int
@@ -149,7 +150,10 @@ def _group(
         padded_positions.extend(batch.positions[starts[i] : starts[i] + length])
         padded_positions.extend([0] * (max_query - length))
     positions = torch.tensor(padded_positions, dtype=torch.long).view(len(members), max_query)
-    planes = torch.arange(2 * shape.kv_heads)[:, None] * shape.num_blocks
+    # Rows in (K or V, sequence, head, block) order: the gather lands as [2, seqs, heads, keys, dim].
+    kv = torch.arange(2)[:, None, None, None] * (shape.kv_heads * shape.num_blocks)
+    heads = torch.arange(shape.kv_heads)[None, None, :, None] * shape.num_blocks
+    tables = torch.tensor(blocks, dtype=torch.long).view(1, len(members), 1, max_blocks)
     keys = torch.arange(max_blocks * shape.block_size)
     # A decode's query rows all see the same keys: one mask row, broadcast over them.
     rows_positions = positions if max_query == 1 else positions.repeat_interleave(shape.group, dim=1)
@@ -159,13 +163,48 @@ def _group(
     return AttentionGroup(
         tokens=torch.tensor(tokens, dtype=torch.long, device=device),
         rows=torch.tensor(rows, dtype=torch.long, device=device),
-        reads=(planes + torch.tensor(blocks, dtype=torch.long)).reshape(-1).to(device),
+        reads=(kv + heads + tables).reshape(-1).to(device),
         mask=mask.unsqueeze(1).to(device),
         num_seqs=len(members),
         max_query=max_query,
         max_blocks=max_blocks,
         whole=whole,
     )
+
+
+def attend(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    decode: bool,
+) -> torch.Tensor:
+    """``softmax(query @ keys^T * scale + mask) @ values`` over [seqs, kv_heads, rows, head_dim].
+
+    Decodes (one token per sequence: ``rows`` is a KV head's query heads) take two plain
+    matmuls over the gathered (contiguous) context, softmax in float32:
+    ``scaled_dot_product_attention``'s CPU kernel tiles for many queries, and on one it ran 3x
+    slower in bfloat16 (as fast in float32) on this machine: ~10 % of a bfloat16 step.
+    """
+    if not decode:
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
+    scores = torch.matmul(query, keys.transpose(-1, -2)).mul_(scale).add_(mask)
+    return torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype), values)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PagedAttention:
+    """The :class:`~workers.engine.model.Attention` of one engine step: every layer's paged
+    cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]``, and the step's plan."""
+
+    kv_cache: torch.Tensor
+    plan: AttentionPlan
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        return paged_attention(q, k, v, self.kv_cache[layer], self.plan, scale)
 
 
 def paged_attention(
@@ -192,12 +231,8 @@ def paged_attention(
             .permute(0, 2, 1, 3, 4)
             .reshape(g.num_seqs, s.kv_heads, g.max_query * s.group, head_dim)
         )
-        context = (
-            blocks.index_select(0, g.reads).view(2, s.kv_heads, g.num_seqs, -1, head_dim).transpose(1, 2)
-        )
-        attended = F.scaled_dot_product_attention(
-            query, context[0], context[1], attn_mask=g.mask, scale=scale
-        )
+        context = blocks.index_select(0, g.reads).view(2, g.num_seqs, s.kv_heads, -1, head_dim)
+        attended = attend(query, context[0], context[1], g.mask, scale, decode=g.max_query == 1)
         flat = (
             attended.view(g.num_seqs, s.kv_heads, g.max_query, s.group, head_dim)
             .permute(0, 2, 1, 3, 4)

@@ -14,6 +14,11 @@ about sequences or blocks. Sequence ``i`` of the batch owns tokens
 The runner writes each token's K and V to ``slot_mapping`` (``block * block_size + offset``),
 then lets each query attend to its own sequence's first ``context_lens[i] - query_lens[i]``
 cached tokens plus, causally, the ones of its own chunk.
+
+What a runner may assume, and the torch runner checks: each sequence's positions are
+contiguous, ``context_lens[i] - query_lens[i] .. context_lens[i] - 1``, so its last token sits
+at ``context_lens[i] - 1`` (the attention mask comes from positions alone: a token sees keys
+``0 .. position``), and its block table covers its whole context.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class Runner(Protocol):
     block_size: int
     num_blocks: int
     eos_token_ids: frozenset[int]
+    max_model_len: int
+    """The longest sequence (prompt and answer) the model can attend over: its context."""
 
     def execute(self, batch: ForwardBatch) -> list[int | None]:
         """The next token of each sequence whose ``samples[i]`` is set, None for the others."""

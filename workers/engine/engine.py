@@ -93,7 +93,7 @@ class Engine:
                 f"the runner's cache ({runner.num_blocks} blocks of {runner.block_size})"
             )
         self.runner, self.config, self.clock = runner, config, clock
-        self.scheduler = Scheduler(config, runner.eos_token_ids)
+        self.scheduler = Scheduler(config, runner.eos_token_ids, runner.max_model_len)
         self._rids = itertools.count()
         self.steps = self.computed_tokens = self.generated_tokens = 0
 

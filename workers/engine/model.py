@@ -8,19 +8,32 @@ matmul (``qkv_proj``), and so are the MLP's gate and up (``gate_up_proj``);
 
 One forward pass takes a whole step, every sequence's tokens flattened into one batch: the
 matmuls see ``[tokens, hidden]`` whatever the mix of decodes and prefill chunks, and only the
-attention (:mod:`workers.engine.attention`) knows where one sequence ends.
+attention knows where one sequence ends and where its K and V live. The network takes that
+attention as an argument (:class:`Attention`): the paged cache of the engine
+(:class:`workers.engine.attention.PagedAttention`), or the contiguous cache of a padded static
+batch (:mod:`workers.engine.static`), over the same weights.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.engine.attention import AttentionPlan, paged_attention
 from workers.engine.checkpoint import ModelConfig, read_config, read_tensors
+
+
+class Attention(Protocol):
+    """One forward pass's attention, layer by layer: store ``k`` and ``v`` ([tokens, kv_heads,
+    head_dim]) in layer ``layer``'s cache, then attend ``q`` ([tokens, heads, head_dim]) to
+    what each token may see; returns [tokens, heads * head_dim]."""
+
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor: ...
 
 
 class RMSNorm(nn.Module):
@@ -80,12 +93,12 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(ffn, hidden, bias=False)
 
     def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: torch.Tensor, plan: AttentionPlan
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention, index: int
     ) -> torch.Tensor:
         qkv = self.qkv_proj(self.input_layernorm(h)).view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
         qk = rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)
         q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
-        h = h + self.o_proj(paged_attention(q, k, v, kv, plan, self.scale))
+        h = h + self.o_proj(attention(index, q, k, v, self.scale))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)
         return h + self.down_proj(F.silu(gate) * up)
 
@@ -102,24 +115,30 @@ class Llama(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, plan: AttentionPlan
-    ) -> torch.Tensor:
-        """Hidden states [tokens, hidden] before the final norm; writes every layer's K and V.
-
-        ``kv_cache`` is [layers, 2, kv_heads, blocks, block_size, head_dim] (see
-        :mod:`~workers.engine.attention`).
-        """
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
+        """Hidden states [tokens, hidden] before the final norm; ``attention`` stores every
+        layer's K and V."""
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, h.dtype)
-        for layer, kv in zip(self.layers, kv_cache):
-            h = layer(h, cos, sin, kv, plan)
+        for index, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, attention, index)
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the rows asked for: only the tokens that are sampled pay for the
         vocabulary-sized matmul."""
         return self.lm_head(self.norm(hidden)).float()
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def placement(dtype: str, device: str | torch.device | None) -> tuple[torch.dtype, torch.device]:
+    """The torch dtype a name gives (a ValueError names any other), and the device: ``device``,
+    or CUDA where present, else the CPU."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype], torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Llama:

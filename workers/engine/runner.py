@@ -15,13 +15,12 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from workers.engine.attention import CacheShape, plan_attention
+from workers.engine.attention import CacheShape, PagedAttention, plan_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.checkpoint import read_chat_template, read_eos_token_ids
-from workers.engine.model import load_llama
+from workers.engine.model import load_llama, placement
 from workers.engine.sampler import Sampler
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_KV_MEMORY_GB = 1.0
 
 
@@ -43,8 +42,7 @@ class ModelRunner:
         dtype: str = "float32",
         device: str | torch.device | None = None,
     ) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        self.dtype, self.device = placement(dtype, device)
         if block_size < 1:
             raise ValueError(f"block_size: expected >= 1, got {block_size}")
         if num_blocks is not None and kv_memory_gb is not None:
@@ -54,8 +52,6 @@ class ModelRunner:
         if kv_memory_gb is not None and not kv_memory_gb > 0:
             raise ValueError(f"kv_memory_gb: expected > 0, got {kv_memory_gb}")
         model_dir = Path(model_dir)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = DTYPES[dtype]
         self.model = load_llama(model_dir, self.dtype, self.device)
         self.config = self.model.config
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -103,8 +99,7 @@ class ModelRunner:
         hidden = self.model(
             torch.tensor(batch.input_ids, device=self.device),
             torch.tensor(batch.positions, device=self.device),
-            self.kv_cache,
-            plan,
+            PagedAttention(self.kv_cache, plan),
         )
         ends, last = [], -1
         for length, sample in zip(batch.query_lens, batch.samples):

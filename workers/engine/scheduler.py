@@ -17,7 +17,7 @@ tokens stay, and it returns to the head of its tier's queue. A prompt chunk with
 preempt shrinks to the room there is instead. A step that preempted admits nothing: memory is
 short, a new sequence would only be preempted in turn. A sequence alone in the cache that still
 cannot grow would loop forever; it ends with ``TOO_LONG`` instead, as does a prompt longer than
-the whole cache, on arrival.
+the whole cache or than the model's context, on arrival.
 """
 
 from __future__ import annotations
@@ -45,9 +45,19 @@ def priority(seq: Sequence) -> tuple[int, float, int]:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, eos_token_ids: frozenset[int] = frozenset()) -> None:
+    """``max_model_len`` is the model's context: a sequence never holds more tokens (it ends
+    with ``MAX_TOKENS`` there), and a prompt that leaves no room for one token ends ``TOO_LONG``
+    on arrival. None: no limit but the cache's."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        eos_token_ids: frozenset[int] = frozenset(),
+        max_model_len: int | None = None,
+    ) -> None:
         self.config = config
         self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
         self.blocks = BlockManager(
             config.num_blocks, config.block_size, config.watermark_blocks, config.model_version
         )
@@ -67,7 +77,13 @@ class Scheduler:
             raise ValueError(f"rid {seq.rid}: already in the engine")
         self.sequences[seq.rid] = seq
         needed = cdiv(seq.num_prompt, self.config.block_size)
-        if needed > self.config.num_blocks:
+        if self.max_model_len is not None and seq.num_prompt >= self.max_model_len:
+            detail = (
+                f"a prompt of {seq.num_prompt} tokens leaves no room in the model's context "
+                f"of {self.max_model_len}"
+            )
+            self._finish(seq, FinishReason.TOO_LONG, seq.arrival, detail)
+        elif needed > self.config.num_blocks:
             self._finish(seq, FinishReason.TOO_LONG, seq.arrival, self._too_long(needed))
         else:
             self.waiting.setdefault(seq.tier, deque()).append(seq)
@@ -173,7 +189,9 @@ class Scheduler:
             return FinishReason.EOS
         if token in seq.sampling.stop_token_ids:
             return FinishReason.STOP_TOKEN
-        if len(seq.output_ids) >= seq.sampling.max_tokens:
+        if len(seq.output_ids) >= seq.sampling.max_tokens or (
+            self.max_model_len is not None and seq.num_tokens >= self.max_model_len
+        ):
             return FinishReason.MAX_TOKENS
         return None
 

@@ -32,9 +32,9 @@ class FinishReason(enum.Enum):
 
     EOS = "eos"  # the model's end-of-sequence token
     STOP_TOKEN = "stop_token"  # one of the request's stop_token_ids
-    MAX_TOKENS = "max_tokens"  # max_tokens generated
+    MAX_TOKENS = "max_tokens"  # max_tokens generated, or the model's context is full
     ABORTED = "aborted"  # the caller went away
-    TOO_LONG = "too_long"  # cannot fit the KV cache even alone: it would never run
+    TOO_LONG = "too_long"  # cannot fit the KV cache alone, or its prompt fills the context
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

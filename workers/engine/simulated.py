@@ -37,12 +37,14 @@ class SimulatedRunner:
         eos_token_id: int = 2,
         eos_prob: float = 0.0,
         seed: int = 0,
+        max_model_len: int = 131_072,
         wait: Callable[[float], object] | None = None,
         vocab: int | None = None,
     ) -> None:
         """Size the cache by ``num_blocks``, or by ``kv_memory_gb`` GiB of the model's KV (1024
         blocks when neither is given). Token ids are drawn from the model's vocabulary, or from
-        the first ``vocab`` ids (128: ASCII, one character a token under the gateway's ``bytes`` tokenizer)."""
+        the first ``vocab`` ids (128: ASCII, one character a token under the gateway's ``bytes`` tokenizer).
+        ``max_model_len`` is the context it claims (Llama 3's)."""
         if num_blocks is not None and kv_memory_gb is not None:
             raise ValueError("SimulatedRunner: give num_blocks or kv_memory_gb, not both")
         if kv_memory_gb is not None:
@@ -57,6 +59,7 @@ class SimulatedRunner:
             1024 if num_blocks is None else num_blocks,
         )
         self.eos_token_ids = frozenset({eos_token_id})
+        self.max_model_len = max_model_len
         self._eos, self._eos_prob, self._seed, self._wait = eos_token_id, eos_prob, seed, wait
         self._vocab = cost.shape.vocab if vocab is None else vocab
         self.last_step_seconds = 0.0

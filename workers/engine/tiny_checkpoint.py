@@ -1,6 +1,7 @@
 """Write a tiny random Llama checkpoint with a real tokenizer, for fast tests.
 
     python -m workers.engine.tiny_checkpoint DIR [--untied] [--rope-scaling linear|llama3] [--seed N]
+        [--layers N] [--context N]
 
 The directory is what transformers writes for ``LlamaForCausalLM`` (``config.json``,
 ``generation_config.json``, ``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``
@@ -70,8 +71,10 @@ def write_tiny_checkpoint(
     rope_scaling: str | None = None,
     seed: int = 0,
     num_layers: int = 2,
+    context: int = 256,
 ) -> Path:
-    """Write the checkpoint into ``out_dir`` (created if missing) and return its path."""
+    """Write the checkpoint into ``out_dir`` (created if missing) and return its path;
+    ``context`` is its ``max_position_embeddings`` (the engine's ``max_model_len``)."""
     if rope_scaling is not None and rope_scaling not in ROPE_SCALINGS:
         raise ValueError(
             f"rope_scaling: expected one of {sorted(ROPE_SCALINGS)} or None, got {rope_scaling!r}"
@@ -91,7 +94,7 @@ def write_tiny_checkpoint(
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": 256,
+        "max_position_embeddings": context,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
         "rope_scaling": ROPE_SCALINGS.get(rope_scaling),
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rope-scaling", choices=sorted(ROPE_SCALINGS), default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--context", type=int, default=256, help="max_position_embeddings")
     args = parser.parse_args(argv)
     out = write_tiny_checkpoint(
         args.out_dir,
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         rope_scaling=args.rope_scaling,
         seed=args.seed,
         num_layers=args.layers,
+        context=args.context,
     )
     print(out)
 
