@@ -218,7 +218,10 @@ class AdmissionControl:
         verdict = self.judge(load, tier, now, cost)
         if verdict.admitted:
             return None
-        message = f"estimated wait {verdict.wait:.3f}s is over the budget of {verdict.budget:.3f}s"
+        if math.isinf(verdict.wait):  # the higher tiers' arrivals take all of the drain
+            message = f"no capacity is left for this tier within its budget of {verdict.budget:.3f}s"
+        else:
+            message = f"estimated wait {verdict.wait:.3f}s is over the budget of {verdict.budget:.3f}s"
         return Shed(message, verdict.retry_after)
 
     def retry_after(self, load: Load, tier: int, now: float, cost: float = 1.0) -> float:

@@ -64,8 +64,17 @@ class Metrics:
             "ferry_alias_requests", "Requests that named an alias, by the version that took them.",
             ["alias", "model"], registry=self.registry,
         )
+        self._alias_series: dict[tuple[str, str], Counter] = {}  # a labelled child
         self._core = _CoreCollector()
         self.registry.register(self._core)
+
+    def count_alias(self, alias: str, model: str) -> None:
+        """One request that named ``alias`` taken by version ``model`` (a configured pair, so
+        the series are few): each series looked up once, not on every request."""
+        series = self._alias_series.get((alias, model))
+        if series is None:
+            series = self._alias_series[alias, model] = self.alias_requests.labels(alias, model)
+        series.inc()
 
     def track(self, model: str, tiers: Sequence[str]) -> None:
         """Export one backend's core counters, from its snapshot at each scrape."""

@@ -231,6 +231,8 @@ def stop_list(stops: object, where: str, expected: str = "an array of strings") 
     """Stop sequences, checked: an array of non-empty strings within the limits (every API's)."""
     if not isinstance(stops, list):
         raise InvalidRequest(f"{where}: expected {expected}, got {_json_type(stops)}")
+    if not stops:
+        return ()  # most requests name none
     _at_most(len(stops), MAX_STOP_SEQUENCES, where, "stop sequences per request")
     stop_sequences = tuple(_text(s, f"{where}.{i}") for i, s in enumerate(stops))
     if any(not s for s in stop_sequences):

@@ -131,10 +131,11 @@ class Gateway:
         )
         request[REQUEST_ID] = entry.request_id  # every answer names it (the request-id header)
         if model.name != call.model:  # an alias: count which version took it
-            self.metrics.alias_requests.labels(call.model, model.name).inc()
+            self.metrics.count_alias(call.model, model.name)
         job = Job(prompt, prompt_tokens, max_tokens, principal.tier, principal.tenant,
                   sampling=call.sampling, stop_sequences=call.stop_sequences, stream=call.stream)
-        with self.pins.hold(model.name):
+        self.pins.hold(model.name)
+        try:
             if call.stream:
                 return await self._settled(entry, self._stream(request, entry, codec, model, job))
             key = request.headers.get("Idempotency-Key")
@@ -142,6 +143,8 @@ class Gateway:
                 scope = (principal.key_id, codec.idempotency_scope + key, body)
                 return await self._settled(entry, self._idempotent(request, entry, scope, codec, model, job))
             return await self._settled(entry, self._whole(request, entry, codec, model, job))
+        finally:
+            self.pins.release(model.name)
 
     @staticmethod
     def _prompt(call: Call, model: ServedModel) -> tuple[str, tuple[int, ...]]:

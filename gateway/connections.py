@@ -98,8 +98,7 @@ class ConnectionGuard:
         self._phases: dict[Phase, dict[_Connection, None]] = {phase: {} for phase in Phase if phase is not Phase.CLOSED}
         self._by_handler: dict[asyncio.Protocol, _Connection] = {}
         self._lingering = 0
-        self._idle = asyncio.Event()  # set while no connection runs a request
-        self._idle.set()
+        self._drained: asyncio.Future[None] | None = None  # while drained() waits for BUSY to empty
         self.closed = {"header_timeout": 0, "evicted": 0, "refused": 0, "body_timeout": 0}
         self._sweep: asyncio.TimerHandle | None = None  # the next sweep for late headers, while any are due
         self._sweep_every = min(SWEEP, header_timeout / 4)
@@ -132,11 +131,16 @@ class ConnectionGuard:
 
     async def drained(self, timeout: float) -> bool:
         """Wait until no connection runs a request, for ``timeout`` seconds at most: True if so."""
+        if not self._phases[Phase.BUSY]:
+            return True
+        self._drained = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.timeout(timeout):
-                await self._idle.wait()
+                await self._drained
         except TimeoutError:
             return False
+        finally:
+            self._drained = None
         return True
 
     def counts(self) -> dict[str, int]:
@@ -144,20 +148,20 @@ class ConnectionGuard:
         return {phase.value: len(members) for phase, members in self._phases.items()}
 
     def _enter(self, connection: _Connection, phase: Phase) -> None:
-        """Move an open connection to ``phase`` (the newest of it); CLOSED forgets it."""
-        del self._phases[connection.phase][connection]
-        busy = self._phases[Phase.BUSY]
-        if phase is Phase.BUSY:
-            self._idle.clear()
-        elif not busy:
-            self._idle.set()
+        """Move an open connection to ``phase`` (the newest of it); CLOSED forgets it. Runs
+        three times a request: kept to dict moves and attribute reads."""
+        phases = self._phases
+        left = connection.phase
+        del phases[left][connection]
         connection.phase = phase
         if phase is Phase.CLOSED:
             del self._by_handler[connection.inner]
-            return
-        self._phases[phase][connection] = None  # dicts keep insertion order: oldest first
-        if phase is Phase.AWAITING:
-            self._arm(connection)
+        else:
+            phases[phase][connection] = None  # dicts keep insertion order: oldest first
+            if phase is Phase.AWAITING:
+                self._arm(connection)
+        if left is Phase.BUSY and self._drained is not None and not phases[Phase.BUSY] and not self._drained.done():
+            self._drained.set_result(None)
 
     def _arm(self, connection: _Connection) -> None:
         """Its headers are due from now: one sweep a fraction of the header timeout apart closes

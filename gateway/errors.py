@@ -47,7 +47,6 @@ def error_middleware(max_body_bytes: int):
 
     @web.middleware
     async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
-        shape = error_shape(request)
         try:
             return await handler(request)
         except web.HTTPException as exc:
@@ -55,7 +54,7 @@ def error_middleware(max_body_bytes: int):
                 raise
             if exc.status != 413:
                 message = f"{request.method} {request.path[:200]}: {exc.reason.lower()}"
-                status, body = shape.error_reply(api.kind_for_status(exc.status), message)
+                status, body = error_shape(request).error_reply(api.kind_for_status(exc.status), message)
                 return web.Response(status=status, body=body, content_type="application/json")
             error: BaseException = api.RequestTooLarge(f"body: over the limit of {max_body_bytes} bytes")
         except (ConnectionResetError, asyncio.CancelledError):
@@ -64,7 +63,7 @@ def error_middleware(max_body_bytes: int):
             if api.error_kind(exc) is api.INTERNAL:
                 log.exception("unexpected error in %s %s", request.method, request.path)
             error = exc
-        status, body, headers = shape.error_response(error)
+        status, body, headers = error_shape(request).error_response(error)
         return web.Response(status=status, body=body, headers=headers, content_type="application/json")
 
     return errors_as_json

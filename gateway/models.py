@@ -25,10 +25,10 @@ class ServedModel:
     config: ModelConfig
     tokenizer: Tokenizer
     template: ChatTemplate
+    name: str = dataclasses.field(init=False)  # the config's, read several times a request
 
-    @property
-    def name(self) -> str:
-        return self.config.name
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.config.name)
 
 
 class Catalog:

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from batcher.config import ModelConfig
@@ -65,18 +64,19 @@ class Pins:
         self._held: collections.Counter[str] = collections.Counter()
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
 
-    @contextlib.contextmanager
-    def hold(self, name: str) -> Iterator[None]:
+    def hold(self, name: str) -> None:
+        """A request starts on this version; it calls :meth:`release` when it ends, whatever
+        happens (a ``try``/``finally``: a generator-based context manager costs several calls
+        more on every request)."""
         self._held[name] += 1
-        try:
-            yield
-        finally:
-            self._held[name] -= 1
-            if not self._held[name]:
-                del self._held[name]
-                for waiter in self._waiters.pop(name, []):
-                    if not waiter.done():
-                        waiter.set_result(None)
+
+    def release(self, name: str) -> None:
+        self._held[name] -= 1
+        if not self._held[name]:
+            del self._held[name]
+            for waiter in self._waiters.pop(name, []):
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def count(self, name: str) -> int:
         return self._held[name]

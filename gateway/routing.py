@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 
 _SCALE = float(1 << 64)
 
@@ -40,12 +41,17 @@ class Split:
 
     alias: str
     weights: tuple[tuple[str, float], ...]  # (version, weight >= 0), at least one weight > 0
+    _bands: tuple[tuple[float, str], ...] = dataclasses.field(init=False, repr=False, compare=False)
+    """Each version with weight and the top of its band, in [0, 1]."""
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.weights))  # bands in name order, however the weights were given
         object.__setattr__(self, "weights", ordered)
-        if not ordered or any(w < 0 for _, w in ordered) or sum(w for _, w in ordered) <= 0:
+        total = sum(w for _, w in ordered)
+        if not ordered or any(w < 0 for _, w in ordered) or total <= 0:
             raise ValueError(f"{self.alias}: expected weights >= 0 adding up to more than 0, got {dict(ordered)}")
+        tops = itertools.accumulate(w / total for _, w in ordered)
+        object.__setattr__(self, "_bands", tuple((top, v) for (v, w), top in zip(ordered, tops) if w > 0))
 
     @property
     def shares(self) -> dict[str, float]:
@@ -54,17 +60,15 @@ class Split:
         return {version: weight / total for version, weight in self.weights}
 
     def pick(self, session: str) -> str:
-        """The version whose band holds this session's point."""
-        point = session_point(self.alias, session) * sum(w for _, w in self.weights)
-        last = None
-        for version, weight in self.weights:
-            if weight <= 0:
-                continue
-            last = version
-            if point < weight:
-                return version
-            point -= weight
-        return last  # type: ignore[return-value]  # rounding at the very top of the interval
+        """The version whose band holds this session's point (no hashing when one version
+        has all the weight: a model's own alias, on every request)."""
+        bands = self._bands
+        if len(bands) > 1:
+            point = session_point(self.alias, session)
+            for top, version in bands:
+                if point < top:
+                    return version
+        return bands[-1][1]  # the only one, or rounding at the very top of the interval
 
     def among(self, versions: set[str]) -> Split | None:
         """The split over only these versions (the others cannot take traffic now); None if

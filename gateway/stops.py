@@ -99,14 +99,14 @@ class StopMatcher:
     __slots__ = ("stops", "stopped", "_automaton", "_state", "_held", "_longest")
 
     def __init__(self, stops: Sequence[str]) -> None:
-        if any(not stop for stop in stops):
+        self.stops = tuple(dict.fromkeys(stops)) if stops else ()
+        if "" in self.stops:
             raise ValueError("stop sequences: expected non-empty strings, got an empty one")
-        self.stops = tuple(dict.fromkeys(stops))
         self.stopped: str | None = None  # the stop sequence that matched: nothing more is released
-        self._automaton = _automaton(self.stops)
+        self._automaton = _automaton(self.stops) if stops else None  # most requests name no stop
         self._state = 0
         self._held = ""  # the text of the automaton's state: a tail that may begin a stop
-        self._longest = max((len(stop) for stop in self.stops), default=0)
+        self._longest = max(map(len, self.stops), default=0)
 
     def feed(self, piece: str) -> Release:
         """The text of ``piece`` (and of what was held) that can be shown now."""

@@ -41,6 +41,13 @@ def test_free_is_shed_first_then_paid_with_a_retry_after_from_the_queue_and_the_
     assert cheap.retry_after == pytest.approx(3.0)  # never less than its own share of the rate
 
 
+def test_a_tier_whose_drain_the_higher_tiers_take_whole_is_told_so_not_an_infinite_wait():
+    starved = TokenLoad(queued=(0.0, 50.0), rate=1000.0, arrivals=(1000.0, 0.0))
+    shed = AdmissionControl((1.0, 0.3)).shed(starved, 1, 0.0, cost=10)
+    assert isinstance(shed, Shed) and "inf" not in str(shed)
+    assert "no capacity is left for this tier" in str(shed) and shed.retry_after > 0
+
+
 def test_the_rate_averages_busy_intervals_only_and_survives_a_restart_of_the_counter():
     rate = TokenRate(tau=1.0)
     rate.update(0.0, 0)
