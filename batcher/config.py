@@ -243,6 +243,14 @@ class ContinuousModelConfig(ModelConfig):
         """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung."""
         return PoolConfig(self.workers, self.stats_timeout_ms / 1000, self.max_attempts)
 
+    def conversion_argv(self) -> list[str] | None:
+        """``python -m`` arguments that convert this model into :attr:`model_dir` once (a
+        :data:`CONVERTED` name; a later run finds it done in a fraction of a second), or None
+        when there is nothing to convert."""
+        if self.simulated or self.model not in CONVERTED:
+            return None
+        return ["workers.engine.convert", self.model, "--out", self.model_dir]
+
     def engine_argv(self) -> list[str]:
         """``python -m workers`` arguments of one engine worker."""
         if self.simulated:

@@ -19,7 +19,7 @@ import sys
 
 import trio
 
-from batcher.config import CONVERTED, ContinuousModelConfig
+from batcher.config import ContinuousModelConfig
 from batcher.process_worker import PipeProcess
 from workers.protocol import Message, ProtocolError, Stats, WorkerLost
 
@@ -62,10 +62,9 @@ async def convert_once(model: ContinuousModelConfig) -> None:
     """Convert a :data:`~batcher.config.CONVERTED` model the first time it is served, in a child
     process whose progress goes to this process's output (18 s for SmolLM2-135M on 2 cores; a
     later start finds the conversion done and returns in a fraction of a second)."""
-    if model.model not in CONVERTED:
+    argv = model.conversion_argv()
+    if argv is None:
         return
-    result = await trio.run_process(
-        [sys.executable, "-m", "workers.engine.convert", model.model, "--out", model.model_dir], check=False
-    )
+    result = await trio.run_process([sys.executable, "-m", *argv], check=False)
     if result.returncode != 0:
         raise RuntimeError(f"models: converting {model.model!r} failed (exit {result.returncode}); see above")

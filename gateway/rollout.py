@@ -31,11 +31,12 @@ import collections
 import dataclasses
 import enum
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from batcher.config import ModelConfig
+from batcher.config import ContinuousModelConfig, ModelConfig
 from batcher.config_file import FerryConfig
 from gateway.models import Catalog, ServedModel, serve, splits_of
 from gateway.routing import Split
@@ -151,6 +152,19 @@ class Version:
     drain: asyncio.Task[None] | None = None
 
 
+async def convert(model: ModelConfig, where: str) -> None:
+    """A continuous model named by its source (``smollm2-135m``) converted once, as at start-up
+    (:func:`batcher.engine_worker.convert_once`), in a child process whose progress goes to the
+    gateway's output; the event loop serves on meanwhile. ``ValueError`` if it fails."""
+    argv = model.conversion_argv() if isinstance(model, ContinuousModelConfig) else None
+    if argv is None:
+        return
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv)
+    if await process.wait() != 0:
+        raise ValueError(f"{where}.model: converting {model.model!r} failed (exit {process.returncode}); "
+                         "see the gateway's output")
+
+
 class Rollout:
     """The running versions and the routing over them; every change passes through here."""
 
@@ -186,6 +200,8 @@ class Rollout:
             try:
                 changes = plan(self.applied, new, {n: (v.served.config, v.state) for n, v in self.versions.items()})
                 index = {model.name: i for i, model in enumerate(new.models)}
+                for model in changes.open:  # before its tokenizer is read: the conversion writes it
+                    await convert(model, f"models[{index[model.name]}]")
                 served = [serve(model, f"models[{index[model.name]}]") for model in changes.open]
             except ValueError as exc:
                 raise ValueError(exc if str(exc).startswith(self.source) else f"{self.source}: {exc}") from None

@@ -232,3 +232,33 @@ def test_the_admin_socket_wants_its_token(tmp_path):
             "error": "admin: a valid admin token is required (Authorization: Bearer ...)"})
     finally:
         assert gateway.stop() == 0
+
+
+SMOLLM2 = """[[models]]
+name = "smollm2@1"
+mode = "continuous"
+model = "smollm2-135m"
+workers = 1
+kv_memory_gb = 0.1
+"""
+
+
+def test_a_reload_converts_a_model_first_and_a_failed_conversion_changes_nothing(tmp_path, monkeypatch):
+    # The conversion cache is a file, so converting fails whether or not the model's wheel is
+    # installed (a successful conversion on reload runs the same command as at start-up).
+    cache = tmp_path / "cache-is-a-file"
+    cache.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    echo = config({"fast@1": ["echo"]}, {"fast@1": 1})
+    gateway = Gateway(tmp_path, echo + f'[state]\ndir = "{tmp_path}"\n')
+    try:
+        write(gateway, echo + SMOLLM2)
+        refused = ferry(gateway, "reload")
+        assert refused.returncode == 1
+        assert "models[1].model: converting 'smollm2-135m' failed (exit 1)" in refused.stderr
+        assert set(gateway.ready()["models"]) == {"fast@1"}  # nothing opened, nothing lost
+        status, _, answer = gateway.request("POST", "/v1/messages", {
+            "model": "fast", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+        assert status == 200 and answer["model"] == "fast@1"
+    finally:
+        assert gateway.stop() == 0

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import dataclasses
+import hashlib
 import pathlib
 import sys
 import tempfile
@@ -87,7 +89,10 @@ async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis:
     rules = scenario.rules
     if scenario.name == "sigterm" and clock.times:
         rules = dataclasses.replace(rules, closed_after=clock.times[0])
-    verdict = judge(scenario.name, shots, server.usage(), rules, clock.times, clock.problems)
+    usage = server.usage()
+    verdict = judge(scenario.name, shots, usage, rules, clock.times, clock.problems)
+    if overloaded := _overloaded(usage):
+        verdict.notes.append(f"529s by tier and outcome: {overloaded}")
     if after is not None:
         verdict.resources = {name: (before[name], after[name]) for name in before}
         pools = REDIS_CONNECTIONS if scenario.redis else 0  # a bounded pool that warmed up is no leak
@@ -100,6 +105,15 @@ async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis:
     if code != scenario.exit_code:
         verdict.violate(f"ferry serve exited {code}, not {scenario.exit_code}")
     return verdict
+
+
+def _overloaded(usage: list) -> str:
+    """The 529s, whole or in a stream, by tier (the key's id names it) and outcome: shed at
+    admission, or expired in the queue."""
+    tiers = {hashlib.sha256(key.encode()).hexdigest()[:12]: tier for tier, key in KEYS.items()}
+    counts = collections.Counter((tiers.get(r.key_id, "?"), r.outcome) for r in usage
+                                 if r.outcome in ("shed", "expired"))
+    return ", ".join(f"{tier} {outcome} {n}" for (tier, outcome), n in sorted(counts.items()))
 
 
 def _queued(server: Server) -> int:
