@@ -30,8 +30,7 @@ A slow fleet is not a hung worker: a call may run the larger of ``hang_timeout``
 most :data:`MAX_STRETCH` x ``hang_timeout``. A caller is told what went wrong (a worker crashed,
 hung, broke the protocol; the model raised ValueError), never a pid or a slot; the log has the
 detail, and no input text. Workers are real processes (:mod:`batcher.process_worker`) or
-simulated ones (``batcher.sim.workers``) under ``trio.testing.MockClock``, behind :class:`Worker`.
-"""
+simulated ones (``batcher.sim.workers``, virtual time), behind :class:`Worker`."""
 
 from __future__ import annotations
 
