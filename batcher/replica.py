@@ -42,7 +42,6 @@ log = logging.getLogger("ferry.engines")
 
 STOP_REASONS = {"eos": "end_turn", "stop_token": "end_turn", "max_tokens": "max_tokens"}
 """An engine's finish reasons as the Messages API's stop reasons."""
-STOP_IDS = ("eos", "stop_token")  # the last id of such a sequence is the stop token: not text
 
 
 class Ticket:
@@ -173,10 +172,9 @@ class Replica:
 
     def _step(self, messages: list[Message], now: float) -> None:
         """One read's frames (a step's, or several): every event they cause, in one pass."""
-        ended = {m.rid: m.reason for m in messages if isinstance(m, Finished)}
         for message in messages:
             if isinstance(message, Tokens):
-                self._tokens(message, ended.get(message.rid))
+                self._tokens(message)
             elif isinstance(message, Finished):
                 self._finished(message)
             elif isinstance(message, Stats):
@@ -185,7 +183,7 @@ class Replica:
                 raise ProtocolError(f"unexpected {message.kind} frame from an engine")
         self._on_change()
 
-    def _tokens(self, frame: Tokens, ended: str | None) -> None:
+    def _tokens(self, frame: Tokens) -> None:
         ticket = self.live.get(frame.rid)
         if ticket is None or ticket.closed:
             return
@@ -193,8 +191,7 @@ class Replica:
         if ticket.prefilling:
             ticket.prefilling = False
             self.prefilling -= len(job.prompt_tokens)
-        visible = len(frame.ids) - (ended in STOP_IDS)
-        if ticket.out.push(frame.ids, visible, ticket.queued):  # a whole answer reached a stop sequence
+        if ticket.out.push(frame.ids, ticket.queued):  # a whole answer reached a stop sequence
             ticket.closed = True
             self.send(Abort(frame.rid))
             ticket.out.finish("end_turn", Usage(len(job.prompt_tokens), ticket.out.generated), ticket.queued)

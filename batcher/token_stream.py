@@ -12,10 +12,11 @@ Holding a whole answer back is what lets the pool re-run it on another replica w
 dies, without its client ever knowing (:meth:`Output.restart`); a stream that has sent a delta
 can only end with ``Failed`` (:meth:`Output.fail` says how many tokens it sent).
 
-End-of-sequence and stop-token ids are generated (and in the engine's usage) but are not text:
-the pool passes ``visible`` ids only. A whole answer's text is also watched for the job's stop
-sequences, so that the pool can stop its engine early: the gateway's stop matcher still decides
-where the answer ends, and streams rely on it alone (it aborts the sequence by cancelling).
+End-of-sequence and stop-token ids are not text: the engine does not send them (it counts them in
+the usage it reports at the end), so every id pushed here is. A whole answer's text is also
+watched for the job's stop sequences, so that the pool can stop its engine early: the gateway's
+stop matcher still decides where the answer ends, and streams rely on it alone (it aborts the
+sequence by cancelling).
 """
 
 from __future__ import annotations
@@ -65,18 +66,16 @@ class Output:
         assert not self.sent, "a stream that has sent text cannot be run again"
         self._decoder = self._tokenizer.detokenizer()
         self._parts: list[str] = []
-        self._pending = 0  # visible tokens whose text has not been emitted
+        self._pending = 0  # tokens whose text has not been emitted
         self._watch = ""  # the end of a whole answer's text, where a stop sequence may begin
         self.generated = 0
 
-    def push(self, ids: Sequence[int], visible: int, queued: float) -> bool:
-        """Take a frame's ``ids``, the first ``visible`` of them text. True when a whole answer's
-        text now holds one of its stop sequences: the answer can end here."""
+    def push(self, ids: Sequence[int], queued: float) -> bool:
+        """Take a frame's ``ids``. True when a whole answer's text now holds one of its stop
+        sequences: the answer can end here."""
         self.generated += len(ids)
-        if not visible:
-            return False
-        text = self._decoder.push(list(ids[:visible]))
-        self._pending += visible
+        text = self._decoder.push(list(ids))
+        self._pending += len(ids)
         if self.job.stream:
             if text:
                 self._emit(text, queued)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 
 import trio
 
@@ -51,10 +52,10 @@ class Client:
 
 
 @contextlib.asynccontextmanager
-async def engines(workers: int = 2, **settings):
+async def engines(workers: int = 2, eos_prob: float = 0.0, **settings):
     config = ContinuousModelConfig(name="sim@1", simulated="llama-70b", workers=workers,
                                    **{"num_blocks": 64, "max_batch_tokens": 64, "max_seqs": 16, **settings})
-    spawn = process_workers(config.engine_argv(), workers, kind=EngineProcess)
+    spawn = process_workers([*config.engine_argv(), "--sim-eos-prob", str(eos_prob)], workers, kind=EngineProcess)
     async with open_engine_pool(config, QUEUE, spawn, ByteTokenizer()) as pool:
         yield pool
 
@@ -172,6 +173,29 @@ async def test_with_every_engine_down_a_lost_answer_waits_for_the_restart_and_co
             await client.done.wait()
         assert isinstance(client.events[-1], Finished) and len(client.text) == 200
         assert pool.snapshot().stats.retries == 1 and pool.ready
+
+
+async def test_steps_read_together_lose_no_token_and_show_no_stop_token():
+    # The gateway is busy (here: its trio thread blocked) while the engine runs on, so one read
+    # brings many steps' frames, some sequences' last step among them: every token is text in its
+    # answer, the end-of-sequence id alone is not, whether streamed or whole.
+    async with engines(workers=1, eos_prob=0.02) as pool:
+        streams, wholes = [Client() for _ in range(8)], [Client() for _ in range(8)]
+        for seed, (streamed, whole) in enumerate(zip(streams, wholes)):
+            pool.submit(job(seed, 45, stream=True), streamed)
+            pool.submit(job(seed, 45, stream=False), whole)
+        await wait_for(lambda: all(c.delivered for c in streams))
+        time.sleep(0.5)  # about 100 steps of the simulated engine pile up in its pipe
+        with trio.fail_after(30):
+            for client in streams + wholes:
+                await client.done.wait()
+    ends = [client.events[-1] for client in streams + wholes]
+    assert all(isinstance(end, Finished) for end in ends)
+    assert {end.stop_reason for end in ends} == {"end_turn", "max_tokens"}  # some drew the end id
+    for client, end in zip(streams + wholes, ends):
+        shown = end.usage.output_tokens - (end.stop_reason == "end_turn")  # the end id is not text
+        assert client.delivered == len(client.text) == shown
+    assert [c.text for c in streams] == [c.text for c in wholes]
 
 
 IN_PROCESS = """

@@ -25,6 +25,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.runner import ModelRunner
 from workers.engine.sequence import SamplingParams
+from workers.engine.serve import STOPS
 from workers.protocol import (
     Abort,
     Add,
@@ -207,16 +208,22 @@ MODEL_ENGINE = ["--block-size", "4", "--num-blocks", "512", "--max-batch-tokens"
 
 
 def in_process(model_dir, requests: list[Add]) -> dict[int, list[int]]:
-    """Each request's answer from an engine in this process, set up as the worker is."""
+    """Each request's answer from an engine in this process, set up as the worker is: the ids it
+    generated, less the stop token of one that a stop token ended."""
     runner = ModelRunner(model_dir, block_size=4, num_blocks=512)
     engine = Engine(runner, EngineConfig(4, 512, max_batch_tokens=32, max_seqs=8))
     answers: dict[int, list[int]] = {}
     for r in requests:
-        sampling = SamplingParams(max_tokens=r.max_tokens, ignore_eos=r.ignore_eos)
+        sampling = SamplingParams(max_tokens=r.max_tokens, ignore_eos=r.ignore_eos,
+                                  stop_token_ids=tuple(r.stop_token_ids))
         answers[engine.add(r.prompt_tokens, sampling, tier=r.tier, tenant=r.tenant, rid=r.rid)] = []
     while engine.has_work:
-        for rid, token in engine.step().tokens.items():
+        output = engine.step()
+        for rid, token in output.tokens.items():
             answers[rid].append(token)
+        for done in output.finished:
+            if done.reason in STOPS:
+                answers[done.rid].pop()
     return answers
 
 
@@ -250,3 +257,23 @@ async def test_the_real_model_s_token_frames_are_the_engine_s_answers_and_aborts
     cut = [dataclasses.replace(r, max_tokens=len(streamed[r.rid])) for r in long]
     assert streamed == in_process(model_dir, cut + short)
     assert all(len(streamed[r.rid]) == r.max_tokens or reasons[r.rid] == "eos" for r in short)
+
+
+async def test_a_sequence_ended_by_a_stop_token_is_billed_for_it_but_not_sent_it(tiny_checkpoints):
+    model_dir = tiny_checkpoints["long-context"]
+    rng = random.Random(7)
+    plain = [Add(rid, [rng.randrange(3, 384) for _ in range(rng.randint(3, 30))], 24, 0, "acme", 0.0, 1.0, 0,
+                 None, [], True) for rid in range(8)]
+    answers = in_process(model_dir, plain)
+    # each request stops at the id its answer makes fifth
+    requests = [dataclasses.replace(r, stop_token_ids=[answers[r.rid][4]]) for r in plain]
+    async with engine_process(["engine", "--model", str(model_dir), *MODEL_ENGINE]) as worker:
+        await worker.send(*requests)
+        await worker.until(lambda got: len([m for m in got if isinstance(m, Finished)]) == 8)
+    streamed = {r.rid: [i for m in worker.of(Tokens) if m.rid == r.rid for i in m.ids] for r in requests}
+    finished = {m.rid: m for m in worker.of(Finished)}
+    assert {m.reason for m in finished.values()} == {"stop_token"}
+    for r in requests:
+        stop = answers[r.rid].index(r.stop_token_ids[0])
+        assert streamed[r.rid] == answers[r.rid][:stop]  # everything before the stop id, not it
+        assert finished[r.rid].usage.output_tokens == stop + 1

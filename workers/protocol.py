@@ -36,8 +36,9 @@ Continuous mode (``python -m workers engine``; a step is one forward pass)::
                               total_blocks, cached_blocks, preemptions, prefix_queries,
                               prefix_hits, computed_tokens, generated_tokens}   every ~200 ms
 
-A rid's last ``tokens`` frame precedes its ``finished`` frame; for ``eos`` and ``stop_token``
-the last id is the stop token itself (generated and billed; not text to show).
+A rid's last ``tokens`` frame precedes its ``finished`` frame. For ``eos`` and ``stop_token`` the
+stop token itself is not sent (it is not text): ``finished``'s ``output_tokens`` counts it, so
+that count is one more than the ids sent.
 
 This is the only module that ``batcher`` and ``workers`` share.
 """

@@ -29,7 +29,7 @@ from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS
 from workers.engine.engine import Engine, StepOutput
-from workers.engine.sequence import SamplingParams
+from workers.engine.sequence import FinishReason, SamplingParams
 from workers.engine.simulated import SimulatedRunner
 from workers.protocol import (
     Abort,
@@ -46,6 +46,7 @@ from workers.protocol import (
 )
 
 STATS_INTERVAL = 0.2
+STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)  # ended by a stop token: its id is not sent
 READ_LIMIT = 1 << 20
 BAD_START, PROTOCOL_FAULT = 2, 2
 
@@ -170,8 +171,14 @@ def handle(engine: Engine, message: Message) -> None:
 
 
 def step_frames(output: StepOutput) -> list[bytes]:
-    """A step's frames: every new token, then every sequence that ended (its last token first)."""
-    frames = [encode(Tokens(rid=rid, ids=[token])) for rid, token in output.tokens.items()]
+    """A step's frames: every new token, then every sequence that ended (its last token first).
+
+    A stop token (end-of-sequence, or one of the request's stop ids) is not sent: it is not text,
+    and ``finished`` counts it in the usage. Leaving it out here, where the step is known, keeps
+    the pool from having to tell a stop id from text by where a frame falls in what it read.
+    """
+    stopped = {done.rid for done in output.finished if done.reason in STOPS}
+    frames = [encode(Tokens(rid=rid, ids=[token])) for rid, token in output.tokens.items() if rid not in stopped]
     for done in output.finished:
         usage = Usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
         frames.append(encode(Finished(rid=done.rid, reason=done.reason.value, usage=usage)))
