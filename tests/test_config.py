@@ -125,6 +125,6 @@ def test_a_missing_file_is_an_os_error(tmp_path):
         load_config(tmp_path / "absent.toml")
 
 
-def test_the_readme_shows_the_example_file_as_it_is():
-    readme = (EXAMPLE.parent.parent / "README.md").read_text()
-    assert "```toml\n" + EXAMPLE.read_text() + "```" in readme
+def test_the_configuration_reference_shows_the_example_file_as_it_is():
+    reference = (EXAMPLE.parent.parent / "docs" / "configuration.md").read_text()
+    assert "```toml\n" + EXAMPLE.read_text() + "```" in reference
