@@ -3,7 +3,7 @@
 A backend is whatever turns a :class:`Job` into text: the fixed-mode :class:`~batcher.fixed.Batcher`
 (one ``run_batch`` call answers a whole batch) or the continuous mode's engine pool (one engine
 step makes one token for many sequences). The gateway, admission, accounting and metrics see
-only this module, so a second backend plugs in without a second gateway (DESIGN §1-2).
+only this module, so a second backend plugs in without a second gateway (docs/architecture.md).
 
 Everything runs on the trio thread and nothing blocks. ``submit`` takes a callback rather than
 returning a channel: a task per request would undo the batched hand-offs, while a callback lets

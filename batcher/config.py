@@ -120,7 +120,7 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class FixedModelConfig(ModelConfig):
-    """A fixed-mode model (DESIGN §5): ``run_batch`` workers and the batching in front of them."""
+    """A fixed-mode model: ``run_batch`` workers and the batching in front of them."""
 
     mode: str = "fixed"
     worker: tuple[str, ...]
@@ -154,7 +154,7 @@ class FixedModelConfig(ModelConfig):
         return make_policy(self.policy, **params, **self.policy_options)
 
 
-# --- continuous models (DESIGN §6): engine workers, one per GPU ------------------------------
+# --- continuous models: engine workers, one per GPU ------------------------------------------
 
 CONVERTED = ("smollm2-135m",)
 """Model names ``ferry serve`` converts once from an installed GGUF (workers/engine/convert.py)."""

@@ -1,4 +1,4 @@
-"""The server's configuration file (DESIGN §11): one TOML file describes a whole ferry.
+"""The server's configuration file (docs/configuration.md): one TOML file describes a whole ferry.
 
 Where it listens, the tiers in priority order, the API keys, the models with their worker fleets
 (:mod:`batcher.config`), weighted aliases, limits, state, safety and the admin socket.
@@ -123,7 +123,7 @@ class KeyConfig:
     tier: str
     key: str | None = None
     key_sha256: str | None = None
-    tokens_per_minute: int | None = None  # per-key limits, charged at admission (DESIGN §8)
+    tokens_per_minute: int | None = None  # per-key limits, charged at admission (docs/admission.md)
     requests_per_minute: int | None = None
 
     def __post_init__(self) -> None:
@@ -210,7 +210,7 @@ class AdminConfig:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class AliasConfig:
-    """A name that spreads its requests over model versions by weight (seed 000 §6.4): each
+    """A name that spreads its requests over model versions by weight (a rollout's canary): each
     client stays on one version (the gateway splits by a stable hash of its session)."""
 
     name: str

@@ -128,7 +128,7 @@ class EnginePool:
             r.owe(ticket, 0)
 
     def load(self) -> TokenLoad:
-        """Queued tokens per tier against the fleet's measured rate (DESIGN §8)."""
+        """Queued tokens per tier against the fleet's measured rate, for overload admission."""
         rate = sum(r.computed.value for r in self._replicas if r.up)
         arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
         return TokenLoad(tuple(self._queued), rate, arrivals)

@@ -1,5 +1,5 @@
-"""What the continuous backend counts, and the ``/metrics`` families it becomes (seed 000 §6.5,
-seed 001's monitoring table, with vLLM's metric names as the model).
+"""What the continuous backend counts, and the ``/metrics`` families it becomes: what the
+scheduler controls (KV blocks, preemptions, prefix-cache hits), with vLLM's metric names as the model.
 
 The engines report their load in ``stats`` frames; the pool keeps the last report of each
 replica, adds up the counters of the engines that died before it (so a restart does not send a

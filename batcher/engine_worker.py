@@ -5,7 +5,7 @@ The worker writes each step's frames (a ``tokens`` frame per sequence that made 
 the ``finished`` ones, then ``stats`` when due) in one write. :meth:`EngineProcess.receive`
 returns what one read brought, extended by further reads until the bytes end on a frame
 boundary, so a step is never handled in two halves: its tokens reach the pool's callbacks in
-one synchronous pass, and the bridge hands them to the HTTP side in one hop (DESIGN §1). Even
+one synchronous pass, and the bridge hands them to the HTTP side in one hop (hops are batched). Even
 a ``finished`` frame is seen together with its sequence's last ``tokens`` frame, which is how
 the pool knows that an end-of-sequence id is not text.
 

@@ -155,7 +155,7 @@ class Batcher:
             self._wakeup.set()
 
     def _admitted(self, request: Request) -> bool:
-        """Admission by load (DESIGN §8), judged at the request's arrival: False if shed."""
+        """Admission by load (``batcher/admission.py``), judged at the request's arrival: False if shed."""
         if self.admission is None:
             return True
         error = self.admission.shed(self.load(), request.tier, request.arrival)
@@ -227,7 +227,7 @@ class Batcher:
         return wake
 
     def load(self) -> BatchLoad:
-        """Queued requests per tier and when each live worker takes its next batch (DESIGN §8).
+        """Queued requests per tier and when each live worker takes its next batch, for admission.
 
         A batch is the policy's size limit; a call lasts the recent call time (0 until one has
         been answered).

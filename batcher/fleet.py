@@ -1,6 +1,6 @@
 """The backends of the running core, one per model version, opened and closed while it runs.
 
-Seed 000 §6.4 and seed 002: a new version loads and warms up before it takes any traffic, and a
+A rollout without downtime: a new version loads and warms up before it takes any traffic, and a
 retired one finishes what it has before its workers stop. The core is one trio run, so a version
 cannot be a context entered once at start-up; each version is a task of the fleet's nursery
 that holds its backend open until told to close::

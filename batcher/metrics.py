@@ -1,6 +1,6 @@
 """The one metrics registry: what both batching modes and the gateway export at ``/metrics``.
 
-Two kinds of families, by who sees the event (DESIGN §9, seed 000 §6.5):
+Two kinds of families, by who sees the event (what users feel, and what the scheduler controls):
 
 - The gateway sees each request end: requests by status, TTFT, time per output token,
   end-to-end latency, admission rejects by reason, safety blocks. It observes them directly

@@ -10,7 +10,7 @@ The policies, from the simplest to the most adaptive:
 
     no_batching      one request per call, as soon as a worker is idle
     static           wait for a full batch, however long that takes
-    size_or_timeout  seed 000 §7.1: a full batch, or the oldest has waited max_wait
+    size_or_timeout  the default: a full batch, or the oldest has waited max_wait
     idle_aware       size_or_timeout, but never hold while a spare worker sits idle
     slack_driven     dispatch when the tightest deadline leaves one service time plus a margin
     aimd             Clipper: batch size grows by a step while calls meet a target, shrinks if not
@@ -98,7 +98,7 @@ def size_or_timeout(state: QueueState, max_batch: int, max_wait: float) -> Flush
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SizeOrTimeout:
-    """Seed 000 §7.1: flush when ``max_batch`` wait or the oldest has waited ``max_wait``.
+    """The default policy: flush when ``max_batch`` wait or the oldest has waited ``max_wait``.
 
     Whichever comes first, and only when a worker is idle to take the batch: with every worker
     busy the requests keep collecting, and the next worker to free up takes a full batch.

@@ -147,7 +147,7 @@ class WorkerPool:
 
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
-        call at the recent call time (0 once overdue). Admission plans with it (DESIGN §8)."""
+        call at the recent call time (0 once overdue). Admission plans with it (``BatchLoad``)."""
         seconds, busy, starting = self.call_seconds, SlotState.BUSY, SlotState.STARTING
         return [max(0.0, s.busy_since + seconds - now) if s.state is busy else 0.0
                 for s in self._slots if s.state is not starting]

@@ -7,7 +7,7 @@ router what it sent where; nothing here reads a clock or does I/O.
 prompt tokens it still has to prefill plus the output tokens it may still generate (its
 ``max_tokens`` less what it has made), whether the request waits in the pool's queue for that
 replica or already runs in its engine. Round robin would send work to a replica whose KV cache
-is full while another is half empty (seed 000 §5.5); tokens, not requests, are what a step costs.
+is full while another is half empty; tokens, not requests, are what a step costs.
 
 **Prefix** is the chain of hashes of the prompt's full blocks, computed as the engine's block
 manager computes them (``workers/engine/block_manager.py``: the same ``chain_hash`` from the same
@@ -18,8 +18,8 @@ replica's KV cache holds blocks: a picture of what its prefix cache can still ho
 engine evicts in the same LRU order. A replica *holds* a request's first ``m`` blocks when the
 first ``m`` hashes of its chain are all in its picture.
 
-**The choice** (SGLang's cache-aware router and "consistent hashing with bounded loads", seed 000
-§6.6, with the bound in tokens)::
+**The choice** (SGLang's cache-aware router and "consistent hashing with bounded loads", with
+the bound in tokens)::
 
     least   = the smallest load among live replicas
     holders = live replicas holding >= 1 block of the prefix, whose load <= least + bound

@@ -1,5 +1,5 @@
 """The continuous mode's :class:`~batcher.admission.Load`: work in tokens against a measured token
-rate (seed 000 §5.6, §6.2: "queued tokens / recent throughput"). Pure.
+rate (the fluid estimate: "queued tokens / recent throughput"). Pure.
 
 A request's cost is the tokens the fleet must still compute for it: its prompt less the prefix
 its replica already holds, plus its ``max_tokens`` (one token computed per output token). The

@@ -1,4 +1,4 @@
-"""Virtual-time replay of the production scheduler (DESIGN §1): arrivals, load drivers, trace
+"""Virtual-time replay of the production scheduler (no branch for it there): arrivals, load drivers, trace
 replay, simulated workers, reports and ``ferry simulate``.
 
 Nothing in the production core imports this package: it drives the real

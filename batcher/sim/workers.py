@@ -26,7 +26,7 @@ ServiceTime = Callable[[int], float]
 
 
 def constant(seconds: float) -> ServiceTime:
-    """The reference GPU of seed 000 §7.1: the same cost at any batch size."""
+    """The reference GPU of the fixed-batch contract: the same cost at any batch size."""
     return lambda size: seconds
 
 
