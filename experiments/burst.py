@@ -10,7 +10,7 @@ seconds, without the noise of a 2-core machine serving and generating at once.
 
 Open loop (Poisson arrivals, each request sent on schedule whatever the server does), two API
 keys (the embedded default's paid and free demo keys), loopback only, bounded in count and time.
-It checks what admission control promises (DESIGN §8, seed 000 §6.2):
+It checks what admission control promises (docs/admission.md, "Overload"):
 
 - paid: p95 within 500 ms, no 529 while its own rate is under capacity;
 - free: shed with 529 as the queue grows, each with a ``Retry-After``;

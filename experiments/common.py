@@ -1,7 +1,7 @@
 """What every experiment shares: scenarios of the seed's fleet, and writing a table, a plot and a
 summary into ``experiments/results/`` (git-ignored; README copies live in ``experiments/figures/``).
 
-The reference GPU of seed 000 §7.1: ``run_batch`` of 1..50 inputs takes 200 ms at any size, so one
+The reference GPU of the fixed-batch contract: ``run_batch`` of 1..50 inputs takes 200 ms at any size, so one
 worker serves at most 50 / 0.2 = 250 requests per second. Every experiment runs the production
 batcher and pool over simulated workers in virtual time (:mod:`batcher.sim.simulate`).
 """

@@ -3,8 +3,8 @@
     python -m experiments.gpus_needed
 
 For each policy and load, the smallest worker count whose run serves every request with p95 within
-the seed's 500 ms budget (search: up from the capacity floor load / 250 by doubling, then bisect).
-Seed 000 §7.1: 8 GPUs is the floor at 2,000 req/s, 16 if batches run half full; the half-full
+the 500 ms p95 budget (search: up from the capacity floor load / 250 by doubling, then bisect).
+The capacity arithmetic: 8 GPUs is the floor at 2,000 req/s, 16 if batches run half full; the half-full
 fleet is SizeOrTimeout with max_batch 25.
 """
 

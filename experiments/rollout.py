@@ -11,7 +11,7 @@ that the split over sessions is the split over requests. One stage every ``--sta
             ─reload─> 100/0 ─`ferry weights` rollback─> 0/100 ─admin: weights─> 100/0
             ─reload─> v1 removed (drained, its workers stopped)
 
-and checks what a rollout promises (seed 000 §6.4, seed 001, DESIGN §11):
+and checks what a rollout promises (docs/operations.md):
 
 - every request is answered, once: one HTTP answer each, and one usage record per answer (the
   ``request-id`` header finds it in the usage table after the gateway stops), no id twice;

@@ -2,7 +2,7 @@
 
     python -m experiments.wait_vs_load
 
-Seed 000 §7.1 claims: a worker serves 250 req/s in full batches; at 20 req/s batches never fill
+The capacity arithmetic claims: a worker serves 250 req/s in full batches; at 20 req/s batches never fill
 and latency is about T + 200 ms; T of 150 ms or less keeps p95 under 500 ms. SizeOrTimeout
 (max_batch 50) on 8 and 16 reference workers, 60 s of Poisson arrivals per point.
 """
@@ -63,7 +63,7 @@ def main() -> None:
     low = [p95(16, 20, w) - w for w in WAITS_MS]
     worst_150 = {w: max(p95(w, load, wait) for load in LOADS for wait in WAITS_MS if wait <= 150) for w in FLEETS}
     summary = f"""
-Claims of seed 000 §7.1, checked in virtual time with the production batcher and pool:
+Claims of the capacity arithmetic, checked in virtual time with the production batcher and pool:
 
 - **Capacity 250 req/s per worker**: offered twice the capacity, each worker served
   {', '.join(f"{c['per worker/s']} req/s ({c['workers']} workers)" for c in capacity)}, in batches of

@@ -1,6 +1,6 @@
 """The rows of the chaos suite: for each fault, the gateway it runs against, the traffic, what
-the fault is, and what its clients may be told (DESIGN §5, README "What happens when a worker
-fails", "Errors").
+the fault is, and what its clients may be told (docs/fixed-mode.md, "What happens when a worker
+fails"; docs/http-api.md, "Errors").
 
 Every scenario runs against the embedded default's shape: paid and free tiers (1 s and 300 ms
 wait budgets), a fixed-mode model of ``sleep`` workers (200 ms a call, batches of up to 50,
