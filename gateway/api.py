@@ -68,7 +68,7 @@ class ErrorKind:
     retry_after: bool = False  # 429 and 529 tell the client when to try again
 
 
-# The one table (DESIGN §7). Order matters: the first class an error is an instance of wins.
+# The one table (docs/http-api.md, "Errors"). Order matters: the first class an error is an instance of wins.
 ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (InvalidRequest, ErrorKind(400, "invalid_request_error")),
     (TooLarge, ErrorKind(400, "invalid_request_error")),  # over one replica's KV cache

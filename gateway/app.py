@@ -281,7 +281,7 @@ class Gateway:
             self.metrics.safety_blocks.labels(model.name, "output").inc()
 
     async def metrics_text(self, request: web.Request) -> web.Response:
-        """Prometheus text format: every ferry_* family (DESIGN §9)."""
+        """Prometheus text format: every ferry_* family (docs/admission.md, "Metrics")."""
         snapshots = await self.bridge.snapshots() if self.bridge.running else {}
         return web.Response(body=self.metrics.exposition(snapshots), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

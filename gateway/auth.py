@@ -3,7 +3,7 @@
 Keys are held only as sha256 digests, whether the config file gave the key or its digest, so a
 config (or a memory dump) need not hold a usable secret; a presented key is hashed and looked
 up. A key arrives in ``x-api-key`` (what the Anthropic SDK sends) or ``Authorization: Bearer``.
-Per-key limits ride along on the :class:`Principal` for the ledger (DESIGN §8) to charge;
+Per-key limits ride along on the :class:`Principal` for the ledger (:mod:`gateway.ledger`) to charge;
 this module only says who is calling.
 """
 

@@ -1,5 +1,5 @@
 """The hand-off between the gateway's asyncio thread and the trio core: the only module that
-knows both loops (DESIGN §1).
+knows both loops (docs/architecture.md, "The layers").
 
 The trio core (every model's backend: batchers, pools, supervision) runs in one ``trio.run`` on
 its own thread. The asyncio side calls :meth:`Bridge.submit` with a checked
@@ -15,7 +15,7 @@ has to wake a sleeping loop, so hops are batched in both directions::
 so a burst of 50 submits crosses in one hop, and the events of a finished batch of 50 (or of
 one engine step's tokens for 200 streams) come back in one, as ``(handle, events)`` pairs.
 
-The set of backends changes while the core runs (a rollout, DESIGN §11): :meth:`Bridge.open`
+The set of backends changes while the core runs (a rollout, docs/operations.md): :meth:`Bridge.open`
 starts a model version's backend in the trio core's :class:`~batcher.fleet.Fleet` and returns
 once it takes jobs, :meth:`Bridge.close` stops one, and :meth:`Bridge.retune` hands every
 backend the tiers' new wait budgets. They cross in the same ordered hops as submits, so a submit

@@ -1,6 +1,6 @@
 """Idempotency keys: a repeated non-streamed request gets the first answer, never a second run.
 
-Seed 000 §3.2, §6.3: a client that lost a response retries with the same ``Idempotency-Key``;
+A client that lost a response retries with the same ``Idempotency-Key``;
 the gateway must neither run nor bill it twice. Keys are scoped to the API key that sent them.
 
 - A key seen for the first time runs the request. Concurrent repeats wait for that run and get

@@ -1,6 +1,6 @@
 """The ledger: what a request is charged at admission, and what it is billed and counted at the end.
 
-Seed 000 §6.7 and §6.3, DESIGN §8-9. Per request, in the gateway's asyncio thread:
+Per request (docs/admission.md), in the gateway's asyncio thread:
 
     charge(...) charge input_tokens + max_tokens to the key's limit, all or nothing
                   over the limit  -> RateLimited (429, Retry-After when it would fit)

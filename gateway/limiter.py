@@ -2,7 +2,7 @@
 
 All three stores run the arithmetic of :mod:`gateway.ratelimit`; they differ only in who holds
 the state. One gateway keeps it in memory. Several gateways keep it in Redis, charged by one Lua
-script so that a check-and-take is atomic across them (seed 000 §6.7). For a hot key, a gateway
+script so that a check-and-take is atomic across them. For a hot key, a gateway
 may lease a slice of the shared budget and serve from it locally, going back to Redis only when
 the slice runs out: fewer round trips, and still never more admitted than the limit, since every
 leased token was charged in Redis first. A lease not used up within its ``ttl`` goes back.

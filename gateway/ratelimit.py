@@ -1,6 +1,6 @@
 """Per-key limits as token buckets: the pure arithmetic every limiter store shares.
 
-Seed 000 §6.7: a key's plan allows so many tokens (and requests) per minute. At admission the
+A key's plan allows so many tokens (and requests) per minute. At admission the
 gateway charges ``input_tokens + max_tokens``, the most the request can cost; when it ends, the
 unused part of ``max_tokens`` is refunded. A bucket holds at most one minute of budget and
 refills continuously at ``limit / 60`` per second, so a key that has been quiet can burst one

@@ -1,7 +1,7 @@
 """Live reconfiguration: reload the file, open and drain model versions, shift alias weights.
 
-Seed 000 §6.4, seed 001 (zero-downtime updates), seed 002 (load, warm up, then a little traffic;
-the old version drains what it has). On the asyncio thread, beside the handlers::
+Updates without downtime (docs/operations.md): a new version loads and warms up, then takes a
+little traffic; the old version drains what it has. On the asyncio thread, beside the handlers::
 
     reload:  re-read the file ─> check it (start-up's messages; plus what cannot change live)
              ─> keys, limits, tiers' budgets, safety: at once

@@ -1,6 +1,6 @@
 """Weighted aliases: which version of a model answers a client, stable per session. Pure.
 
-Seed 000 §6.4 shifts traffic to a new version step by step; seeds 001 and 004 split by user or
+A rollout shifts traffic to a new version step by step, split by user or
 session, never by request, because one conversation that hops between versions changes its
 style mid-way. So a :class:`Split` places each session at a fixed point of [0, 1) (a hash of the
 alias and the session key) and lays the versions' shares end to end over that interval, in

@@ -1,6 +1,6 @@
 """The safety stage: a check on the input before admission and on the output before return.
 
-Seed 000 §1.1 puts safety checks in scope as one stage of the request path. The stage is
+Safety checks are one stage of the request path, on the way in and on the way out. The stage is
 pluggable (anything with ``screen_input`` and ``screen_output``); the default is a blocklist of
 terms from the config, matched case-insensitively on word boundaries. A blocked input is refused
 (400) before it costs a GPU anything; a blocked output is replaced by a refusal (or, in a stream

@@ -1,6 +1,6 @@
 """Usage records: one per finished request, written off the hot path, exactly once per id.
 
-Seed 000 §1.1, §6.3: the server bills from its own count of tokens actually delivered. The
+The server bills from its own count of tokens actually delivered. The
 request handler only puts a record on a queue (no I/O, no lock held across a write); one writer
 thread drains the queue in batches into SQLite (:mod:`gateway.sqlite_writer`). The table is
 append-only and keyed by request id, and inserts are ``INSERT OR IGNORE``: a record written
