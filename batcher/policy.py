@@ -80,7 +80,7 @@ def _check_seconds(field: str, value: float) -> None:
 
 
 def size_or_timeout(state: QueueState, max_batch: int, max_wait: float) -> Flush | Hold:
-    """The seed's rule, shared by the policies built on it (see :class:`SizeOrTimeout`)."""
+    """The size-or-timeout rule, shared by the policies built on it (see :class:`SizeOrTimeout`)."""
     if state.oldest_arrival is None:
         return Hold(queued=1)
     if state.queued >= max_batch:

@@ -17,7 +17,7 @@ throughput is its capacity. Until a backlog has been seen there is nothing to me
 nothing waits, so everything is admitted. KV memory enters through the queue: a replica whose
 cache is full takes nothing, so its requests wait in the pool, and the wait grows.
 
-The estimate is the seed's fluid one and errs on the side of shedding: a queued request starts
+The estimate is the plain fluid one and errs on the side of shedding: a queued request starts
 when the one ahead of it has *started*, which under continuous batching is sooner than when the
 work ahead has been computed, unless the engines are full (``max_seqs`` or KV), which is when
 the estimate matters.

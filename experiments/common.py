@@ -1,4 +1,4 @@
-"""What every experiment shares: scenarios of the seed's fleet, and writing a table, a plot and a
+"""What every experiment shares: scenarios of the reference fleet, and writing a table, a plot and a
 summary into ``experiments/results/`` (git-ignored; README copies live in ``experiments/figures/``).
 
 The reference GPU of the fixed-batch contract: ``run_batch`` of 1..50 inputs takes 200 ms at any size, so one
@@ -26,11 +26,11 @@ from batcher.sim.simulate import Scenario, Simulation, simulate  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 SERVICE = 0.200  # seconds per call, any batch size
 PER_GPU = 50 / SERVICE  # requests per second one worker serves in full batches
-SLO = 0.500  # the seed's p95 budget
+SLO = 0.500  # the p95 budget of the fixed-batch exercise
 HALF = {"paid": 0.5, "free": 0.5}
 
 # Every policy at the settings the experiments compare (SlackDriven needs each request's
-# deadline: it gets the seed's 500 ms budget; the others keep the 30 s queue timeout).
+# deadline: it gets the 500 ms p95 budget; the others keep the 30 s queue timeout).
 POLICIES: dict[str, dict[str, Any]] = {
     "size_or_timeout": {},
     "idle_aware": {},

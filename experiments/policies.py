@@ -5,7 +5,7 @@
 Latency percentiles, mean batch size and drops per policy and load, then each policy's capacity
 (offered 4,000 req/s, twice what 10 workers serve in full batches). The target: IdleAware keeps
 SizeOrTimeout's capacity at high load and cuts low-load p95 from ~350 ms to ~200 ms.
-SlackDriven gets every request's deadline at the seed's 500 ms budget and drops what cannot make it.
+SlackDriven gets every request's deadline at the 500 ms p95 budget and drops what cannot make it.
 """
 
 from __future__ import annotations

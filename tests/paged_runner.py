@@ -4,7 +4,7 @@ Its cache is one entry per slot, ``(position, token)``, written through the batc
 ``slot_mapping``. Its "model" reads a sequence's whole context back through the sequence's block
 table (``context_lens[i]`` tokens) and picks the next token from a hash of it. A wrong slot, a
 block still holding another sequence's KV, or a position carried over from a previous sequence
-(seed 001, pitfall 2) reads a wrong context and fails loudly or changes the answer, which
+(continuous batching's classic bug) reads a wrong context and fails loudly or changes the answer, which
 :func:`reference` computes by plain full recompute, with no cache at all.
 """
 

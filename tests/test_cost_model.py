@@ -1,4 +1,4 @@
-"""The cost model against seed 000's arithmetic (§2.1-2.4, §6.6), and the simulated runner it
+"""The cost model against the textbook arithmetic of a 70B model on 8 x H100, and the simulated runner it
 prices: deterministic tokens that ignore batch mates and preemptions, EOS only when asked."""
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ SEVENTY_B = PRESETS["llama-70b"]  # on 8 x H100
 
 
 def test_kv_bytes_per_token_and_what_fits_the_70b_replica():
-    assert LLAMA_70B.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680  # §2.1
+    assert LLAMA_70B.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680  # K and V, per layer and KV head
     assert 2_000 * LLAMA_70B.kv_bytes_per_token == 655_360_000  # "about 650 MB" a conversation
     tokens = 400 * 10**9 // LLAMA_70B.kv_bytes_per_token
-    assert (tokens, tokens // 2_000) == (1_220_703, 610)  # §2.2: 1.22 M tokens, ~610 sequences
+    assert (tokens, tokens // 2_000) == (1_220_703, 610)  # 400 GB of KV: 1.22 M tokens, ~610 sequences
     assert LLAMA_70B.weight_bytes == 140 * 10**9
 
 
 def test_a_decode_step_of_the_70b_reads_its_weights_in_5_2_ms_and_batching_multiplies_throughput():
     alone = SEVENTY_B.step([1], [1])
     assert alone.memory_seconds == (140e9 + 327_680) / (8 * 3.35e12)
-    assert alone.seconds == alone.memory_seconds == pytest.approx(5.224e-3, rel=1e-3)  # §2.3: ~5.2 ms
+    assert alone.seconds == alone.memory_seconds == pytest.approx(5.224e-3, rel=1e-3)  # ~5.2 ms
     assert 1 / alone.seconds == pytest.approx(191.4, rel=1e-3)  # "about 190 tokens a second"
     batch = SEVENTY_B.step([1] * 256, [2_000] * 256)
     kv_read = 256 * 2_000 * 327_680
@@ -42,14 +42,14 @@ def test_a_decode_step_of_the_70b_reads_its_weights_in_5_2_ms_and_batching_multi
 
 
 def test_a_long_prefill_is_compute_bound_at_two_flops_per_parameter_per_token():
-    cost = SEVENTY_B.step([8_700], [8_700])  # §6.6: recomputing 8,700 tokens of history
+    cost = SEVENTY_B.step([8_700], [8_700])  # recomputing 8,700 tokens of history
     linear = 2 * 70e9 * 8_700
     assert linear == pytest.approx(1.218e15)  # "about 1.2 x 10^15 operations"
     attention = SEVENTY_B.attention_flops(8_700, 8_700)
     assert attention == 4 * 80 * 64 * 128 * (8_700 * 8_700 - 8_700 * 8_699 // 2)
     assert cost.compute_seconds == (linear + attention) / (8 * 989e12)
     assert cost.seconds == cost.compute_seconds > cost.memory_seconds  # the roofline's other side
-    gpus = 2 * LLAMA_70B.params * 750_000 / (0.5 * H100.flops)  # §2.4 at 50 % utilisation
+    gpus = 2 * LLAMA_70B.params * 750_000 / (0.5 * H100.flops)  # prefill of 750k tokens/s at 50 % utilisation
     assert gpus == pytest.approx(212.3, rel=1e-3)
 
 
@@ -62,11 +62,11 @@ def test_attention_counts_each_query_against_every_earlier_key_of_its_sequence()
 
 
 def test_the_smollm2_shape_gives_its_parameter_count_and_kv_size():
-    assert SMOLLM2_135M.params == 134_515_008  # the 134.5 M of shared/notes/smollm2.md
+    assert SMOLLM2_135M.params == 134_515_008  # 134.5 M parameters
     assert SMOLLM2_135M.weight_bytes == 269_030_016  # its 269 MB bf16 safetensors
     assert SMOLLM2_135M.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23_040
     as_shaped = dataclasses.replace(LLAMA_70B, stated_params=None)  # untied: embeddings and head apart
-    assert as_shaped.params == 70_553_706_496  # Llama 3 70B's count; the seed rounds it to 70B
+    assert as_shaped.params == 70_553_706_496  # Llama 3 70B's count; capacity arithmetic rounds it to 70B
 
 
 def test_a_step_costs_the_larger_of_its_memory_and_compute_times_not_their_sum():

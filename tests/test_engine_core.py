@@ -1,5 +1,5 @@
 """The engine: the exact ForwardBatch of small steps, a sequence taking blocks another just left
-(seed 001, pitfall 2), and answers equal to full recompute under preemption, prefix hits,
+(and must not inherit its position), and answers equal to full recompute under preemption, prefix hits,
 chunked prefill and slot reuse, through a runner that really reads its KV through the pages."""
 
 from __future__ import annotations

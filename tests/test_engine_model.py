@@ -139,8 +139,9 @@ def test_prefix_cache_hits_serve_the_same_tenant_only_and_change_no_answer(tiny_
 
 
 def test_a_sequence_admitted_into_the_blocks_another_just_left_answers_as_if_alone(tiny_checkpoint):
-    """Seed 001's position bug through the whole engine: the second request waits for blocks,
-    takes the four the first frees the step it ends, and starts from its own position 0."""
+    """The position-carried-over bug of continuous batching, through the whole engine: the
+    second request waits for blocks, takes the four the first frees the step it ends, and starts
+    from its own position 0."""
     runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=5)
     engine = engine_over(runner, max_batch_tokens=16, max_seqs=2)
     rng = random.Random(11)

@@ -100,8 +100,8 @@ def test_mixed_batch_logits_equal_naive(tiny_checkpoints, device):
 
 
 def test_a_sequence_in_blocks_another_just_left_starts_at_position_0(tiny_checkpoint):
-    """Seed 001's position bug: the second sequence takes exactly the blocks the first freed,
-    last-freed first, and answers as if it were alone."""
+    """The position-carried-over bug of continuous batching: the second sequence takes exactly
+    the blocks the first freed, last-freed first, and answers as if it were alone."""
     runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=6)
     rng = random.Random(11)
     first, second = ([rng.randrange(3, runner.config.vocab_size) for _ in range(n)] for n in (17, 13))

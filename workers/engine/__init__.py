@@ -1,4 +1,4 @@
-"""The continuous engine that runs inside an LLM worker process (DESIGN §6).
+"""The continuous engine that runs inside an LLM worker process (docs/continuous.md).
 
 Theory of operation. Every call to :meth:`Engine.step` is one forward pass over a mix of work:
 one token for each running decode and a chunk of prompt for sequences still prefilling, all

@@ -1,8 +1,8 @@
 """The time of one engine step on a GPU, from the model's shape and the GPU's speeds. Pure.
 
-A step reads every weight once, whatever the batch (seed 000 §2.3: that read is what batching
+A step reads every weight once, whatever the batch (that read is what batching
 shares), reads the KV of every token in its sequences' contexts, and does 2 FLOPs per parameter
-per token it computes (§2.4), plus attention: each query token multiplies with the keys and the
+per token it computes, plus attention: each query token multiplies with the keys and the
 values of every earlier token of its sequence (2 x 2 FLOPs per head dimension, per head, per
 layer, per key)::
 
@@ -14,7 +14,7 @@ The step is the larger of the two, a roofline, not their sum: inside each kernel
 streams memory while it multiplies, so a decode step costs its memory traffic and a long
 prefill costs its FLOPs; adding them would charge a mixed step twice for the same time. Both
 are upper-bound speeds (no kernel launches, no sampling, no all-reduce between tensor-parallel
-GPUs, which simply add their bandwidth and FLOP/s): seed 000's own caveat, plan with measured
+GPUs, which simply add their bandwidth and FLOP/s): plan with measured
 figures.
 """
 
@@ -26,7 +26,7 @@ import dataclasses
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelShape:
     """A Llama-family decoder's dimensions; ``stated_params`` overrides the count the shape gives
-    (seed 000 reasons with a round 70B)."""
+    (capacity arithmetic usually reasons with a round 70B)."""
 
     name: str
     layers: int
@@ -58,7 +58,7 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V, every layer, every KV head (seed 000 §2.1)."""
+        """K and V, every layer, every KV head."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_kv
 
 
@@ -116,7 +116,7 @@ LLAMA_70B = ModelShape(
     ffn=28672,
     vocab=128256,
     stated_params=70_000_000_000,
-)  # seed 000 §2.1-2.4: the shape of Llama 3 70B, priced as the seed's round 70B, 16-bit
+)  # the shape of Llama 3 70B, priced as a round 70B, 16-bit
 
 SMOLLM2_135M = ModelShape(
     "smollm2-135m",
@@ -134,4 +134,4 @@ PRESETS: dict[str, CostModel] = {
     "llama-70b": CostModel(LLAMA_70B, dataclasses.replace(H100, gpus=8)),
     "smollm2-135m": CostModel(SMOLLM2_135M, H100),
 }
-"""Named (model, hardware) pairs: the seed's 70B on 8 x H100, and SmolLM2-135M on one H100."""
+"""Named (model, hardware) pairs: a round 70B on 8 x H100, and SmolLM2-135M on one H100."""

@@ -5,8 +5,8 @@ One :meth:`Engine.step` asks the scheduler what to compute, turns that into a
 tokens back to the scheduler. Everything a batch says about a sequence is derived afresh from
 that sequence alone, every step: its positions start at its own ``num_computed``, its slots come
 from its own block table, its context length is its own. Nothing is carried over from whichever
-sequence last used the same blocks, which is how seed 001's "new request inherits the old one's
-position offset" bug cannot happen here (``tests/test_engine_core.py`` pins it).
+sequence last used the same blocks, which is how continuous batching's classic "new request
+inherits the old one's position offset" bug cannot happen here (``tests/test_engine_core.py`` pins it).
 """
 
 from __future__ import annotations

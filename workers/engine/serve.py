@@ -1,4 +1,4 @@
-"""``python -m workers engine``: the continuous engine behind the framed pipe (DESIGN §4, §6).
+"""``python -m workers engine``: the continuous engine behind the framed pipe (workers/protocol.py).
 
 The loop. While the engine has work, each turn takes whatever frames have already arrived
 (``poll`` with timeout 0, at most 1 MiB, so a flood of ``add`` frames cannot stall running
