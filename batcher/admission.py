@@ -18,10 +18,9 @@ makes its deadline when paid traffic comes a little faster than its average)::
 Why not queued work / drain rate: eight 200 ms workers that finish together release 400 places
 at once, so a free request waits 20 ms or 220 ms depending on which side of that moment it
 falls, and paid requests queued now take places in the next batches but not in the ones after.
-The fluid estimate (with or without the paid arrival rate) was measured to be wrong by 1.2x to
-2.5x in the burst experiment (``experiments/burst.py --virtual``); this one predicts the
-dispatch time of most admitted requests to the millisecond in virtual time
-(experiments/README.md, "A burst at 3× capacity").
+The fluid estimate (with or without the paid arrival rate) misjudged waits by whole factors in
+the burst experiment (``experiments/burst.py --virtual``), while this one predicts the dispatch
+time of most admitted requests closely (experiments/README.md, "A burst at 3× capacity").
 
 The product is the tiering. ``pressure(h)`` is how far tier h's queue reaches past the next
 dispatch (the part of its wait that is backlog, not the phase of the calls); as the paid queue
@@ -51,10 +50,9 @@ from batcher.types import Shed
 MARGIN = 2.0
 """Standard deviations of higher tiers' Poisson arrivals a lower tier's estimate allows for.
 
-In the 3x burst at a quarter paid (``experiments/burst.py --virtual --workers 8 --rate 6000
---paid-share 0.25``), 2 rather than 0 cuts the free requests admitted and then expired at their
-deadline from 2,131 to 1,045 (of 90,000 free) and raises the 529s whose Retry-After is within
-25 % of the real drain from 78 % to 93 %, for 0.4 % fewer free requests served."""
+Without it, free requests admitted at the edge are passed by paid ones and expire at their
+deadline, and their Retry-After is less often right; what 2 buys in the 3x burst is in
+experiments/README.md, "Constants measured for the code"."""
 
 
 class Load(Protocol):

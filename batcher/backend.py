@@ -14,8 +14,9 @@ one pass. A job's events arrive in this order, and end with exactly one of the l
                                  └────> Failed (error, retryable, tokens already sent)
 
 A job that is shed at admission gets ``Failed`` at once, from inside ``submit``. A cancelled
-job gets no further event. Events are named tuples: immutable like frozen dataclasses, and three
-times cheaper to make, which counts at three events per request (``experiments/bridge_cost.py``).
+job gets no further event. Events are named tuples: immutable like frozen dataclasses, and
+cheaper to make, which counts at three events per request (experiments/README.md, "The gateway
+over HTTP").
 """
 
 from __future__ import annotations

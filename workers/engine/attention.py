@@ -87,9 +87,9 @@ def plan_attention(
 
 
 GROUP_OVERHEAD = 1024
-"""What one more padded call costs, in query rows x key slots of attention work: measured on
-SmolLM2-135M on 2 CPU cores, a decode group reads ~14 key slots a microsecond, and a call's
-fixed cost (gather, kernel launch, index copies) is ~50-70 us per layer."""
+"""What one more padded call costs, in query rows x key slots of attention work: a call's fixed
+cost (gather, kernel launch, index copies) over the rate a decode group reads key slots, both
+measured (experiments/README.md, "Constants measured for the code")."""
 
 
 def partition(query_lens: list[int], context_lens: list[int], block_size: int) -> list[list[int]]:
@@ -184,8 +184,8 @@ def attend(
 
     Decodes (one token per sequence: ``rows`` is a KV head's query heads) take two plain
     matmuls over the gathered (contiguous) context, softmax in float32:
-    ``scaled_dot_product_attention``'s CPU kernel tiles for many queries, and on one it ran 3x
-    slower in bfloat16 (as fast in float32) on this machine: ~10 % of a bfloat16 step.
+    ``scaled_dot_product_attention``'s CPU kernel tiles for many queries, and is slower on one in
+    bfloat16 (experiments/README.md, "The engine against static batching").
     """
     if not decode:
         return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
