@@ -131,7 +131,7 @@ def dumps(value: Any) -> bytes:
 
 ROLES = ("user", "assistant")
 
-# What one request may carry (README, "Limits"). Each is checked before the items it counts are
+# What one request may carry (docs/http-api.md, "Errors"). Each is checked before the items it counts are
 # read, so a refusal costs no more than the body's own parse; below them, every step of a request
 # (checks, prompt, token count, stop-sequence cut) is linear in the body. The values:
 # - 100,000 messages: the limit Anthropic's Messages API documents, so any request it takes fits.

@@ -135,7 +135,7 @@ async def _drain(guard: ConnectionGuard, bridge: Bridge, grace: float, app: web.
 def add_serve_command(commands) -> None:
     """``ferry serve [--config FILE] [--host H] [--port P]``."""
     sub = commands.add_parser("serve", help="run the HTTP gateway (the embedded default with no --config)")
-    sub.add_argument("--config", help="a TOML file (see README); default: the embedded default")
+    sub.add_argument("--config", help="a TOML file (docs/configuration.md); default: the embedded default")
     sub.add_argument("--host", help="listen address (overrides [server].host)")
     sub.add_argument("--port", type=int, help="listen port, 0 for any free one (overrides [server].port)")
     sub.set_defaults(run=serve_command)

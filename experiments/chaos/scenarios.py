@@ -127,7 +127,7 @@ def _poisoned(shot) -> frozenset[int] | None:
 
 
 def _budget_plus_hang(shot) -> float:
-    """README: a request a failing fleet cannot serve is answered by its budget + one hang
+    """docs/fixed-mode.md: a request a failing fleet cannot serve is answered by its budget + one hang
     timeout; half a second more for the two loops' hops and the generator on a shared machine."""
     return (PAID_BUDGET if shot.tier == "paid" else FREE_BUDGET) + HANG_TIMEOUT + 0.5
 
