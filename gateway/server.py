@@ -115,9 +115,9 @@ GC_THRESHOLDS = (20_000, 20, 20)
 """The cyclic collector's thresholds while serving (CPython's default: 700, 10, 10). Request
 objects die by reference counting (no cycle per request: see ``Bridge._on_event``), yet each
 young collection still walks every live young object, and at 1,600 requests/s a few hundred
-requests are in flight: with the default, the collector took ~15 % of the gateway's CPU
-(experiments/README.md, "The gateway over HTTP"). Collected 28 times less often, what it finds
-is the same few cycles, a little later."""
+requests are in flight: with the default, the collector took a sizeable share of the gateway's
+CPU (experiments/README.md, "The gateway over HTTP"). Collected far less often, what it finds is
+the same few cycles, a little later."""
 
 
 async def _drain(guard: ConnectionGuard, bridge: Bridge, grace: float, app: web.Application) -> None:
