@@ -1,7 +1,7 @@
 """Overload admission: admit a request only if a worker will take it within its tier's budget.
 
 A burst arrives faster than capacity can grow, so the scheduler must say no early and clearly
-rather than let every queue grow (docs/architecture.md, "Admission in two layers").
+rather than let every queue grow (docs/architecture.md, "Decisions and why").
 
 The estimate follows the fleet's own rhythm, not a fluid average. A backend reports when each
 of its workers will next take a batch, how many requests a batch holds and how long a call takes
