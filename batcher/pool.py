@@ -49,7 +49,7 @@ import trio
 
 from batcher.config import PoolConfig
 from batcher.stats import Stats
-from batcher.supervisor import Process, Readiness, Supervisor
+from batcher.supervisor import Process, Readiness, Supervisor, start_slots
 from batcher.types import Batch, Request, RequestFailed, State, WorkersFailed
 from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
 
@@ -174,12 +174,11 @@ class WorkerPool:
         return batch
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start every worker, report started once all are ready, then supervise forever."""
+        """Start every worker, report started once all are ready, then supervise forever (one
+        :class:`~batcher.supervisor.WorkerStartError` if any cannot start)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._fail_overdue)
-            async with trio.open_nursery() as starting:
-                for slot in self._slots:
-                    starting.start_soon(nursery.start, slot.supervisor.run)
+            await start_slots(nursery, [slot.supervisor for slot in self._slots], self.config.model)
             task_status.started()
 
     async def _serve(self, slot: _Slot, worker: Worker) -> bool:

@@ -76,7 +76,8 @@ def test_sigterm_lets_in_flight_requests_finish_then_stops_the_workers(tmp_path)
 
 def test_workers_that_cannot_start_stop_serve_with_the_reason(tmp_path):
     bad = CONFIG.replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["no-such-model"]')
-    with pytest.raises(RuntimeError, match=r"the scheduling core did not start: WorkerStartError: worker \d did not start"):
+    said = r"the scheduling core did not start: WorkerStartError: echo@1: 2 of 2 workers did not start; first: worker 0: "
+    with pytest.raises(RuntimeError, match=said):
         Gateway(tmp_path, bad)
 
 

@@ -137,9 +137,13 @@ async def test_a_worker_that_exits_on_a_call_has_its_batch_retried_elsewhere():
     assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
 
 
-async def test_a_worker_that_cannot_start_fails_the_pool_start_with_its_reason():
-    with pytest.RaisesGroup(pytest.RaisesExc(WorkerStartError, match="did not start"), flatten_subgroups=True):
-        async with pool_of(process_workers(["no-such-kind"], workers=2)):
+@pytest.mark.parametrize(("bad", "workers", "failed"), [({0: ["no-such-kind"], 1: ["no-such-kind"]}, 2, "2 of 2"),
+                                                       ({1: ["no-such-kind"]}, 3, "1 of 3")])
+async def test_workers_that_cannot_start_fail_the_pool_start_with_one_error_naming_the_model(bad, workers, failed):
+    first = min(bad)  # every failure is waited for: the lowest failed slot's reason, whichever died first
+    reason = rf"bad@1: {failed} workers did not start; first: worker {first}: WorkerLost\('pid \d+ exited with code"
+    with pytest.RaisesGroup(pytest.RaisesExc(WorkerStartError, match=reason), flatten_subgroups=True):
+        async with open_batcher(per_slot(bad), PoolConfig(workers=workers, model="bad@1")):
             pass  # pragma: no cover - never reached
 
 
