@@ -369,7 +369,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
-    expect = key_before_body(_LiveKeys(gateway))  # type: ignore[arg-type]
+    expect = key_before_body(_LiveKeys(gateway), limit)  # type: ignore[arg-type]
     app.router.add_post("/v1/messages", gateway.messages, expect_handler=expect)
     app.router.add_post("/v1/messages/count_tokens", gateway.count_tokens, expect_handler=expect)
     app.router.add_post("/v1/chat/completions", gateway.chat_completions, expect_handler=expect)
