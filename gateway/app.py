@@ -300,19 +300,27 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready: every model's backend says so (fixed mode: a worker up, and a call answered
-        since every slot last lost its worker). The body details each model."""
+        """Ready: every model's backend says so (fixed mode: a worker up and not hung, and a call
+        answered since every slot last lost its worker). The body details each model, and the
+        error says why each that is not ready is not."""
         snapshots = await self.bridge.snapshots() if self.bridge.running else {}
         models = {name: {"ready": snapshot.ready, **snapshot.status} for name, snapshot in snapshots.items()}
         waiting = [name for name, state in models.items() if not state["ready"]]
         if models and not waiting:
             return web.json_response({"ready": True, "models": models}, dumps=_dumps)
-        why = f"no worker up for {', '.join(waiting)}" if waiting else "the scheduling core is not running"
+        why = "; ".join(f"every worker of {name} is hung past its hang timeout" if _all_hung(models[name])
+                        else f"no worker up for {name}" for name in waiting) or "the scheduling core is not running"
         body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
         return web.json_response(body, status=503, dumps=_dumps)
 
 
 GATEWAY = web.AppKey("ferry", Gateway)
+
+
+def _all_hung(state: dict) -> bool:
+    """Whether a fleet's workers that are up all run a call past their hang timeout."""
+    up = [worker["state"] for worker in state.get("workers", ()) if worker.get("state") != "starting"]
+    return bool(up) and all(worker == "hung" for worker in up)
 
 
 class _Stream:
