@@ -218,10 +218,16 @@ class Gateway:
         return 200, codec.whole(self._head(entry), completion, answer.blocked is not None)
 
     async def _write_whole(self, request: web.Request, entry: Entry, status: int, payload: bytes) -> web.StreamResponse:
-        """Send a whole answer, then count it delivered: latency and usage end at the last byte."""
+        """Send a whole answer, then count it delivered: latency and usage end at the last byte.
+        A client that left as it was written (its connection already closing) is recorded as a
+        stream's is: 499, cancelled, no output billed, and nothing for aiohttp to log."""
         response = web.Response(status=status, body=payload, content_type="application/json")
-        await response.prepare(request)
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionResetError:
+            entry.status, entry.outcome = CLIENT_CLOSED, Outcome.CANCELLED
+            return response
         entry.delivered(entry.owed)
         entry.status, entry.outcome = status, Outcome.COMPLETED
         return response
