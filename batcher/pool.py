@@ -266,7 +266,8 @@ class WorkerPool:
         return min(self._paced() * 2**batch.hangs, MAX_STRETCH * self.config.hang_timeout)
 
     def _paced(self) -> float:
-        """How long a call of a batch that never hung may run: the hang timeout, or longer for a slow fleet."""
+        """How long a call of a batch that never hung may run: the hang timeout, or longer for a
+        slow fleet."""
         return max(self.config.hang_timeout, SLOW_CALLS * self.call_seconds)
 
     def _answered(self, size: int, seconds: float) -> None:

@@ -169,7 +169,8 @@ async def start_slots(nursery: trio.Nursery, supervisors: Sequence[Supervisor], 
             starting.start_soon(start, supervisor)
     if failed:
         first = failed[min(failed)]
-        raise WorkerStartError(f"{model}: {len(failed)} of {len(supervisors)} workers did not start; first: {first}")
+        count = f"{len(failed)} of {len(supervisors)}"
+        raise WorkerStartError(f"{model}: {count} workers did not start; first: {first}")
 
 
 class Readiness:

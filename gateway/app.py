@@ -315,7 +315,8 @@ class Gateway:
         if models and not waiting:
             return web.json_response({"ready": True, "models": models}, dumps=_dumps)
         why = "; ".join(f"every worker of {name} is hung past its hang timeout" if _all_hung(models[name])
-                        else f"no worker up for {name}" for name in waiting) or "the scheduling core is not running"
+                        else f"no worker up for {name}" for name in waiting)
+        why = why or "the scheduling core is not running"
         body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
         return web.json_response(body, status=503, dumps=_dumps)
 

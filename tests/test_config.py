@@ -46,7 +46,8 @@ def test_the_example_file_loads_with_every_field():
         "engine", "--model", converted_dir("smollm2-135m"), "--dtype", "float32", "--block-size", "16",
         "--max-batch-tokens", "512", "--max-seqs", "256", "--model-version", "smollm2-135m-instruct@1",
         "--kv-memory-gb", "0.5"]
-    assert smollm2.pool() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3, model="smollm2-135m-instruct@1")
+    assert smollm2.pool() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3,
+                                        model="smollm2-135m-instruct@1")
 
 
 def test_the_embedded_default_is_8_sleep_workers_and_smollm2_on_loopback_with_two_demo_keys():

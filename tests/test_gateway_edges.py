@@ -49,8 +49,8 @@ def test_a_body_that_is_not_the_encoding_it_declares_gets_400_in_its_routes_shap
     plain = json.dumps(ROUTES[path]).encode()
     status, headers, body = gateway.request("POST", path, plain, {"Content-Encoding": encoding})
     assert status == 400
-    assert error_of(path, body) == ("invalid_request_error",
-                                    f"body: not valid '{encoding}' data, as its Content-Encoding header declares")
+    said = f"body: not valid '{encoding}' data, as its Content-Encoding header declares"
+    assert error_of(path, body) == ("invalid_request_error", said)
     assert headers["Connection"] == "close"  # what follows a body that cannot be read cannot be framed
     no_traceback(gateway)
 
@@ -94,7 +94,7 @@ def test_expect_100_continue_with_a_length_over_the_limit_gets_413_before_the_bo
     connection.close()
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413 ") and b"Connection: close" in head  # no 100 Continue first
-    kind = "request_too_large" if path == "/v1/messages" else "invalid_request_error"  # OpenAI's: its code says
+    kind = "request_too_large" if path == "/v1/messages" else "invalid_request_error"  # OpenAI's code says it
     assert error_of(path, json.loads(body)) == (kind, "body: over the limit of 65536 bytes")
 
 
@@ -107,7 +107,7 @@ def test_expect_100_continue_with_a_length_over_the_limit_gets_413_before_the_bo
     ("/v1/chat/completions", "tool_choice", "required"),
     ("/v1/completions", "echo", True),
 ])
-def test_a_field_whose_meaning_would_be_dropped_is_refused_naming_it_on_every_route(gateway, path, field, value):
+def test_a_field_whose_meaning_ferry_would_drop_is_refused_naming_it(gateway, path, field, value):
     status, _, body = gateway.request("POST", path, {**ROUTES[path], field: value})
     assert status == 400
     kind, said = error_of(path, body)

@@ -76,7 +76,8 @@ def test_sigterm_lets_in_flight_requests_finish_then_stops_the_workers(tmp_path)
 
 def test_workers_that_cannot_start_stop_serve_with_the_reason(tmp_path):
     bad = CONFIG.replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["no-such-model"]')
-    said = r"the scheduling core did not start: WorkerStartError: echo@1: 2 of 2 workers did not start; first: worker 0: "
+    said = (r"the scheduling core did not start: WorkerStartError: "
+            r"echo@1: 2 of 2 workers did not start; first: worker 0: ")
     with pytest.raises(RuntimeError, match=said):
         Gateway(tmp_path, bad)
 
@@ -165,7 +166,8 @@ def test_readyz_says_not_ready_while_every_worker_of_a_model_is_hung_past_its_ha
         assert gateway.request("GET", "/readyz")[0] == 200
         # the worker hangs on every call; the retries of the request's batch may run 1 s, then 2 s
         # (a batch that hung before), and past 0.5 s into each the worker counts as hung
-        sent = threading.Thread(target=gateway.request, args=("POST", "/v1/messages", message(model="hung@1")))
+        sent = threading.Thread(target=gateway.request,
+                                args=("POST", "/v1/messages", message(model="hung@1")))
         sent.start()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

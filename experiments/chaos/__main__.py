@@ -80,7 +80,7 @@ async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis:
     fault = asyncio.ensure_future(scenario.fault(context)) if scenario.fault else None
     shots = await traffic
     if fault is not None:
-        await fault
+        shots += await fault or []  # a fault that is itself clients returns their shots
     await asyncio.sleep(SETTLE)
     alive = server.process.poll() is None
     after = server.resources() if alive else None
