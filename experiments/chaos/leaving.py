@@ -13,6 +13,7 @@ single ``failed`` row, a 500 for a client that left, is a violation.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import random
 
@@ -77,3 +78,14 @@ def _answered(shot: Shot, raw: bytes) -> None:
         return  # cut short: not received
     shot.status = int(lines[0].split()[1])
     shot.request_id = headers.get("request-id")
+
+
+def unreceived(shots: list[Shot], usage: list) -> str | None:
+    """For a row with leavers: the outcomes recorded for the answers no client received (each
+    must be ``cancelled``: a ``failed`` one is a leaver billed as a 500)."""
+    if not any(shot.give_up == "answer" for shot in shots):
+        return None
+    received = {shot.request_id for shot in shots if shot.request_id}
+    outcomes = collections.Counter(row.outcome for row in usage if row.request_id not in received)
+    counts = ", ".join(f"{outcome} {outcomes[outcome]}" for outcome in ("cancelled", "completed", "failed"))
+    return f"usage records of answers no client received: {counts}"
