@@ -23,7 +23,8 @@ None of this runs forever. A request whose batch a worker has failed is due by i
 deadline plus one ``hang_timeout``, and fails then (:class:`~batcher.types.WorkersFailed`)
 wherever it is, so a fleet that crashes or hangs on every call answers on time. Once every slot
 has lost its worker, :attr:`WorkerPool.ready` is false until a call is answered, and an idle
-worker sends a probe call (one empty input) to prove the fleet serves again without traffic.
+worker sends a probe call (one empty input) to prove the fleet serves again without traffic;
+it is false too while every worker up runs a call past its hang timeout (reported ``hung``).
 
 A slow fleet is not a hung worker: a call may run the larger of ``hang_timeout`` and
 :data:`SLOW_CALLS` recent call times, doubled each time its batch was already killed as hung, at
