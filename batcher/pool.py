@@ -78,7 +78,7 @@ class SlotState(enum.Enum):
     STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
-    HUNG = "hung"  # only reported (WorkerInfo): busy past the time a call may take before it counts as hung
+    HUNG = "hung"  # reported only (WorkerInfo): busy past the time a call may run before it is hung
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

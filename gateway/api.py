@@ -47,6 +47,7 @@ class RequestTooLarge(ApiError):
 
 
 def body_too_large(limit: int) -> RequestTooLarge:
+    """The 413 of a body over ``limit`` bytes, whether its header said so or its bytes did."""
     return RequestTooLarge(f"body: over the limit of {limit} bytes")
 
 
