@@ -64,6 +64,7 @@ class PoolConfig:
     start_timeout: float = 120.0  # from spawn to `ready` (model load)
     restart_backoff: float = 0.1  # first wait before a restart; doubles on each failed start
     max_restart_backoff: float = 5.0
+    model: str = "the pool"  # the model version these workers serve: errors name it
 
     def __post_init__(self) -> None:
         _require(1 <= self.workers <= 4096, "workers", "1..4096", self.workers)
@@ -143,7 +144,7 @@ class FixedModelConfig(ModelConfig):
 
     def pool(self) -> PoolConfig:
         """The pool settings of this model's fleet."""
-        return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts)
+        return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name)
 
     def batch_policy(self) -> Policy:
         """A fresh flush policy: ``max_batch`` and ``max_wait_ms`` where it takes them, then its options."""
@@ -241,7 +242,7 @@ class ContinuousModelConfig(ModelConfig):
 
     def pool(self) -> PoolConfig:
         """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung."""
-        return PoolConfig(self.workers, self.stats_timeout_ms / 1000, self.max_attempts)
+        return PoolConfig(self.workers, self.stats_timeout_ms / 1000, self.max_attempts, model=self.name)
 
     def conversion_argv(self) -> list[str] | None:
         """``python -m`` arguments that convert this model into :attr:`model_dir` once (a

@@ -49,7 +49,7 @@ from batcher.engine_metrics import ContinuousStats
 from batcher.engine_worker import EngineProcess
 from batcher.replica import Replica, Ticket
 from batcher.router import Router, prefix_hashes
-from batcher.supervisor import Readiness, Supervisor
+from batcher.supervisor import Readiness, Supervisor, start_slots
 from batcher.token_load import TokenLoad
 from batcher.token_stream import Output, Tokenizer
 from batcher.types import Expired, ReplicaLost, Request, RequestFailed, State, TooLarge, WorkersFailed
@@ -154,9 +154,7 @@ class EnginePool:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every engine, report started once all are up, then dispatch until cancelled."""
         async with trio.open_nursery() as nursery:
-            async with trio.open_nursery() as starting:
-                for r in self._replicas:
-                    starting.start_soon(nursery.start, r.supervisor.run)
+            await start_slots(nursery, [r.supervisor for r in self._replicas], self.config.name)
             nursery.start_soon(self._dispatch)
             task_status.started()
 

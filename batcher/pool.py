@@ -23,7 +23,8 @@ None of this runs forever. A request whose batch a worker has failed is due by i
 deadline plus one ``hang_timeout``, and fails then (:class:`~batcher.types.WorkersFailed`)
 wherever it is, so a fleet that crashes or hangs on every call answers on time. Once every slot
 has lost its worker, :attr:`WorkerPool.ready` is false until a call is answered, and an idle
-worker sends a probe call (one empty input) to prove the fleet serves again without traffic.
+worker sends a probe call (one empty input) to prove the fleet serves again without traffic;
+it is false too while every worker up runs a call past its hang timeout (reported ``hung``).
 
 A slow fleet is not a hung worker: a call may run the larger of ``hang_timeout`` and
 :data:`SLOW_CALLS` recent call times, doubled each time its batch was already killed as hung, at
@@ -49,7 +50,7 @@ import trio
 
 from batcher.config import PoolConfig
 from batcher.stats import Stats
-from batcher.supervisor import Process, Readiness, Supervisor
+from batcher.supervisor import Process, Readiness, Supervisor, start_slots
 from batcher.types import Batch, Request, RequestFailed, State, WorkersFailed
 from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
 
@@ -77,6 +78,7 @@ class SlotState(enum.Enum):
     STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
+    HUNG = "hung"  # reported only (WorkerInfo): busy past the time a call may run before it is hung
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,6 +103,10 @@ class _Slot:
         self.call_ends = 0.0  # ...until its hang timeout
         self.idle_scope = trio.CancelScope()  # cancelled when the worker dies while idle
         self.outbox, self.inbox = trio.open_memory_channel[Batch](1)
+
+
+SERVING = (SlotState.IDLE, SlotState.BUSY)
+"""The reported states of a worker that can take work now or soon."""
 
 
 class WorkerPool:
@@ -141,9 +147,14 @@ class WorkerPool:
 
     @property
     def ready(self) -> bool:
-        """Whether this fleet should be sent traffic (``/readyz``): a worker is up, and a call
-        has been answered since every slot last lost its worker, if that ever happened."""
-        return self.live_workers > 0 and self._readiness.proven
+        """Whether this fleet should be sent traffic (``/readyz``): a worker is up and not hung,
+        and a call has been answered since every slot last lost its worker, if that ever happened.
+
+        A worker is hung once its call has run past the hang timeout (or the slow fleet's longer
+        allowance, :meth:`_paced`), even while supervision still lets a batch that hung before
+        run longer: with every worker up hung, nothing the fleet is sent can start."""
+        now = trio.current_time()
+        return self._readiness.proven and any(self._state(slot, now) in SERVING for slot in self._slots)
 
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
@@ -153,8 +164,15 @@ class WorkerPool:
                 for s in self._slots if s.state is not starting]
 
     def workers(self) -> list[WorkerInfo]:
-        return [WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None, slot.state,
-                           slot.supervisor.restarts) for slot in self._slots]
+        now = trio.current_time()
+        return [WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None,
+                           self._state(slot, now), slot.supervisor.restarts) for slot in self._slots]
+
+    def _state(self, slot: _Slot, now: float) -> SlotState:
+        """A slot's state as reported: BUSY past :meth:`_paced` reads HUNG."""
+        if slot.state is SlotState.BUSY and now - slot.busy_since > self._paced():
+            return SlotState.HUNG
+        return slot.state
 
     def dispatch(self, requests: list[Request], reason: str, now: float) -> Batch:
         """Hand a new batch to an idle worker; the caller has checked :attr:`idle_count`.
@@ -174,12 +192,11 @@ class WorkerPool:
         return batch
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start every worker, report started once all are ready, then supervise forever."""
+        """Start every worker, report started once all are ready, then supervise forever (one
+        :class:`~batcher.supervisor.WorkerStartError` if any cannot start)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._fail_overdue)
-            async with trio.open_nursery() as starting:
-                for slot in self._slots:
-                    starting.start_soon(nursery.start, slot.supervisor.run)
+            await start_slots(nursery, [slot.supervisor for slot in self._slots], self.config.model)
             task_status.started()
 
     async def _serve(self, slot: _Slot, worker: Worker) -> bool:
@@ -247,8 +264,12 @@ class WorkerPool:
 
     def _hang_timeout(self, batch: Batch) -> float:
         """How long this call may run before its worker counts as hung (see the module doc)."""
-        paced = max(self.config.hang_timeout, SLOW_CALLS * self.call_seconds)
-        return min(paced * 2**batch.hangs, MAX_STRETCH * self.config.hang_timeout)
+        return min(self._paced() * 2**batch.hangs, MAX_STRETCH * self.config.hang_timeout)
+
+    def _paced(self) -> float:
+        """How long a call of a batch that never hung may run: the hang timeout, or longer for a
+        slow fleet."""
+        return max(self.config.hang_timeout, SLOW_CALLS * self.call_seconds)
 
     def _answered(self, size: int, seconds: float) -> None:
         self.call_seconds = seconds if not self.call_seconds else 0.8 * self.call_seconds + 0.2 * seconds

@@ -23,7 +23,7 @@ call is "up" between crashes, so being up is not enough to be sent traffic.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 import trio
@@ -51,7 +51,12 @@ class Process(Protocol):
 
 
 class WorkerStartError(Exception):
-    """A worker did not come up when the pool started: the configuration is wrong."""
+    """Workers did not come up when their pool started: the configuration is wrong. A pool
+    raises one, however many of its workers failed (:func:`start_slots`)."""
+
+
+class _SlotStartError(Exception):
+    """One slot's first worker did not come up (what :func:`start_slots` gathers)."""
 
 
 def _nothing() -> None:
@@ -92,8 +97,8 @@ class Supervisor(Generic[W]):
         self._on_down = on_down
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the first worker (raise :class:`WorkerStartError` if it cannot), report started,
-        then keep the slot staffed until cancelled."""
+        """Start the first worker (raise if it cannot: :func:`start_slots` reports it), report
+        started, then keep the slot staffed until cancelled."""
         backoff = self._config.restart_backoff
         first = True
         while True:
@@ -106,7 +111,7 @@ class Supervisor(Generic[W]):
                 with trio.CancelScope(shield=True):
                     await worker.stop()
                 if first:
-                    raise WorkerStartError(f"worker {self.index} did not start: {exc!r}") from exc
+                    raise _SlotStartError(f"worker {self.index}: {exc!r}") from exc
                 log.warning("worker %d failed to restart (%r); next try in %.1fs", self.index, exc, backoff)
             except BaseException:  # cancelled while starting (shutdown): leave no process behind
                 with trio.CancelScope(shield=True):
@@ -142,6 +147,30 @@ class Supervisor(Generic[W]):
         await worker.wait_exit()
         self.exited = True
         self._on_exit()
+
+
+async def start_slots(nursery: trio.Nursery, supervisors: Sequence[Supervisor], model: str) -> None:
+    """Start every slot's first worker as a task of ``nursery``; return once all are up.
+
+    If any cannot start, the others are still waited for (each is bounded by its
+    ``start_timeout``), so the outcome does not depend on which failure came first: one
+    :class:`WorkerStartError` naming the model, how many workers failed, and the reason of the
+    lowest slot among them. The workers that did start are stopped when ``nursery`` unwinds."""
+    failed: dict[int, _SlotStartError] = {}
+
+    async def start(supervisor: Supervisor) -> None:
+        try:
+            await nursery.start(supervisor.run)
+        except _SlotStartError as exc:
+            failed[supervisor.index] = exc
+
+    async with trio.open_nursery() as starting:
+        for supervisor in supervisors:
+            starting.start_soon(start, supervisor)
+    if failed:
+        first = failed[min(failed)]
+        count = f"{len(failed)} of {len(supervisors)}"
+        raise WorkerStartError(f"{model}: {count} workers did not start; first: {first}")
 
 
 class Readiness:

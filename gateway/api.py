@@ -29,6 +29,11 @@ class InvalidRequest(ApiError):
     """The body is malformed or breaks a rule; the message names the field."""
 
 
+class UnreadableBody(InvalidRequest):
+    """The body does not decode as its headers declare (a gzip body that is not): what follows
+    it on the connection cannot be framed, so the connection closes after the answer."""
+
+
 class AuthenticationFailed(ApiError):
     """No API key, or one the gateway does not know."""
 
@@ -39,6 +44,11 @@ class NotFound(ApiError):
 
 class RequestTooLarge(ApiError):
     """The body is over the server's limit."""
+
+
+def body_too_large(limit: int) -> RequestTooLarge:
+    """The 413 of a body over ``limit`` bytes, whether its header said so or its bytes did."""
+    return RequestTooLarge(f"body: over the limit of {limit} bytes")
 
 
 class RequestTimeout(ApiError):
@@ -150,6 +160,21 @@ MAX_STOP_CHARS = 256
 MAX_TEXT_CHARS = 2 << 20
 
 
+# Fields whose meaning ferry would drop: a model that answers as if ``tools`` were not there
+# answers another question, so every route refuses them with a 400 naming the field
+# (:func:`refuse_dropped`), where its other unknown fields are accepted and ignored. A value
+# that says "not used" passes (an empty tool list, ``tool_choice: none``, thinking disabled).
+DROPPED_MESSAGES_FIELDS = ("tools", "tool_choice", "thinking", "mcp_servers", "container")
+NOT_USED = (None, False, 0, "", [], "none", {"type": "none"}, {"type": "disabled"}, {"type": "text"})
+
+
+def refuse_dropped(document: dict[str, Any], fields: tuple[str, ...]) -> None:
+    """Raise :class:`InvalidRequest` for the first of ``fields`` the body uses (every route's check)."""
+    for name in fields:
+        if document.get(name) not in NOT_USED:
+            raise InvalidRequest(f"{name}: not supported by this server, got {_show(document[name])}")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class MessageRequest:
     """A checked ``POST /v1/messages`` body: the fields a fixed-mode model uses."""
@@ -171,8 +196,9 @@ def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest
 
     ``temperature``, ``top_p`` and ``top_k`` pass to the model's sampler (fixed-mode models
     ignore them); ``metadata.user_id`` keeps a user on one version of an alias; other
-    ``metadata`` and unknown fields are accepted and ignored. ``counting``: a
-    ``count_tokens`` body, which has no ``max_tokens`` (1 stands in).
+    ``metadata`` and unknown fields are accepted and ignored, but not the fields of
+    :data:`DROPPED_MESSAGES_FIELDS`. ``counting``: a ``count_tokens`` body, which has no
+    ``max_tokens`` (1 stands in).
     """
     try:
         document = json.loads(body)
@@ -183,6 +209,7 @@ def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest
     model = _text(_required(document, "model"), "model")
     if not model:
         raise InvalidRequest("model: expected a model name, got an empty string")
+    refuse_dropped(document, DROPPED_MESSAGES_FIELDS)
     messages = _required(document, "messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest(f"messages: expected a non-empty array, got {_json_type(messages)}")

@@ -218,10 +218,16 @@ class Gateway:
         return 200, codec.whole(self._head(entry), completion, answer.blocked is not None)
 
     async def _write_whole(self, request: web.Request, entry: Entry, status: int, payload: bytes) -> web.StreamResponse:
-        """Send a whole answer, then count it delivered: latency and usage end at the last byte."""
+        """Send a whole answer, then count it delivered: latency and usage end at the last byte.
+        A client that left as it was written (its connection already closing) is recorded as a
+        stream's is: 499, cancelled, no output billed, and nothing for aiohttp to log."""
         response = web.Response(status=status, body=payload, content_type="application/json")
-        await response.prepare(request)
-        await response.write_eof()
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionResetError:
+            entry.status, entry.outcome = CLIENT_CLOSED, Outcome.CANCELLED
+            return response
         entry.delivered(entry.owed)
         entry.status, entry.outcome = status, Outcome.COMPLETED
         return response
@@ -300,19 +306,28 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready: every model's backend says so (fixed mode: a worker up, and a call answered
-        since every slot last lost its worker). The body details each model."""
+        """Ready: every model's backend says so (fixed mode: a worker up and not hung, and a call
+        answered since every slot last lost its worker). The body details each model, and the
+        error says why each that is not ready is not."""
         snapshots = await self.bridge.snapshots() if self.bridge.running else {}
         models = {name: {"ready": snapshot.ready, **snapshot.status} for name, snapshot in snapshots.items()}
         waiting = [name for name, state in models.items() if not state["ready"]]
         if models and not waiting:
             return web.json_response({"ready": True, "models": models}, dumps=_dumps)
-        why = f"no worker up for {', '.join(waiting)}" if waiting else "the scheduling core is not running"
+        why = "; ".join(f"every worker of {name} is hung past its hang timeout" if _all_hung(models[name])
+                        else f"no worker up for {name}" for name in waiting)
+        why = why or "the scheduling core is not running"
         body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
         return web.json_response(body, status=503, dumps=_dumps)
 
 
 GATEWAY = web.AppKey("ferry", Gateway)
+
+
+def _all_hung(state: dict) -> bool:
+    """Whether a fleet's workers that are up all run a call past their hang timeout."""
+    up = [worker["state"] for worker in state.get("workers", ()) if worker.get("state") != "starting"]
+    return bool(up) and all(worker == "hung" for worker in up)
 
 
 class _Stream:
@@ -369,7 +384,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
-    expect = key_before_body(_LiveKeys(gateway))  # type: ignore[arg-type]
+    expect = key_before_body(_LiveKeys(gateway), limit)  # type: ignore[arg-type]
     app.router.add_post("/v1/messages", gateway.messages, expect_handler=expect)
     app.router.add_post("/v1/messages/count_tokens", gateway.count_tokens, expect_handler=expect)
     app.router.add_post("/v1/chat/completions", gateway.chat_completions, expect_handler=expect)

@@ -29,11 +29,13 @@ import enum
 from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway import api
 from gateway.auth import KeyRing
+from gateway.errors import error_shape
 
 SWEEP = 0.25  # seconds between sweeps for late headers, at most: a header deadline is kept within it
 SLOW_AFTER = 1.0  # seconds a connection may take over its headers before the cap may close it for room
@@ -51,32 +53,58 @@ class Phase(enum.StrEnum):
     CLOSED = "closed"  # closed by the guard or the peer; no longer counted
 
 
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+
+
 async def read_body(request: web.Request, timeout: float) -> bytes:
     """The request's body, or :class:`~gateway.api.RequestTimeout` (408) if it is not all here
     within ``timeout`` seconds. aiohttp then closes the connection: its unread rest cannot frame a
-    next request."""
-    if request.content.is_eof():  # the whole body came with the headers: nothing to wait for
-        return await request.read()
+    next request.
+
+    aiohttp inflates a ``Content-Encoding: gzip`` or ``deflate`` body a bounded chunk at a time,
+    and ``client_max_size`` counts the inflated bytes, so a zip bomb gets its 413 at
+    ``max_body_bytes``. A body that does not decode as its header says is
+    :class:`~gateway.api.UnreadableBody` (400), and the connection closes after the answer."""
     try:
+        if request.content.is_eof():  # the whole body came with the headers: nothing to wait for
+            return await request.read()
         async with asyncio.timeout(timeout):
             return await request.read()
     except TimeoutError:
         raise api.RequestTimeout(f"body: not received within {timeout * 1000:.0f} ms of the headers") from None
+    except web.RequestPayloadError as exc:
+        request.content.feed_eof()  # the parser stops at a body it cannot read: nothing more will come
+        raise api.UnreadableBody(_unreadable(request, exc)) from None
 
 
-def key_before_body(keys: KeyRing) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
+def _unreadable(request: web.Request, error: web.RequestPayloadError) -> str:
+    """What was wrong with a body aiohttp could not read, in words that quote nothing of it."""
+    if isinstance(error.__cause__, ContentEncodingError):
+        encoding = request.headers.get("Content-Encoding", "")[:40]
+        return f"body: not valid {encoding!r} data, as its Content-Encoding header declares"
+    return "body: its framing is broken (a chunked or Content-Length body cut short or malformed)"
+
+
+def key_before_body(keys: KeyRing, max_body_bytes: int) -> ExpectHandler:
     """A route's ``expect_handler``: a client that sends ``Expect: 100-continue`` waits for
-    the word before sending its body, so the key is checked first: an unknown one gets its 401
-    and never sends (aiohttp's own handler says ``100 Continue`` to anyone)."""
+    the word before sending its body, so the key and the declared size are checked first: an
+    unknown key gets its 401 and a ``Content-Length`` over ``max_body_bytes`` its 413 (and the
+    connection closes), neither body ever sent (aiohttp's own handler says ``100 Continue`` to
+    anyone, and a body too large met its 413 only once uploaded)."""
 
     async def expect(request: web.Request) -> web.StreamResponse | None:
         try:
             keys.authenticate(request.headers)
         except api.AuthenticationFailed as exc:
-            return _json_error(exc)
+            return _json_error(request, exc)
+        if request.content_length is not None and request.content_length > max_body_bytes:
+            refusal = _json_error(request, api.body_too_large(max_body_bytes))
+            refusal.force_close()  # the body the header announced will not come: nothing can follow it
+            return refusal
         expect = request.headers.get("Expect", "")
         if expect.lower() != "100-continue":
-            return _json_error(api.InvalidRequest(f"Expect: only 100-continue is understood, got {expect[:40]!r}"), 417)
+            refusal = api.InvalidRequest(f"Expect: only 100-continue is understood, got {expect[:40]!r}")
+            return _json_error(request, refusal, 417)
         if request.version >= (1, 1):  # HTTP/1.0 has no interim answers: the body just follows
             request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
         return None
@@ -84,8 +112,8 @@ def key_before_body(keys: KeyRing) -> Callable[[web.Request], Awaitable[web.Stre
     return expect
 
 
-def _json_error(error: BaseException, status: int | None = None) -> web.Response:
-    code, body, headers = api.error_response(error)
+def _json_error(request: web.Request, error: BaseException, status: int | None = None) -> web.Response:
+    code, body, headers = error_shape(request).error_response(error)
     return web.Response(status=status or code, body=body, headers=headers, content_type="application/json")
 
 

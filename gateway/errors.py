@@ -56,7 +56,7 @@ def error_middleware(max_body_bytes: int):
                 message = f"{request.method} {request.path[:200]}: {exc.reason.lower()}"
                 status, body = error_shape(request).error_reply(api.kind_for_status(exc.status), message)
                 return web.Response(status=status, body=body, content_type="application/json")
-            error: BaseException = api.RequestTooLarge(f"body: over the limit of {max_body_bytes} bytes")
+            error: BaseException = api.body_too_large(max_body_bytes)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes a 500
@@ -64,7 +64,10 @@ def error_middleware(max_body_bytes: int):
                 log.exception("unexpected error in %s %s", request.method, request.path)
             error = exc
         status, body, headers = error_shape(request).error_response(error)
-        return web.Response(status=status, body=body, headers=headers, content_type="application/json")
+        response = web.Response(status=status, body=body, headers=headers, content_type="application/json")
+        if isinstance(error, api.UnreadableBody):
+            response.force_close()
+        return response
 
     return errors_as_json
 

@@ -13,7 +13,8 @@ What vLLM and TGI users send works unchanged, within what one fixed or continuou
 - ``stop`` (a string or a list), ``temperature`` (0..2), ``top_p``, ``seed`` and ``user`` (the
   session an alias's split keeps on one version) are honoured; ``n`` must be 1, and tools,
   logprobs, ``echo``, ``suffix``, ``best_of`` > 1 and non-text parts are refused with a 400
-  naming the field rather than silently ignored. Penalties, ``metadata`` and other fields pass.
+  naming the field rather than silently ignored (:data:`DROPPED_FIELDS`, checked as
+  ``/v1/messages`` checks its own). Penalties, ``metadata`` and other fields pass.
 - Finish reasons: ``stop`` (the model ended, or a stop sequence), ``length`` (``max_tokens``),
   ``content_filter`` (the safety stage replaced or ended the answer).
 - Errors are ``{"error": {"message", "type", "param", "code"}}``. Statuses follow OpenAI's
@@ -95,8 +96,8 @@ def models_body(names: list[str], created: int) -> dict[str, Any]:
 
 # --- Requests ------------------------------------------------------------------------------
 
-REFUSED = ("tools", "functions", "tool_choice", "logprobs", "top_logprobs", "audio", "suffix", "echo")
-ABSENT = (None, False, 0, "", [], "none", {"type": "text"})  # what a refused field may say: "not used"
+DROPPED_FIELDS = ("tools", "functions", "tool_choice", "function_call", "logprobs", "top_logprobs", "audio",
+                  "suffix", "echo", "response_format", "prediction", "web_search_options")
 
 
 def _document(body: bytes) -> dict[str, Any]:
@@ -121,9 +122,7 @@ def _common(document: dict, default_max_tokens: int | None) -> dict[str, Any]:
     model = _text(_required(document, "model"), "model")
     if not model:
         raise InvalidRequest("model: expected a model name, got an empty string")
-    for name in (*REFUSED, "response_format"):
-        if document.get(name) not in ABSENT:
-            raise InvalidRequest(f"{name}: not supported by this server, got {_show(document[name])}")
+    api.refuse_dropped(document, DROPPED_FIELDS)
     for name in ("n", "best_of"):
         if (_count(document, name) or 1) != 1:
             raise InvalidRequest(f"{name}: only 1 choice per request is supported, got {document[name]}")

@@ -33,6 +33,11 @@ def test_a_minimal_request_parses_with_defaults():
     assert request == api.MessageRequest(model="m", messages=(("user", "hi"),), max_tokens=10)
 
 
+def test_fields_that_say_they_are_not_used_pass():
+    request = api.parse_message_request(body(tools=[], tool_choice={"type": "none"}, thinking={"type": "disabled"}))
+    assert request == api.MessageRequest(model="m", messages=(("user", "hi"),), max_tokens=10)
+
+
 def test_text_blocks_are_joined_and_ignored_fields_pass():
     request = api.parse_message_request(body(
         system=[{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}],
@@ -78,6 +83,10 @@ def test_text_blocks_are_joined_and_ignored_fields_pass():
         (body(stop_sequences=[""]), "stop_sequences: expected non-empty strings"),
         (body(stop_sequences=[1]), "stop_sequences.0: expected a string"),
         (body(metadata=[]), "metadata: expected an object"),
+        (body(tools=[{"name": "t", "input_schema": {}}]), "tools: not supported by this server, got an array"),
+        (body(tool_choice={"type": "any"}), "tool_choice: not supported by this server, got an object"),
+        (body(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking: not supported by this server"),
+        (body(mcp_servers=[{"url": "x"}]), "mcp_servers: not supported by this server"),
     ],
 )
 def test_every_bad_field_is_named(raw, names):

@@ -34,7 +34,7 @@ def test_the_example_file_loads_with_every_field():
     assert (fixed.name, fixed.aliases, fixed.mode, fixed.worker) == (
         "ferry-fixed@1", (), "fixed", ("sleep", "--latency-ms", "200"))
     assert (fixed.max_batch, fixed.max_wait_ms, fixed.context_window, fixed.tokenizer) == (50, 150, 8192, "bytes")
-    assert fixed.pool() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3)
+    assert fixed.pool() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3, model="ferry-fixed@1")
     assert (echo.name, echo.workers, echo.max_wait_ms) == ("echo@1", 2, 5)
     assert (canary.name, canary.policy) == ("ferry-fixed@2", "idle_aware")
     [alias] = config.aliases
@@ -46,7 +46,8 @@ def test_the_example_file_loads_with_every_field():
         "engine", "--model", converted_dir("smollm2-135m"), "--dtype", "float32", "--block-size", "16",
         "--max-batch-tokens", "512", "--max-seqs", "256", "--model-version", "smollm2-135m-instruct@1",
         "--kv-memory-gb", "0.5"]
-    assert smollm2.pool() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3)
+    assert smollm2.pool() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3,
+                                        model="smollm2-135m-instruct@1")
 
 
 def test_the_embedded_default_is_8_sleep_workers_and_smollm2_on_loopback_with_two_demo_keys():
@@ -67,7 +68,7 @@ def test_the_embedded_default_is_8_sleep_workers_and_smollm2_on_loopback_with_tw
 def test_a_minimal_file_takes_the_defaults():
     config = parse_config(MINIMAL)
     assert config.server.port == 8080 and config.keys == ()
-    assert config.models[0].pool() == PoolConfig()
+    assert config.models[0].pool() == PoolConfig(model=config.models[0].name)
 
 
 @pytest.mark.parametrize(

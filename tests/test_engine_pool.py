@@ -14,6 +14,7 @@ import os
 import signal
 import time
 
+import pytest
 import trio
 
 from batcher.backend import Delta, Failed, Finished, Job, Started
@@ -21,6 +22,7 @@ from batcher.config import ContinuousModelConfig, QueueConfig
 from batcher.continuous import open_engine_pool
 from batcher.engine_worker import EngineProcess
 from batcher.process_worker import process_workers
+from batcher.supervisor import WorkerStartError
 from batcher.types import Expired, ReplicaLost, Shed, TooLarge
 from gateway.tokenizer import ByteTokenizer
 from tests.harness import KEY, ScriptedBackend, in_process, run, sse
@@ -77,6 +79,15 @@ async def settled(pool, **expected) -> None:
 
     await trio.sleep(0.5)
     await wait_for(matches, seconds=10)
+
+
+async def test_engines_that_cannot_start_fail_the_pool_start_with_one_error_naming_the_model():
+    config = ContinuousModelConfig(name="sim@1", simulated="llama-70b", workers=2)
+    spawn = process_workers([*config.engine_argv(), "--no-such-flag"], 2, kind=EngineProcess)
+    reason = r"sim@1: 2 of 2 workers did not start; first: worker 0: WorkerLost\('pid \d+ exited with code"
+    with pytest.RaisesGroup(pytest.RaisesExc(WorkerStartError, match=reason), flatten_subgroups=True):
+        async with open_engine_pool(config, QUEUE, spawn, ByteTokenizer()):
+            pass  # pragma: no cover - never reached
 
 
 async def test_a_job_whose_deadline_passes_in_the_queue_gets_529_and_never_reaches_an_engine():

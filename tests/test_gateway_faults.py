@@ -76,7 +76,9 @@ def test_sigterm_lets_in_flight_requests_finish_then_stops_the_workers(tmp_path)
 
 def test_workers_that_cannot_start_stop_serve_with_the_reason(tmp_path):
     bad = CONFIG.replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["no-such-model"]')
-    with pytest.raises(RuntimeError, match=r"the scheduling core did not start: WorkerStartError: worker \d did not start"):
+    said = (r"the scheduling core did not start: WorkerStartError: "
+            r"echo@1: 2 of 2 workers did not start; first: worker 0: ")
+    with pytest.raises(RuntimeError, match=said):
         Gateway(tmp_path, bad)
 
 
@@ -156,3 +158,25 @@ def test_sigterm_with_requests_stuck_in_a_hung_worker_drains_within_the_grace_an
     assert len(answers) == 4
     records = read_usage(str(state / "usage.sqlite"))  # the status each client got, not 499
     assert sorted((r.status, r.outcome) for r in records) == [(200, "failed")] * 2 + [(503, "failed")] * 2
+
+
+def test_readyz_says_not_ready_while_every_worker_of_a_model_is_hung_past_its_hang_timeout(tmp_path):
+    gateway = Gateway(tmp_path, HUNG.replace("hang_timeout_ms = 60000", "hang_timeout_ms = 500"))
+    try:
+        assert gateway.request("GET", "/readyz")[0] == 200
+        # the worker hangs on every call; the retries of the request's batch may run 1 s, then 2 s
+        # (a batch that hung before), and past 0.5 s into each the worker counts as hung
+        sent = threading.Thread(target=gateway.request,
+                                args=("POST", "/v1/messages", message(model="hung@1")))
+        sent.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            status, _, body = gateway.request("GET", "/readyz")
+            if body["models"]["hung@1"]["workers"][0]["state"] == "hung":
+                break
+            time.sleep(0.02)
+        assert status == 503 and body["models"]["hung@1"]["ready"] is False
+        assert body["error"]["message"] == "not ready: every worker of hung@1 is hung past its hang timeout"
+        sent.join()
+    finally:
+        assert gateway.stop() == 0

@@ -107,6 +107,22 @@ async def test_a_hung_worker_is_killed_and_replaced():
     assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
 
 
+async def test_a_fleet_whose_every_worker_up_is_hung_is_not_ready_before_supervision_kills_it():
+    # slot 0 hangs on the call and is killed at the hang timeout, then waits a minute to restart;
+    # slot 1 takes the retry, which may run twice as long (a batch that hung before), and hangs too
+    config = PoolConfig(workers=2, hang_timeout=1.0, restart_backoff=60.0, max_restart_backoff=60.0)
+    spawn = process_workers(["echo", "--hang-on-call", "1"], 2)
+    async with open_batcher(spawn, config, SizeOrTimeout(1, 0.0)) as batcher:
+        retried_on = batcher.pool.workers()[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(submit_all, batcher, ["a"])
+            await wait_for(lambda: not batcher.pool.ready)
+            states = [(info.state, info.pid) for info in batcher.pool.workers()]
+            nursery.cancel_scope.cancel()
+    assert states == [(SlotState.STARTING, states[0][1]), (SlotState.HUNG, retried_on.pid)]  # not yet killed
+    assert batcher.stats.retries == 1
+
+
 async def test_a_worker_that_prints_to_stdout_does_not_corrupt_the_protocol(capfd):
     spawn = process_workers([*LATENCY, "--chatter"], workers=1)
     inputs = [f"chatty {i}" for i in range(20)]
@@ -137,9 +153,16 @@ async def test_a_worker_that_exits_on_a_call_has_its_batch_retried_elsewhere():
     assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
 
 
-async def test_a_worker_that_cannot_start_fails_the_pool_start_with_its_reason():
-    with pytest.RaisesGroup(pytest.RaisesExc(WorkerStartError, match="did not start"), flatten_subgroups=True):
-        async with pool_of(process_workers(["no-such-kind"], workers=2)):
+BAD = ["no-such-kind"]
+
+
+@pytest.mark.parametrize(("bad", "workers", "failed"),
+                         [({0: BAD, 1: BAD}, 2, "2 of 2"), ({1: BAD}, 3, "1 of 3")])
+async def test_workers_that_cannot_start_fail_the_pool_start_with_one_error(bad, workers, failed):
+    first = min(bad)  # every failure is waited for: the lowest failed slot's reason, whichever died first
+    reason = rf"bad@1: {failed} workers did not start; first: worker {first}: WorkerLost\('pid \d+ exited"
+    with pytest.RaisesGroup(pytest.RaisesExc(WorkerStartError, match=reason), flatten_subgroups=True):
+        async with open_batcher(per_slot(bad), PoolConfig(workers=workers, model="bad@1")):
             pass  # pragma: no cover - never reached
 
 

@@ -21,6 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent.parent))
 
 from experiments.chaos.checks import Verdict, judge  # noqa: E402
 from experiments.chaos.faults import Clock, Run  # noqa: E402
+from experiments.chaos.leaving import unreceived  # noqa: E402
 from experiments.chaos.scenarios import (  # noqa: E402
     BY_NAME,
     KEYS,
@@ -80,7 +81,7 @@ async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis:
     fault = asyncio.ensure_future(scenario.fault(context)) if scenario.fault else None
     shots = await traffic
     if fault is not None:
-        await fault
+        shots += await fault or []  # a fault that is itself clients returns their shots
     await asyncio.sleep(SETTLE)
     alive = server.process.poll() is None
     after = server.resources() if alive else None
@@ -93,6 +94,8 @@ async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis:
     verdict = judge(scenario.name, shots, usage, rules, clock.times, clock.problems)
     if overloaded := _overloaded(usage):
         verdict.notes.append(f"529s by tier and outcome: {overloaded}")
+    if left := unreceived(shots, usage):
+        verdict.notes.append(left)
     if after is not None:
         verdict.resources = {name: (before[name], after[name]) for name in before}
         pools = REDIS_CONNECTIONS if scenario.redis else 0  # a bounded pool that warmed up is no leak

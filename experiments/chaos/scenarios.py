@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable
 
-from experiments.chaos import faults
+from experiments.chaos import faults, leaving
 from experiments.chaos.checks import Rules
 from experiments.chaos.faults import Run
-from experiments.chaos.traffic import Plan
+from experiments.chaos.traffic import Plan, Shot
 
 PAID, FREE = "sk-chaos-paid-0001", "sk-chaos-free-0002"
 KEYS = {"paid": PAID, "free": FREE}
@@ -91,7 +91,7 @@ tier = "free"{per_key}
 """ + model
 
 
-Fault = Callable[[Run], Awaitable[None]]
+Fault = Callable[[Run], Awaitable[list[Shot] | None]]  # a fault that is itself clients returns their shots
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -169,6 +169,8 @@ SCENARIOS = [
     Scenario("sigterm", "SIGTERM the gateway under load", fault=_at(0.5, faults.terminate_gateway),
              rules=Rules(statuses=frozenset({500, 503, 529}))),
     Scenario("disconnects", "30 % of clients leave mid-queue or mid-stream", plan={"give_up_share": 0.3}),
+    Scenario("whole-disconnects", "100 clients/s beside the traffic leave as their whole answers are written",
+             fault=lambda run: leaving.leave_as_answered(run, KEYS, MODEL, rate=100.0, window=(0.15, 0.5))),
     Scenario("idle-flood", "500 idle connections held open",
              fault=_at(0.2, faults.hold_connections, count=500, hold=5.0)),
     Scenario("slow-loris", "300 connections sending half a request",
