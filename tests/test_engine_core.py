@@ -11,8 +11,9 @@ import pytest
 from tests.paged_runner import PagedRunner, next_token, reference
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine, EngineStats, Finished
+from workers.engine.engine import Engine, Finished
 from workers.engine.sequence import FinishReason, SamplingParams
+from workers.protocol import EngineStats
 
 
 class Clock:

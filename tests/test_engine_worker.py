@@ -10,13 +10,13 @@ generous and nothing asserts speed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import signal
 import subprocess
 import sys
 
+import msgspec
 import pytest
 import trio
 
@@ -29,12 +29,12 @@ from workers.engine.serve import STOPS
 from workers.protocol import (
     Abort,
     Add,
+    EngineStats,
     Finished,
     FrameDecoder,
     Message,
     Ready,
     RunBatch,
-    Stats,
     Tokens,
     encode,
 )
@@ -89,7 +89,7 @@ async def engine_process(args: list[str]):
     )
     worker = EngineProcess(process)
     try:
-        await worker.until(lambda got: any(isinstance(m, Stats) for m in got), seconds=60)
+        await worker.until(lambda got: any(isinstance(m, EngineStats) for m in got), seconds=60)
         yield worker
     finally:
         if process.returncode is None:
@@ -137,8 +137,8 @@ async def test_fifty_requests_stream_their_tokens_and_finish_with_their_usage_or
         tokens_at = [i for i, m in enumerate(got) if isinstance(m, Tokens) and m.rid == request.rid]
         assert all(at < got.index(done) for at in tokens_at)  # its last token before its end
     ended = len(got)
-    await engine.until(lambda got: any(isinstance(m, Stats) for m in got[ended:]))
-    after = next(m for m in engine.received[ended:] if isinstance(m, Stats))
+    await engine.until(lambda got: any(isinstance(m, EngineStats) for m in got[ended:]))
+    after = next(m for m in engine.received[ended:] if isinstance(m, EngineStats))
     assert (after.running, after.waiting, after.used_blocks, after.free_blocks) == (0, 0, 0, 64)
     assert after.queued_tokens == 0 and after.generated_tokens == sum(
         m.usage.output_tokens for m in finished.values()
@@ -155,8 +155,8 @@ async def test_aborted_requests_finish_as_aborted_and_their_blocks_are_free_by_t
     reasons = {m.rid: m.reason for m in engine.of(Finished)}
     assert reasons == {0: "aborted", 1: "aborted", 2: "aborted", 3: "max_tokens"}
     seen = len(engine.received)
-    await engine.until(lambda got: any(isinstance(m, Stats) for m in got[seen:]))
-    after = next(m for m in engine.received[seen:] if isinstance(m, Stats))
+    await engine.until(lambda got: any(isinstance(m, EngineStats) for m in got[seen:]))
+    after = next(m for m in engine.received[seen:] if isinstance(m, EngineStats))
     assert (after.used_blocks, after.running, after.free_blocks) == (0, 0, 64)
     assert [m for m in engine.received[seen:] if isinstance(m, Tokens | Finished)] == []
 
@@ -246,15 +246,15 @@ async def test_the_real_model_s_token_frames_are_the_engine_s_answers_and_aborts
         await worker.send(*(Abort(r.rid) for r in long))
         ended = await worker.until(lambda got: len([m for m in got if isinstance(m, Finished)]) == 15)
         seen = len(ended)
-        await worker.until(lambda got: any(isinstance(m, Stats) for m in got[seen:]))
-    after = next(m for m in worker.received[seen:] if isinstance(m, Stats))
+        await worker.until(lambda got: any(isinstance(m, EngineStats) for m in got[seen:]))
+    after = next(m for m in worker.received[seen:] if isinstance(m, EngineStats))
     assert (after.used_blocks, after.free_blocks, after.running, after.waiting) == (0, 512, 0, 0)
     streamed = {r.rid: [i for m in worker.of(Tokens) if m.rid == r.rid for i in m.ids] for r in long + short}
     reasons = {m.rid: m.reason for m in worker.of(Finished)}
     assert {reasons[r.rid] for r in long} == {"aborted"}
     assert all(0 < len(streamed[r.rid]) < 8000 for r in long)
     # The worker's answers are the in-process engine's, aborted ones cut where they stopped.
-    cut = [dataclasses.replace(r, max_tokens=len(streamed[r.rid])) for r in long]
+    cut = [msgspec.structs.replace(r, max_tokens=len(streamed[r.rid])) for r in long]
     assert streamed == in_process(model_dir, cut + short)
     assert all(len(streamed[r.rid]) == r.max_tokens or reasons[r.rid] == "eos" for r in short)
 
@@ -266,7 +266,7 @@ async def test_a_sequence_ended_by_a_stop_token_is_billed_for_it_but_not_sent_it
                  None, [], True) for rid in range(8)]
     answers = in_process(model_dir, plain)
     # each request stops at the id its answer makes fifth
-    requests = [dataclasses.replace(r, stop_token_ids=[answers[r.rid][4]]) for r in plain]
+    requests = [msgspec.structs.replace(r, stop_token_ids=[answers[r.rid][4]]) for r in plain]
     async with engine_process(["engine", "--model", str(model_dir), *MODEL_ENGINE]) as worker:
         await worker.send(*requests)
         await worker.until(lambda got: len([m for m in got if isinstance(m, Finished)]) == 8)

@@ -20,6 +20,7 @@ from workers.engine.batch import ForwardBatch, Runner, Sample
 from workers.engine.config import EngineConfig
 from workers.engine.scheduler import Schedule, Scheduler
 from workers.engine.sequence import FinishReason, SamplingParams, Sequence
+from workers.protocol import EngineStats
 
 GREEDY = SamplingParams()
 
@@ -34,25 +35,6 @@ class Finished:
     cached_tokens: int
     output_tokens: int
     detail: str = ""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EngineStats:
-    """The engine's load: gauges now, and counters since it started (tokens, not requests)."""
-
-    step: int  # steps run
-    running: int
-    waiting: int
-    queued_tokens: int  # tokens still to compute for the work accepted, at most (max_tokens assumed)
-    free_blocks: int  # cached ones included: they are evicted on demand
-    used_blocks: int
-    total_blocks: int
-    cached_blocks: int  # free blocks still holding a prefix
-    preemptions: int
-    prefix_queries: int
-    prefix_hits: int
-    computed_tokens: int  # prompt chunks and decodes computed
-    generated_tokens: int  # tokens sampled
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,7 +17,6 @@ finished) is ignored.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import select
 import sys
@@ -39,7 +38,6 @@ from workers.protocol import (
     Message,
     ProtocolError,
     Ready,
-    Stats,
     Tokens,
     Usage,
     encode,
@@ -142,7 +140,7 @@ def run(engine: Engine, protocol_in: int, out: BinaryIO, clock: Callable[[], flo
                 handle(engine, message)
         frames = step_frames(engine.step()) if engine.has_work else []
         if clock() >= next_stats:
-            frames.append(encode(Stats(**dataclasses.asdict(engine.stats()))))
+            frames.append(encode(engine.stats()))
             next_stats = clock() + STATS_INTERVAL
         if frames:
             out.write(b"".join(frames))
