@@ -5,7 +5,9 @@ Where it listens, the tiers in priority order, the API keys, the models with the
 ``load_config(path)`` reads one, ``default_config()`` reads the embedded default that ``ferry
 serve`` runs with no file. Each table becomes a frozen dataclass that checks itself; the loader
 adds where a bad value came from, so an error reads
-``ferry.toml: models[1].max_batch: expected 1..1024, got 0``.
+``ferry.toml: models[1].max_batch: expected 1..1024, got 0``. msgspec converts each table into its
+dataclass (strictly: no bool for an int, no string for a number), so the types are the
+dataclasses' own annotations, read by one kept library.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import functools
 import hashlib
 import math
 import os
+import re
 import tomllib
 
-from batcher.config import MODES, ModelConfig, QueueConfig, _require
+import msgspec
 
+from batcher.config import MODES, ModelConfig, QueueConfig, _require
 
 DEFAULT_TOML = """\
 # The embedded default of `ferry serve`: loopback only, one fixed-mode model on 8 reference
@@ -299,43 +303,48 @@ def _model(table: object, where: str) -> ModelConfig:
 
 
 def _build(cls: type, table: object, where: str) -> object:
-    """One dataclass from one TOML table: unknown fields, wrong types and bad values all name
-    the place they came from."""
+    """One dataclass from one TOML table, converted by msgspec (strictly: no bool for an int, no
+    string for a number) and checked by the class itself; unknown fields, wrong types and bad
+    values all name the place they came from."""
     if not isinstance(table, dict):
         raise ValueError(f"{where}: expected a table, got {table!r}")
-    fields = {field.name: field for field in dataclasses.fields(cls)}
-    values = {}
-    for name, value in table.items():
+    fields = sorted(field.name for field in dataclasses.fields(cls))
+    for name in table:
         if name not in fields:
-            raise ValueError(f"{where}: unknown field {name!r}; expected one of {sorted(fields)}")
-        expected = str(fields[name].type)
-        if expected.startswith("dict"):
-            ok = isinstance(value, dict) and all(_fits(v, "float") and not isinstance(v, bool) for v in value.values())
-            _require(ok, f"{where}.{name}", "a table of numbers", value)
-        elif expected.startswith("tuple"):
-            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-            _require(ok, f"{where}.{name}", "a list of strings", value)
-            value = tuple(value)
-        elif isinstance(value, bool) or not _fits(value, expected):
-            raise ValueError(f"{where}.{name}: expected {expected}, got {value!r}")
-        values[name] = value
+            raise ValueError(f"{where}: unknown field {name!r}; expected one of {fields}")
     try:
-        return cls(**values)
-    except TypeError as exc:  # a required field is missing
-        missing = [n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING]
-        raise ValueError(f"{where}: missing field {missing[0] if missing else '?'!r}") from exc
-    except ValueError as exc:
-        raise ValueError(f"{where}.{exc}") from None
+        return msgspec.convert(table, cls, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ValueError(_complaint(exc, table, where)) from None
 
 
-def _fits(value: object, expected: str) -> bool:
-    if isinstance(value, str):
-        return "str" in expected
-    if isinstance(value, int):
-        return "int" in expected or "float" in expected
-    if isinstance(value, float):
-        return "float" in expected
-    return False
+_WRONG_TYPE = re.compile(r"Expected `(?P<expected>.+?)`, got `.+?` - at `\$(?P<path>.*)`")
+_MISSING = re.compile(r"Object missing required field `(?P<name>.+)`")
+_TYPE_NAMES = {"array": "a list", "object": "a table"}
+
+
+def _complaint(exc: msgspec.ValidationError, table: dict, where: str) -> str:
+    """msgspec's account of a bad table in the file's words: ``models[0].workers: expected int,
+    got True``; a class's own check (a ``ValueError`` in ``__post_init__``) already names its field."""
+    if isinstance(exc.__cause__, ValueError):
+        return f"{where}.{exc.__cause__}"
+    if wrong := _WRONG_TYPE.fullmatch(str(exc)):
+        expected, path = _TYPE_NAMES.get(wrong["expected"], wrong["expected"]), wrong["path"]
+        return f"{where}{path}: expected {expected}, got {_value_at(table, path)!r}"
+    if missing := _MISSING.fullmatch(str(exc)):
+        return f"{where}: missing field {missing['name']!r}"
+    return f"{where}: {exc}"
+
+
+def _value_at(table: dict, path: str) -> object:
+    """The value at a msgspec path (``.worker[1]``) inside ``table``; at ``[...]`` (some value of
+    a map, msgspec does not say which) the whole map."""
+    value: object = table
+    for name, index in re.findall(r"\.(\w+)|\[(\d+|\.\.\.)\]", path):
+        if index == "...":
+            break
+        value = value[name] if name else value[int(index)]  # type: ignore[index]
+    return value
 
 
 def parse_config(text: str, source: str = "<config>") -> FerryConfig:
