@@ -41,8 +41,6 @@ Continuous mode (``python -m workers engine``; a step is one forward pass)::
 A rid's last ``tokens`` frame precedes its ``finished`` frame. For ``eos`` and ``stop_token`` the
 stop token itself is not sent (it is not text): ``finished``'s ``output_tokens`` counts it, so
 that count is one more than the ids sent.
-
-This is the only module that ``batcher`` and ``workers`` share.
 """
 
 from __future__ import annotations
