@@ -157,14 +157,14 @@ class FixedModelConfig(ModelConfig):
 # --- continuous models (DESIGN §6): engine workers, one per GPU ------------------------------
 
 CONVERTED = ("smollm2-135m",)
-"""Model names ``ferry serve`` converts once from an installed GGUF (workers/engine/convert.py)."""
+"""Model names ``ferry serve`` converts once from an installed GGUF (workers/convert.py)."""
 SIMULATED = ("llama-70b", "smollm2-135m")  # workers/engine/cost_model.py: PRESETS
 DTYPES = ("float32", "bfloat16")
 
 
 def converted_dir(name: str) -> str:
     """Where the conversion of a :data:`CONVERTED` model lives (what ``--model`` is given)."""
-    from workers.engine.convert import SOURCES, models_dir  # numpy only; never gguf or torch here
+    from workers.convert import SOURCES, models_dir  # numpy only; never gguf or torch here
 
     return str(models_dir() / SOURCES[name].dir_name)
 
@@ -249,7 +249,7 @@ class ContinuousModelConfig(ModelConfig):
         when there is nothing to convert."""
         if self.simulated or self.model not in CONVERTED:
             return None
-        return ["workers.engine.convert", self.model, "--out", self.model_dir]
+        return ["workers.convert", self.model, "--out", self.model_dir]
 
     def engine_argv(self) -> list[str]:
         """``python -m workers`` arguments of one engine worker."""

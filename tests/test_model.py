@@ -13,12 +13,12 @@ import torch
 
 from tests.oracles import NaiveLlama, transformers_greedy
 from tests.paged_driver import PagedDriver, Request
+from tests.tiny_checkpoint import CHAT_TEMPLATE
 from workers.engine.attention import partition, plan_attention
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.checkpoint import ModelConfig, Rope, read_rope
 from workers.engine.runner import ModelRunner
 from workers.engine.sequence import SamplingParams
-from workers.engine.tiny_checkpoint import CHAT_TEMPLATE
 
 GREEDY = SamplingParams(max_tokens=64)
 DEVICES = [

@@ -11,7 +11,7 @@ matmuls see ``[tokens, hidden]`` whatever the mix of decodes and prefill chunks,
 attention knows where one sequence ends and where its K and V live. The network takes that
 attention as an argument (:class:`Attention`): the paged cache of the engine
 (:class:`workers.engine.attention.PagedAttention`), or the contiguous cache of a padded static
-batch (:mod:`workers.engine.static`), over the same weights.
+batch (:mod:`experiments.static_batch`), over the same weights.
 """
 
 from __future__ import annotations
