@@ -2,9 +2,9 @@
 check themselves.
 
 Every bad value raises ``ValueError`` naming the field and the value, so a typo in a config file
-or a command line reads as one clear line, not a traceback from deep inside the scheduler. The
-file as a whole (server, tiers, keys, limits, aliases...) and its TOML loading are
-:mod:`batcher.config_file`'s.
+or a command line reads as one clear line, not a traceback from deep inside the scheduler. A
+file's tables become these by :mod:`batcher.config_file`; the file as a whole (server, keys,
+limits, aliases...) and its TOML loading are the gateway's (:mod:`gateway.config`).
 """
 
 from __future__ import annotations

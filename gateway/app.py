@@ -37,7 +37,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.backend import Job
-from batcher.config_file import FerryConfig
 from batcher.metrics import Metrics
 from gateway import api, openai
 from gateway.answer import Answer
@@ -45,6 +44,7 @@ from gateway.anthropic import Messages
 from gateway.auth import KeyRing
 from gateway.bridge import Bridge, Handle
 from gateway.codec import Call, Codec, Head
+from gateway.config import FerryConfig
 from gateway.connections import key_before_body, read_body
 from gateway.errors import REQUEST_ID, error_middleware, name_the_request, speaks_anthropic
 from gateway.idempotency import IdempotencyStore

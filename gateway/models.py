@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from batcher.config import ModelConfig
-from batcher.config_file import AliasConfig
 from gateway.api import NotFound
 from gateway.chat import ChatTemplate, make_template
+from gateway.config import AliasConfig
 from gateway.routing import Split
 from gateway.tokenizer import Tokenizer, make_tokenizer
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from batcher.config import ContinuousModelConfig, ModelConfig
-from batcher.config_file import FerryConfig
+from gateway.config import FerryConfig
 from gateway.models import Catalog, ServedModel, serve, splits_of
 from gateway.routing import Split
 

@@ -10,12 +10,12 @@ import pytest
 
 from batcher.backend import Delta, Finished, Started, Usage
 from batcher.config import FixedModelConfig
-from batcher.config_file import KeyConfig
 from batcher.types import Overloaded, RequestFailed
 from gateway import api
 from gateway.answer import Answer
 from gateway.auth import KeyRing
 from gateway.chat import Labelled
+from gateway.config import KeyConfig
 from gateway.models import Catalog
 from gateway.tokenizer import ByteTokenizer, make_tokenizer
 

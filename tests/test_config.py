@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from batcher.config import PoolConfig, QueueConfig, converted_dir
-from batcher.config_file import default_config, load_config, parse_config
+from gateway.config import default_config, load_config, parse_config
 
 EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "ferry.toml"
 
