@@ -37,7 +37,6 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.backend import Job
-from batcher.metrics import Metrics
 from gateway import api, openai
 from gateway.answer import Answer
 from gateway.anthropic import Messages
@@ -50,6 +49,7 @@ from gateway.errors import REQUEST_ID, error_middleware, name_the_request, speak
 from gateway.idempotency import IdempotencyStore
 from gateway.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.limiter import Limiter, open_limiter
+from gateway.metrics import Metrics
 from gateway.models import Catalog, ServedModel
 from gateway.rollout import Pins
 from gateway.safety import Blocklist, SafetyCheck
