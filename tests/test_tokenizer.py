@@ -75,7 +75,11 @@ def test_an_unknown_tokenizer_is_refused_naming_the_field():
         make_tokenizer("/nowhere/tokenizer.json")
 
 
-MULTI_BYTE = ["naïve café — 東京 🚀👩‍👩‍👧 ünïcödé ✓", "<|im_start|>assistant\n😀😀 e=mc² ∑<|im_end|>", "  two  spaces\n\n"]
+MULTI_BYTE = [
+    "naïve café — 東京 🚀👩‍👩‍👧 ünïcödé ✓",
+    "<|im_start|>assistant\n😀😀 e=mc² ∑<|im_end|>",
+    "  two  spaces\n\n",
+]
 
 
 def pushes(detokenizer_push, ids: list[int], sizes: list[int]) -> list[str]:
