@@ -37,7 +37,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.backend import Job
-from gateway import api, openai
+from gateway import anthropic, api, openai
 from gateway.answer import Answer
 from gateway.anthropic import Messages
 from gateway.auth import KeyRing
@@ -157,7 +157,7 @@ class Gateway:
         """``POST /v1/messages/count_tokens``: what a request's prompt would cost, run nowhere."""
         principal = self.keys.authenticate(request.headers)
         body = await read_body(request, self.config.server.body_timeout_ms / 1000)
-        call = Messages(api.parse_message_request(body, counting=True)).call
+        call = Messages(anthropic.parse_message_request(body, counting=True)).call
         _, tokens = self._prompt(call, self.catalog.resolve(call.model, call.session or principal.key_id))
         return web.json_response({"input_tokens": len(tokens)})
 
@@ -290,7 +290,7 @@ class Gateway:
         self.keys.authenticate(request.headers)
         names = [*self.catalog.names(), *self.catalog.splits]
         if speaks_anthropic(request):
-            return web.json_response(api.models_body(names, self.created_at), dumps=_dumps)
+            return web.json_response(anthropic.models_body(names, self.created_at), dumps=_dumps)
         return web.json_response(openai.models_body(names, self.created), dumps=_dumps)
 
     async def healthz(self, request: web.Request) -> web.Response:
