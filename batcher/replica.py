@@ -41,9 +41,9 @@ from workers.protocol import (
     Abort,
     Add,
     EngineStats,
-    Finished,
     Message,
     ProtocolError,
+    SequenceFinished,
     Tokens,
     WorkerLost,
     encode,
@@ -185,7 +185,7 @@ class Replica:
         for message in messages:
             if isinstance(message, Tokens):
                 self._tokens(message)
-            elif isinstance(message, Finished):
+            elif isinstance(message, SequenceFinished):
                 self._finished(message)
             elif isinstance(message, EngineStats):
                 self._report(message, now)
@@ -207,7 +207,7 @@ class Replica:
             ticket.out.finish("end_turn", Usage(len(job.prompt_tokens), ticket.out.generated), ticket.queued)
         self.owe(ticket, max(0, job.max_tokens - ticket.out.generated))
 
-    def _finished(self, frame: Finished) -> None:
+    def _finished(self, frame: SequenceFinished) -> None:
         ticket = self.live.pop(frame.rid, None)
         if ticket is None:
             return

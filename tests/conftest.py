@@ -1,4 +1,4 @@
-"""Shared test helpers: a fleet of inspectable simulated workers, real redis-servers, tiny random
+"""Shared test helpers: a spawner of inspectable simulated workers, real redis-servers, tiny random
 Llama checkpoints and SmolLM2-135M."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from experiments.redis_server import RedisServer
 from workers.faults import FaultPlan
 
 
-class Fleet:
+class Spawner:
     """A Spawn for the pool: simulated workers, with a fault plan per slot if asked.
 
     ``plans[slot]`` applies to the first worker spawned in that slot only; its replacement
@@ -49,7 +49,7 @@ class Fleet:
 
 @pytest.fixture
 def fleet_factory():
-    return Fleet
+    return Spawner
 
 
 def _redis(workdir) -> RedisServer:

@@ -16,7 +16,6 @@ from workers.protocol import (
     Add,
     EngineStats,
     Error,
-    Finished,
     FinishReasonName,
     FrameDecoder,
     Message,
@@ -24,6 +23,7 @@ from workers.protocol import (
     Ready,
     Result,
     RunBatch,
+    SequenceFinished,
     Tokens,
     Usage,
     decode_body,
@@ -48,8 +48,10 @@ EVERY_KIND = [
     msgspec.structs.replace(ADD, rid=8, seed=2**63, ignore_eos=True, tenant="", stop_token_ids=[], temperature=0),
     Abort(rid=7),
     Tokens(rid=7, ids=[4242]),
-    Finished(rid=7, reason="stop_token", usage=Usage(prompt_tokens=3000, cached_tokens=2992, output_tokens=12)),
-    Finished(rid=8, reason="too_long", usage=Usage(prompt_tokens=90_000, cached_tokens=0, output_tokens=0)),
+    SequenceFinished(rid=7, reason="stop_token", usage=Usage(prompt_tokens=3000, cached_tokens=2992,
+                                                             output_tokens=12)),
+    SequenceFinished(rid=8, reason="too_long", usage=Usage(prompt_tokens=90_000, cached_tokens=0,
+                                                           output_tokens=0)),
     STATS,
 ]
 

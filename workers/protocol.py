@@ -154,7 +154,7 @@ class Usage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     output_tokens: int
 
 
-class Finished(Frame, tag="finished"):
+class SequenceFinished(Frame, tag="finished"):
     """Sequence ``rid`` ended; no frame names it afterwards."""
 
     rid: int
@@ -198,7 +198,7 @@ class EngineStats(Frame, tag="stats"):
 NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 """All zero: a replica before its first engine, and the gauges of one whose engine is gone."""
 
-Message = Ready | RunBatch | Accepted | Result | Error | Add | Abort | Tokens | Finished | EngineStats
+Message = Ready | RunBatch | Accepted | Result | Error | Add | Abort | Tokens | SequenceFinished | EngineStats
 _DECODER = msgspec.msgpack.Decoder(Message)
 _ENCODER = msgspec.msgpack.Encoder()
 

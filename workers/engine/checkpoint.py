@@ -84,7 +84,7 @@ def read_rope(config: dict) -> Rope:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ModelConfig:
+class LlamaConfig:
     """The shape of a Llama-family network, read from ``config.json``."""
 
     vocab_size: int
@@ -100,7 +100,7 @@ class ModelConfig:
     tie_word_embeddings: bool
 
     @classmethod
-    def from_dict(cls, config: dict) -> ModelConfig:
+    def from_dict(cls, config: dict) -> LlamaConfig:
         architectures = config.get("architectures") or ["LlamaForCausalLM"]
         if config.get("model_type", "llama") != "llama" or architectures != ["LlamaForCausalLM"]:
             raise ValueError(
@@ -147,8 +147,8 @@ def _ids(value: int | list[int] | None) -> set[int]:
     return {int(value)} if isinstance(value, int) else {int(v) for v in value}
 
 
-def read_config(model_dir: Path) -> ModelConfig:
-    return ModelConfig.from_dict(_read_json(model_dir / "config.json"))
+def read_config(model_dir: Path) -> LlamaConfig:
+    return LlamaConfig.from_dict(_read_json(model_dir / "config.json"))
 
 
 def read_eos_token_ids(model_dir: Path) -> frozenset[int]:

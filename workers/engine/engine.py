@@ -26,7 +26,7 @@ GREEDY = SamplingParams()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Finished:
+class SequenceEnd:
     """A sequence that ended: why, and its usage in tokens (``detail`` says more for TOO_LONG)."""
 
     rid: int
@@ -42,7 +42,7 @@ class StepOutput:
     """What one step produced: each sequence's new token, the sequences that ended, the load."""
 
     tokens: dict[int, int]
-    finished: list[Finished]
+    finished: list[SequenceEnd]
     preempted: list[int]
     scheduled_tokens: int
     stats: EngineStats
@@ -141,9 +141,9 @@ class Engine:
             generated_tokens=self.generated_tokens,
         )
 
-    def _finished(self, seq: Sequence) -> Finished:
+    def _finished(self, seq: Sequence) -> SequenceEnd:
         assert seq.finish_reason is not None
         detail = self.scheduler.details.pop(seq.rid, "")
-        return Finished(
+        return SequenceEnd(
             seq.rid, seq.finish_reason, seq.num_prompt, seq.num_cached, len(seq.output_ids), detail
         )

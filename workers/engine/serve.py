@@ -33,11 +33,11 @@ from workers.engine.simulated import SimulatedRunner
 from workers.protocol import (
     Abort,
     Add,
-    Finished,
     FrameDecoder,
     Message,
     ProtocolError,
     Ready,
+    SequenceFinished,
     Tokens,
     Usage,
     encode,
@@ -96,7 +96,8 @@ def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
     return runner, os.path.basename(os.path.normpath(args.model))
 
 
-def serve(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> int:
+def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> int:
+    """The engine worker: load the model, say `ready`, serve frames until EOF; its exit code."""
     try:
         runner, name = load_runner(args)
         config = EngineConfig(
@@ -179,7 +180,7 @@ def step_frames(output: StepOutput) -> list[bytes]:
     frames = [encode(Tokens(rid=rid, ids=[token])) for rid, token in output.tokens.items() if rid not in stopped]
     for done in output.finished:
         usage = Usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
-        frames.append(encode(Finished(rid=done.rid, reason=done.reason.value, usage=usage)))
+        frames.append(encode(SequenceFinished(rid=done.rid, reason=done.reason.value, usage=usage)))
         if done.detail:
             print(f"engine worker: rid {done.rid} {done.reason.value}: {done.detail}", file=sys.stderr)
     return frames
