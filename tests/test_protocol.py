@@ -36,7 +36,8 @@ ADD = Add(
 )
 STATS = EngineStats(
     step=12, running=3, waiting=1, queued_tokens=900, free_blocks=40, used_blocks=24, total_blocks=64,
-    cached_blocks=5, preemptions=2, prefix_queries=1500, prefix_hits=320, computed_tokens=2100, generated_tokens=36,
+    cached_blocks=5, preemptions=2, prefix_queries=1500, prefix_hits=320, computed_tokens=2100,
+    generated_tokens=36,
 )
 EVERY_KIND = [
     Ready(pid=4242, model="sleep-200ms"),
@@ -45,7 +46,9 @@ EVERY_KIND = [
     Result(id=1, outputs=["a", "", "✓"]),
     Error(id=9, message="ValueError: boom"),
     ADD,
-    msgspec.structs.replace(ADD, rid=8, seed=2**63, ignore_eos=True, tenant="", stop_token_ids=[], temperature=0),
+    msgspec.structs.replace(
+        ADD, rid=8, seed=2**63, ignore_eos=True, tenant="", stop_token_ids=[], temperature=0
+    ),
     Abort(rid=7),
     Tokens(rid=7, ids=[4242]),
     SequenceFinished(rid=7, reason="stop_token", usage=Usage(prompt_tokens=3000, cached_tokens=2992,
@@ -97,6 +100,7 @@ def _fields(message) -> dict:
 _USAGE = {"prompt_tokens": 1, "cached_tokens": 0, "output_tokens": 1}
 _FINISHED = {"kind": "finished", "rid": 1, "reason": "eos", "usage": _USAGE}
 _pack = msgspec.msgpack.encode
+_RESULT_HEAD = b"\x83" + _pack({"kind": "result", "id": 1})[1:]  # a map of 3 fields, 2 of them written
 
 
 @pytest.mark.parametrize(
@@ -126,6 +130,10 @@ _pack = msgspec.msgpack.encode
         (_pack({**_FINISHED, "usage": {**_USAGE, "x": 1}}), "unknown field `x` - at `finished.usage`"),
         (_pack({**_FINISHED, "usage": {"prompt_tokens": 1}}), "finished.usage"),
         (_pack({**_fields(STATS), "running": -0.5}), "stats.running"),
+        # a million arrays deep: the field, an unknown one, and a map nested too deep to read
+        (_RESULT_HEAD + b"\xa7outputs" + b"\x91" * 10**6 + b"\x01", "outputs\\[0\\]"),
+        (_RESULT_HEAD + b"\xa1x" + b"\x91" * 10**6 + b"\x01", "unknown field `x`"),
+        (b"\x81\xa1x" * 10**6 + b"\x01", "not msgpack: maximum recursion depth"),
     ],
 )
 def test_a_malformed_frame_says_what_is_wrong(body, complaint):

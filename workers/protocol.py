@@ -230,7 +230,7 @@ def decode_body(body: bytes) -> Message:
         return _DECODER.decode(body)
     except msgspec.ValidationError as exc:
         raise ProtocolError(_where(body, str(exc))) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep to read
         raise ProtocolError(f"frame is not msgpack: {exc}") from None
 
 
@@ -238,7 +238,7 @@ def _where(body: bytes, complaint: str) -> str:
     """``complaint`` with its path (``$`` is the frame) starting at the frame's kind."""
     try:
         kind = msgspec.msgpack.decode(body, type=_Kind).kind
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         kind = None
     frame = kind if kind in _KINDS else "frame"
     if " - at `$" not in complaint:
