@@ -44,7 +44,8 @@ def build_table(cls: type, table: object, where: str) -> object:
     string for a number) and checked by the class itself; unknown fields, wrong types and bad
     values all name the place they came from."""
     if not isinstance(table, dict):
-        raise ValueError(f"{where}: expected a table, got {table!r}")  # noqa: TRY004 (every mistake: ValueError)
+        # a config mistake is a ValueError, whatever its kind: the loader names where it came from
+        raise ValueError(f"{where}: expected a table, got {table!r}")  # noqa: TRY004
     fields = sorted(field.name for field in dataclasses.fields(cls))
     for name in table:
         if name not in fields:

@@ -178,8 +178,8 @@ def parse_sse(data: bytes) -> list[tuple[str, dict]]:
 
 
 def test_a_stream_sends_the_events_in_the_messages_api_order():
-    raw = (anthropic.stream_start("msg_1", "m@1", 7) + anthropic.PING + anthropic.BLOCK_START + anthropic.text_delta("olleh")
-           + anthropic.stream_stop("max_tokens", None, 5))
+    raw = (anthropic.stream_start("msg_1", "m@1", 7) + anthropic.PING + anthropic.BLOCK_START
+           + anthropic.text_delta("olleh") + anthropic.stream_stop("max_tokens", None, 5))
     events = parse_sse(raw)
     assert [name for name, _ in events] == [
         "message_start", "ping", "content_block_start", "content_block_delta",
@@ -194,7 +194,8 @@ def test_a_stream_sends_the_events_in_the_messages_api_order():
 
 
 def test_an_empty_answer_streams_no_delta_and_an_error_event_has_the_error_body():
-    names = [name for name, _ in parse_sse(anthropic.BLOCK_START + anthropic.stream_stop("end_turn", None, 0))]
+    empty = anthropic.BLOCK_START + anthropic.stream_stop("end_turn", None, 0)
+    names = [name for name, _ in parse_sse(empty)]
     assert names == ["content_block_start", "content_block_stop", "message_delta", "message_stop"]
     [(name, data)] = parse_sse(anthropic.stream_error(Overloaded("busy")))
     assert (name, data) == ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
