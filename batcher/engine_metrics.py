@@ -32,28 +32,20 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from batcher.stats import Histogram, Stats
+from workers.protocol import EngineStats
 
 STEP_TOKEN_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-COUNTERS = ("preemptions", "prefix_queries", "prefix_hits", "generated_tokens")
-"""The engine counters a replica carries over its engines' restarts."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReplicaStats:
-    """One replica's engine as it last reported, with counters since the pool started."""
+    """One replica: its engine's last report (all zero while it has none), with the counters
+    of the engines it lost added, so that they count since the pool started."""
 
     replica: int
     total_blocks: int
     generation_rate: float  # tokens generated per second, recently
-    running: int
-    waiting: int
-    free_blocks: int
-    used_blocks: int
-    cached_blocks: int
-    preemptions: int
-    prefix_queries: int
-    prefix_hits: int
-    generated_tokens: int
+    engine: EngineStats
 
 
 @dataclasses.dataclass(slots=True)
@@ -71,7 +63,6 @@ _GAUGES = (
     ("ferry_engine_waiting_sequences", "Sequences the engine holds but has not scheduled.", "waiting"),
     ("ferry_engine_kv_blocks_free", "Free KV cache blocks, cached prefixes included.", "free_blocks"),
     ("ferry_engine_kv_blocks_used", "KV cache blocks held by sequences.", "used_blocks"),
-    ("ferry_engine_generation_tokens_per_second", "Tokens generated per second, recently.", "generation_rate"),
 )
 _COUNTERS = (
     ("ferry_engine_preemptions", "Sequences preempted by recompute.", "preemptions"),
@@ -88,6 +79,8 @@ def engine_families(models: list[tuple[str, Stats]]) -> Iterator:
     by_replica = ["model", "replica"]
     gauges = [(GaugeMetricFamily(name, text, labels=by_replica), field) for name, text, field in _GAUGES]
     counters = [(CounterMetricFamily(name, text, labels=by_replica), field) for name, text, field in _COUNTERS]
+    rate = GaugeMetricFamily("ferry_engine_generation_tokens_per_second",
+                             "Tokens generated per second, recently.", labels=by_replica)
     steps = HistogramMetricFamily("ferry_engine_step_tokens", "Tokens computed per engine step.", labels=["model"])
     reruns = CounterMetricFamily("ferry_engine_reruns", "Jobs re-run unseen after their engine died.",
                                  labels=["model"])
@@ -97,9 +90,10 @@ def engine_families(models: list[tuple[str, Stats]]) -> Iterator:
         for replica in stats.replicas:  # type: ignore[attr-defined]
             labels = [model, str(replica.replica)]
             for family, field in (*gauges, *counters):
-                family.add_metric(labels, getattr(replica, field))
+                family.add_metric(labels, getattr(replica.engine, field))
+            rate.add_metric(labels, replica.generation_rate)
         steps.add_metric([model], stats.step_tokens.cumulative(), stats.step_tokens.total)  # type: ignore[attr-defined]
         reruns.add_metric([model], stats.retries)
         interrupted.add_metric([model], stats.interrupted)  # type: ignore[attr-defined]
     yield from (family for family, _ in (*gauges, *counters))
-    yield from (steps, reruns, interrupted)
+    yield from (rate, steps, reruns, interrupted)

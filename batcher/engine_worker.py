@@ -21,18 +21,18 @@ import trio
 
 from batcher.config import ContinuousModelConfig
 from batcher.process_worker import PipeProcess
-from workers.protocol import Message, ProtocolError, Stats, WorkerLost
+from workers.protocol import EngineStats, Message, ProtocolError, WorkerLost
 
 
 class EngineProcess(PipeProcess):
     """An engine worker: start, then :meth:`send` frames and :meth:`receive` batches of them."""
 
-    first_stats: Stats
+    first_stats: EngineStats
 
     async def start(self) -> None:
         await super().start()
         stats = await self._receive()
-        if not isinstance(stats, Stats):
+        if not isinstance(stats, EngineStats):
             raise ProtocolError(f"expected stats after ready, got {stats.kind}")
         self.first_stats = stats
 

@@ -1,17 +1,15 @@
-"""The one metrics registry: what both batching modes and the gateway export at ``/metrics``.
+"""The core's metric families: what the batching modes count, exported at ``/metrics``.
 
-Two kinds of families, by who sees the event (what users feel, and what the scheduler controls):
+The core sees batches and workers: flushes by reason, batch sizes, queue wait by tier, worker
+restarts, batch retries, bisections, queued work and estimated wait, and the engines' families
+(:mod:`batcher.engine_metrics`). It already counts them in its plain
+:class:`~batcher.stats.Stats` without locks; at each scrape the bridge asks every backend for a
+:class:`~batcher.backend.Snapshot` (taken on the trio thread) and :class:`CoreCollector` turns
+those into families, so the scheduler's hot path pays nothing for being observed. The gateway's
+own families (requests, latencies, rejects) and the registry they share are
+:mod:`gateway.metrics`'s.
 
-- The gateway sees each request end: requests by status, TTFT, time per output token,
-  end-to-end latency, admission rejects by reason, safety blocks. It observes them directly
-  (prometheus_client is thread-safe), once per request.
-- The core sees batches and workers: flushes by reason, batch sizes, queue wait by tier, worker
-  restarts, batch retries, bisections, queued work and estimated wait. It already counts them in
-  its plain :class:`~batcher.stats.Stats` without locks; at each scrape the bridge asks every
-  backend for a :class:`~batcher.backend.Snapshot` (taken on the trio thread) and a collector
-  turns those into families, so the scheduler's hot path pays nothing for being observed.
-
-Labels are model and tier names, statuses and reasons: never an API key or prompt text.
+Labels are model and tier names and reasons: never an API key or prompt text.
 """
 
 from __future__ import annotations
@@ -19,78 +17,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from batcher.backend import Snapshot
 from batcher.engine_metrics import engine_families
-
-LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
-TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
-
-
-class Metrics:
-    """Every ferry_* family, in one registry of its own (tests can run several side by side)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        by_tier = ["model", "tier"]
-        self.requests = Counter(
-            "ferry_requests", "Requests answered, by HTTP status.", [*by_tier, "status"], registry=self.registry
-        )
-        self.ttft = Histogram(
-            "ferry_ttft_seconds", "Time to first token: arrival to the first text sent.", by_tier,
-            buckets=LATENCY_BUCKETS, registry=self.registry,
-        )
-        self.time_per_output_token = Histogram(
-            "ferry_time_per_output_token_seconds", "Time between output tokens after the first.", by_tier,
-            buckets=TOKEN_BUCKETS, registry=self.registry,
-        )
-        self.latency = Histogram(
-            "ferry_request_latency_seconds", "End-to-end latency: arrival to the last byte.", by_tier,
-            buckets=LATENCY_BUCKETS, registry=self.registry,
-        )
-        self.admission_rejects = Counter(
-            "ferry_admission_rejects",
-            "Requests refused, by reason: rate_limit (429), shed (529 at admission), expired (529 in the queue).",
-            [*by_tier, "reason"], registry=self.registry,
-        )
-        self.safety_blocks = Counter(
-            "ferry_safety_blocks", "Inputs refused or outputs replaced by the safety stage.", ["model", "stage"],
-            registry=self.registry,
-        )
-        self.alias_requests = Counter(
-            "ferry_alias_requests", "Requests that named an alias, by the version that took them.",
-            ["alias", "model"], registry=self.registry,
-        )
-        self._alias_series: dict[tuple[str, str], Counter] = {}  # a labelled child
-        self._core = _CoreCollector()
-        self.registry.register(self._core)
-
-    def count_alias(self, alias: str, model: str) -> None:
-        """One request that named ``alias`` taken by version ``model`` (a configured pair, so
-        the series are few): each series looked up once, not on every request."""
-        series = self._alias_series.get((alias, model))
-        if series is None:
-            series = self._alias_series[alias, model] = self.alias_requests.labels(alias, model)
-        series.inc()
-
-    def track(self, model: str, tiers: Sequence[str]) -> None:
-        """Export one backend's core counters, from its snapshot at each scrape."""
-        self._core.backends.append(_Backend(model, list(tiers)))
-
-    def untrack(self, model: str) -> None:
-        """A version's backend has stopped: its core counters leave the export."""
-        self._core.backends = [backend for backend in self._core.backends if backend.model != model]
-
-    def exposition(self, snapshots: Mapping[str, Snapshot] | None = None) -> bytes:
-        """The Prometheus text format of every family; the core's from these snapshots."""
-        self._core.snapshots = snapshots or {}
-        try:
-            return generate_latest(self.registry)
-        finally:
-            self._core.snapshots = {}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,12 +30,21 @@ class _Backend:
     tiers: list[str]
 
 
-class _CoreCollector(Collector):
-    """Every tracked backend's counters, one family per name, a sample per model (and tier)."""
+class CoreCollector(Collector):
+    """Every tracked backend's counters, one family per name, a sample per model (and tier),
+    from the snapshots set in :attr:`snapshots` for the scrape."""
 
     def __init__(self) -> None:
         self.backends: list[_Backend] = []
         self.snapshots: Mapping[str, Snapshot] = {}
+
+    def track(self, model: str, tiers: Sequence[str]) -> None:
+        """Export one backend's core counters, from its snapshot at each scrape."""
+        self.backends.append(_Backend(model, list(tiers)))
+
+    def untrack(self, model: str) -> None:
+        """A version's backend has stopped: its core counters leave the export."""
+        self.backends = [backend for backend in self.backends if backend.model != model]
 
     def collect(self) -> Iterator:
         flushes = CounterMetricFamily("ferry_flushes", "Batches flushed, by reason.", labels=["model", "reason"])

@@ -29,14 +29,25 @@ import trio
 
 from batcher.backend import Job, Usage
 from batcher.config import QueueConfig
-from batcher.engine_metrics import COUNTERS, ContinuousStats, ReplicaStats
+from batcher.engine_metrics import ContinuousStats, ReplicaStats
 from batcher.engine_worker import EngineProcess
 from batcher.supervisor import Supervisor
 from batcher.tier_queue import TierQueues
 from batcher.token_load import TokenRate
 from batcher.token_stream import Output
 from batcher.types import Request, RequestFailed, TooLarge
-from workers.protocol import Abort, Add, Finished, Message, ProtocolError, Stats, Tokens, WorkerLost, encode
+from workers.protocol import (
+    NO_ENGINE_STATS,
+    Abort,
+    Add,
+    EngineStats,
+    Message,
+    ProtocolError,
+    SequenceFinished,
+    Tokens,
+    WorkerLost,
+    encode,
+)
 
 log = logging.getLogger("ferry.engines")
 
@@ -104,11 +115,11 @@ class Replica:
         self.prefilling = 0  # prompt tokens sent with no token back yet
         self.free_blocks = 0  # the engine's last report, less the blocks of what was sent since
         self.total_blocks = 0
-        self.stats: Stats | None = None
+        self.stats: EngineStats | None = None
         self.stats_at = 0.0
         self.busy = False  # it had a backlog at its last report (work its engine could not start)
         self.computed, self.generated = TokenRate(), TokenRate()
-        self.carried = dict.fromkeys(COUNTERS, 0)  # counters of its engines that died
+        self.carried = NO_ENGINE_STATS  # the counters of its engines that died
         self.served = False
         self._pool_stats, self._on_change, self._on_answer = stats, on_change, on_answer
         self._outbox: list[bytes] = []
@@ -146,8 +157,7 @@ class Replica:
     def down(self) -> list[Ticket]:
         """The engine is gone: forget its state; the live tickets it took with it."""
         if self.stats is not None:
-            for name in COUNTERS:
-                self.carried[name] += getattr(self.stats, name)
+            self.carried = self.carried.plus_counters(self.stats)
         self.up, self.stats, self._outbox, self.prefilling = False, None, [], 0
         lost, self.live = list(self.live.values()), {}
         for ticket in lost:
@@ -175,9 +185,9 @@ class Replica:
         for message in messages:
             if isinstance(message, Tokens):
                 self._tokens(message)
-            elif isinstance(message, Finished):
+            elif isinstance(message, SequenceFinished):
                 self._finished(message)
-            elif isinstance(message, Stats):
+            elif isinstance(message, EngineStats):
                 self._report(message, now)
             else:
                 raise ProtocolError(f"unexpected {message.kind} frame from an engine")
@@ -197,7 +207,7 @@ class Replica:
             ticket.out.finish("end_turn", Usage(len(job.prompt_tokens), ticket.out.generated), ticket.queued)
         self.owe(ticket, max(0, job.max_tokens - ticket.out.generated))
 
-    def _finished(self, frame: Finished) -> None:
+    def _finished(self, frame: SequenceFinished) -> None:
         ticket = self.live.pop(frame.rid, None)
         if ticket is None:
             return
@@ -219,7 +229,7 @@ class Replica:
         else:
             ticket.out.fail(RequestFailed(f"the engine ended the request ({frame.reason})"), retryable=True)
 
-    def _report(self, stats: Stats, now: float) -> None:
+    def _report(self, stats: EngineStats, now: float) -> None:
         last = self.stats
         if last is not None and stats.step > last.step:
             steps = stats.step - last.step
@@ -240,9 +250,5 @@ class Replica:
                 "queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine}
 
     def replica_stats(self) -> ReplicaStats:
-        now = self.stats
-        counters = {name: self.carried[name] + (getattr(now, name) if now else 0) for name in COUNTERS}
-        gauges = {name: getattr(now, name) if now else 0
-                  for name in ("running", "waiting", "free_blocks", "used_blocks", "cached_blocks")}
-        return ReplicaStats(self.index, self.total_blocks, self.generated.value if self.up else 0.0,
-                            **gauges, **counters)
+        engine = self.stats.plus_counters(self.carried) if self.stats else self.carried
+        return ReplicaStats(self.index, self.total_blocks, self.generated.value if self.up else 0.0, engine)

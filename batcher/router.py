@@ -10,8 +10,8 @@ replica or already runs in its engine. Round robin would send work to a replica 
 is full while another is half empty; tokens, not requests, are what a step costs.
 
 **Prefix** is the chain of hashes of the prompt's full blocks, computed as the engine's block
-manager computes them (``workers/engine/block_manager.py``: the same ``chain_hash`` from the same
-root, salted by model version and tenant, so two tenants never share a key), up to the block
+manager computes them (:func:`workers.prefix_hash.prefix_hashes`, the one chain both import:
+salted by model version and tenant, so two tenants never share a key), up to the block
 before the prompt's last token, which the engine always computes. For each replica the router
 remembers the block hashes it has sent there, most recent last, at most as many as that
 replica's KV cache holds blocks: a picture of what its prefix cache can still hold, which the
@@ -36,18 +36,6 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 from collections.abc import Sequence
-
-from workers.engine.block_manager import chain_hash, prefix_root
-
-
-def prefix_hashes(tokens: Sequence[int], block_size: int, salt: str, tenant: str) -> list[bytes]:
-    """The hash chain of ``tokens``' full blocks that the engine's prefix cache can hit: every
-    full block but the one holding the last token (``(len - 1) // block_size`` of them)."""
-    hashes, parent = [], prefix_root(salt, tenant)
-    for start in range(0, (len(tokens) - 1) // block_size * block_size, block_size):
-        parent = chain_hash(parent, list(tokens[start : start + block_size]))
-        hashes.append(parent)
-    return hashes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

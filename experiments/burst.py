@@ -44,13 +44,13 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from batcher.config_file import DEFAULT_TOML, default_config, parse_config
 from batcher.fixed import open_batcher
 from batcher.sim.arrivals import poisson, tier_mix
 from batcher.sim.replay import Replay, ReplayBatcher
 from batcher.sim.workers import SimulatedWorker, constant
 from batcher.types import Overloaded, Request, State
 from experiments.http_load import fixed_only, process_cpu, start_gateway
+from gateway.config import DEFAULT_TOML, default_config, parse_config
 from gateway.usage import UsageRecord, read_usage
 
 KEYS = {"paid": "sk-ferry-demo-paid", "free": "sk-ferry-demo-free"}

@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     model_dir = converted_dir("smollm2-135m")
-    subprocess.run([sys.executable, "-m", "workers.engine.convert", "smollm2-135m", "--out", model_dir], check=True)
+    subprocess.run([sys.executable, "-m", "workers.convert", "smollm2-135m", "--out", model_dir], check=True)
     longest = max(m for _, _, m in workload(args.requests, 1.0, args.seed))
     with tempfile.TemporaryDirectory() as state:
         path = Path(state) / "bench.toml"

@@ -18,7 +18,7 @@ the mean of both runs (the machine is shared: its speed drifts within a run):
   (:meth:`workers.models.Generate.generate`, over the same paged runner): batches of ``B``
   requests in arrival order, the whole batch prefilled in one step, every row decoding until
   the batch's longest answer is done.
-- **padded B**: static batching the plain way (:class:`workers.engine.static.StaticBatcher`):
+- **padded B**: static batching the plain way (:class:`experiments.static_batch.StaticBatcher`):
   the same batches, each left-padded to its longest prompt over a contiguous cache reserved for
   its longest prompt plus its longest answer.
 - **solo**: ``generate`` one request at a time, on the first ``--solo`` requests only (all of
@@ -53,12 +53,12 @@ from collections.abc import Callable
 import torch
 
 from experiments.common import markdown
+from experiments.static_batch import StaticBatcher
+from workers.convert import ensure_converted
 from workers.engine.config import EngineConfig
-from workers.engine.convert import ensure_converted
 from workers.engine.engine import Engine
 from workers.engine.runner import ModelRunner
 from workers.engine.sequence import SamplingParams
-from workers.engine.static import StaticBatcher
 from workers.models import Generate
 
 BLOCK = 16  # tokens a KV block holds (the runner's default)

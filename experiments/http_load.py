@@ -32,9 +32,9 @@ import aiohttp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from batcher.config_file import DEFAULT_TOML  # noqa: E402
 from batcher.sim.arrivals import poisson  # noqa: E402
 from batcher.sim.report import Latency  # noqa: E402
+from gateway.config import DEFAULT_TOML  # noqa: E402
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 

@@ -28,8 +28,8 @@ import time
 import torch
 
 from experiments.common import markdown
+from workers.convert import ensure_converted
 from workers.engine.batch import ForwardBatch, Sample
-from workers.engine.convert import ensure_converted
 from workers.engine.runner import ModelRunner
 from workers.engine.sequence import SamplingParams
 

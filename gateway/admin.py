@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 
 from aiohttp import web
 
-from batcher.config_file import ADMIN_TOKEN, FerryConfig
+from gateway.config import ADMIN_TOKEN, FerryConfig
 from gateway.rollout import ReloadFailed, Rollout
 
 log = logging.getLogger("ferry.admin")

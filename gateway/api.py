@@ -1,11 +1,11 @@
-"""The wire format of ``/v1/messages``, compatible with the Anthropic Messages API: pure codecs.
+"""What every route's wire format shares: errors and their one table, a request's limits and
+the checks of its fields, the whole answer. Pure: no I/O, so every rule is tested directly
+(``tests/test_api.py``) and the HTTP handlers stay thin. The routes' own codecs build on it:
+:mod:`gateway.anthropic` (``/v1/messages``) and :mod:`gateway.openai`.
 
-Everything here turns bytes into checked values or values into bytes, and does no I/O, so every
-rule is tested directly (``tests/test_api.py``) and the HTTP handlers stay thin:
-
-    body bytes ──parse_message_request──> MessageRequest (the chat template renders its prompt)
-    Completion ──message_body──> JSON;  text pieces ──stream_start / text_delta / stream_stop──> SSE
     any error ──error_response──> (status, {type:"error", error:{type, message}}, headers)
+    a field ──required / checked_text / content_text / stop_list / at_most──> its value, or
+                                                        InvalidRequest naming the field
 
 :data:`ERRORS` is the one table from an error type to its HTTP status and API error type;
 nothing else in the gateway picks a status for an error.
@@ -139,8 +139,6 @@ def dumps(value: Any) -> bytes:
 
 # --- Requests ------------------------------------------------------------------------------
 
-ROLES = ("user", "assistant")
-
 # What one request may carry (docs/http-api.md, "Errors"). Each is checked before the items it counts are
 # read, so a refusal costs no more than the body's own parse; below them, every step of a request
 # (checks, prompt, token count, stop-sequence cut) is linear in the body. The values:
@@ -164,7 +162,6 @@ MAX_TEXT_CHARS = 2 << 20
 # answers another question, so every route refuses them with a 400 naming the field
 # (:func:`refuse_dropped`), where its other unknown fields are accepted and ignored. A value
 # that says "not used" passes (an empty tool list, ``tool_choice: none``, thinking disabled).
-DROPPED_MESSAGES_FIELDS = ("tools", "tool_choice", "thinking", "mcp_servers", "container")
 NOT_USED = (None, False, 0, "", [], "none", {"type": "none"}, {"type": "disabled"}, {"type": "text"})
 
 
@@ -172,145 +169,57 @@ def refuse_dropped(document: dict[str, Any], fields: tuple[str, ...]) -> None:
     """Raise :class:`InvalidRequest` for the first of ``fields`` the body uses (every route's check)."""
     for name in fields:
         if document.get(name) not in NOT_USED:
-            raise InvalidRequest(f"{name}: not supported by this server, got {_show(document[name])}")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class MessageRequest:
-    """A checked ``POST /v1/messages`` body: the fields a fixed-mode model uses."""
-
-    model: str
-    messages: tuple[tuple[str, str], ...]  # (role, text), text blocks joined
-    max_tokens: int
-    system: str = ""
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stream: bool = False
-    stop_sequences: tuple[str, ...] = ()
-    user_id: str | None = None  # metadata.user_id: the session an alias's split keeps together
-
-
-def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest:
-    """Check a body; raise :class:`InvalidRequest` naming the first field that is wrong.
-
-    ``temperature``, ``top_p`` and ``top_k`` pass to the model's sampler (fixed-mode models
-    ignore them); ``metadata.user_id`` keeps a user on one version of an alias; other
-    ``metadata`` and unknown fields are accepted and ignored, but not the fields of
-    :data:`DROPPED_MESSAGES_FIELDS`. ``counting``: a ``count_tokens`` body, which has no
-    ``max_tokens`` (1 stands in).
-    """
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise InvalidRequest(f"body: expected a JSON object, got invalid JSON ({_short(exc)})") from None
-    if not isinstance(document, dict):
-        raise InvalidRequest(f"body: expected a JSON object, got {_json_type(document)}")
-    model = _text(_required(document, "model"), "model")
-    if not model:
-        raise InvalidRequest("model: expected a model name, got an empty string")
-    refuse_dropped(document, DROPPED_MESSAGES_FIELDS)
-    messages = _required(document, "messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest(f"messages: expected a non-empty array, got {_json_type(messages)}")
-    _at_most(len(messages), MAX_MESSAGES, "messages", "messages per request")
-    turns = tuple(_message(message, f"messages.{index}") for index, message in enumerate(messages))
-    max_tokens = document.get("max_tokens", 1) if counting else _required(document, "max_tokens")
-    if not _is_int(max_tokens) or max_tokens < 1:
-        raise InvalidRequest(f"max_tokens: expected an integer >= 1, got {_show(max_tokens)}")
-    system = document.get("system")
-    temperature = document.get("temperature")
-    if temperature is not None and (not _is_number(temperature) or not 0.0 <= temperature <= 1.0):
-        raise InvalidRequest(f"temperature: expected a number in 0..1, got {_show(temperature)}")
-    top_p = document.get("top_p")
-    if top_p is not None and (not _is_number(top_p) or not 0.0 < top_p <= 1.0):
-        raise InvalidRequest(f"top_p: expected a number in (0, 1], got {_show(top_p)}")
-    top_k = document.get("top_k")
-    if top_k is not None and (not _is_int(top_k) or top_k < 0):
-        raise InvalidRequest(f"top_k: expected an integer >= 0, got {_show(top_k)}")
-    stream = document.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest(f"stream: expected a boolean, got {_show(stream)}")
-    stop_sequences = stop_list(document.get("stop_sequences", []), "stop_sequences")
-    if not isinstance(document.get("metadata"), dict | None):
-        raise InvalidRequest(f"metadata: expected an object, got {_json_type(document['metadata'])}")
-    user_id = (document.get("metadata") or {}).get("user_id")
-    if user_id is not None:
-        _text(user_id, "metadata.user_id")
-    system_text = "" if system is None else _content(system, "system")
-    text_chars = len(system_text) + sum(len(text) for _, text in turns)
-    _at_most(text_chars, MAX_TEXT_CHARS, "messages", "characters of text in system and messages together")
-    return MessageRequest(
-        model=model,
-        messages=turns,
-        max_tokens=max_tokens,
-        system=system_text,
-        temperature=None if temperature is None else float(temperature),
-        top_p=None if top_p is None else float(top_p),
-        top_k=top_k,
-        stream=stream,
-        stop_sequences=stop_sequences,
-        user_id=user_id,
-    )
+            raise InvalidRequest(f"{name}: not supported by this server, got {show(document[name])}")
 
 
 def stop_list(stops: object, where: str, expected: str = "an array of strings") -> tuple[str, ...]:
     """Stop sequences, checked: an array of non-empty strings within the limits (every API's)."""
     if not isinstance(stops, list):
-        raise InvalidRequest(f"{where}: expected {expected}, got {_json_type(stops)}")
+        raise InvalidRequest(f"{where}: expected {expected}, got {json_type(stops)}")
     if not stops:
         return ()  # most requests name none
-    _at_most(len(stops), MAX_STOP_SEQUENCES, where, "stop sequences per request")
-    stop_sequences = tuple(_text(s, f"{where}.{i}") for i, s in enumerate(stops))
+    at_most(len(stops), MAX_STOP_SEQUENCES, where, "stop sequences per request")
+    stop_sequences = tuple(checked_text(s, f"{where}.{i}") for i, s in enumerate(stops))
     if any(not s for s in stop_sequences):
         raise InvalidRequest(f"{where}: expected non-empty strings, got an empty one")
     for index, stop in enumerate(stop_sequences):
-        _at_most(len(stop), MAX_STOP_CHARS, f"{where}.{index}", "characters in a stop sequence")
+        at_most(len(stop), MAX_STOP_CHARS, f"{where}.{index}", "characters in a stop sequence")
     return stop_sequences
 
 
-def _message(message: object, where: str) -> tuple[str, str]:
-    if not isinstance(message, dict):
-        raise InvalidRequest(f"{where}: expected an object with role and content, got {_json_type(message)}")
-    role = _required(message, "role", where)
-    if role not in ROLES:
-        raise InvalidRequest(f"{where}.role: expected one of {list(ROLES)}, got {_show(role)}")
-    return role, _content(_required(message, "content", where), f"{where}.content")
-
-
-def _content(content: object, where: str) -> str:
+def content_text(content: object, where: str) -> str:
     """A string, or an array of text blocks joined: what a fixed-mode model can read."""
     if isinstance(content, str):
-        return _text(content, where)
+        return checked_text(content, where)
     if not isinstance(content, list):
-        raise InvalidRequest(f"{where}: expected a string or an array of text blocks, got {_json_type(content)}")
-    _at_most(len(content), MAX_BLOCKS, where, "content blocks")
+        raise InvalidRequest(f"{where}: expected a string or an array of text blocks, got {json_type(content)}")
+    at_most(len(content), MAX_BLOCKS, where, "content blocks")
     texts = []
     for index, block in enumerate(content):
         at = f"{where}.{index}"
         if not isinstance(block, dict):
-            raise InvalidRequest(f"{at}: expected a content block object, got {_json_type(block)}")
-        kind = _required(block, "type", at)
+            raise InvalidRequest(f"{at}: expected a content block object, got {json_type(block)}")
+        kind = required(block, "type", at)
         if kind != "text":
-            raise InvalidRequest(f"{at}.type: fixed-mode models take 'text' blocks only, got {_show(kind)}")
-        texts.append(_text(_required(block, "text", at), f"{at}.text"))
+            raise InvalidRequest(f"{at}.type: fixed-mode models take 'text' blocks only, got {show(kind)}")
+        texts.append(checked_text(required(block, "text", at), f"{at}.text"))
     return "".join(texts)
 
 
-def _at_most(count: int, limit: int, where: str, what: str) -> None:
+def at_most(count: int, limit: int, where: str, what: str) -> None:
     if count > limit:
         raise InvalidRequest(f"{where}: at most {limit:,} {what}, got {count:,}")
 
 
-def _required(table: dict, name: str, where: str = "") -> Any:
+def required(table: dict, name: str, where: str = "") -> Any:
     if name not in table:
         raise InvalidRequest(f"{where + '.' if where else ''}{name}: field required")
     return table[name]
 
 
-def _text(value: object, where: str) -> str:
+def checked_text(value: object, where: str) -> str:
     if not isinstance(value, str):
-        raise InvalidRequest(f"{where}: expected a string, got {_json_type(value)}")
+        raise InvalidRequest(f"{where}: expected a string, got {json_type(value)}")
     try:
         value.encode()
     except UnicodeEncodeError:  # JSON allows a lone surrogate ("\ud800"); UTF-8 does not
@@ -318,24 +227,24 @@ def _text(value: object, where: str) -> str:
     return value
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
     return (isinstance(value, int | float) and not isinstance(value, bool)) and math.isfinite(value)
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
 
 
-def _show(value: object) -> str:
-    return _short(json.dumps(value)) if isinstance(value, int | float | str | bool | None) else _json_type(value)
+def show(value: object) -> str:
+    return short(json.dumps(value)) if isinstance(value, int | float | str | bool | None) else json_type(value)
 
 
-def _short(value: object, limit: int = 80) -> str:
+def short(value: object, limit: int = 80) -> str:
     text = str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -361,66 +270,3 @@ class Completion:
     stop_reason: str  # "end_turn", "stop_sequence", "max_tokens" or "refusal"
     stop_sequence: str | None
     output_tokens: int
-
-
-def message_body(message_id: str, model: str, completion: Completion, input_tokens: int) -> dict[str, Any]:
-    """The whole (non-streamed) response."""
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [{"type": "text", "text": completion.text}],
-        "stop_reason": completion.stop_reason,
-        "stop_sequence": completion.stop_sequence,
-        "usage": {"input_tokens": input_tokens, "output_tokens": completion.output_tokens},
-    }
-
-
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    """One server-sent event: ``event:`` line, one ``data:`` line of JSON, a blank line."""
-    return b"event: " + event.encode() + b"\ndata: " + dumps(data) + b"\n\n"
-
-
-PING = sse("ping", {"type": "ping"})
-
-
-def stream_start(message_id: str, model: str, input_tokens: int) -> bytes:
-    """``message_start``: the message with no content yet, and the prompt's usage."""
-    message = message_body(message_id, model, Completion("", "", None, 0), input_tokens)
-    message.update(content=[], stop_reason=None, stop_sequence=None)
-    return sse("message_start", {"type": "message_start", "message": message})
-
-
-BLOCK_START = sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                          "content_block": {"type": "text", "text": ""}})
-
-
-def text_delta(text: str) -> bytes:
-    """``content_block_delta``: more text of the answer's one text block."""
-    return sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                       "delta": {"type": "text_delta", "text": text}})
-
-
-def stream_stop(stop_reason: str, stop_sequence: str | None, output_tokens: int) -> bytes:
-    """The end of a stream, in the order the Messages API sends it: the text block's stop, the
-    message's stop reason and output usage, then ``message_stop``."""
-    stop = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-    return b"".join((
-        sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        sse("message_delta", {"type": "message_delta", "delta": stop, "usage": {"output_tokens": output_tokens}}),
-        sse("message_stop", {"type": "message_stop"}),
-    ))
-
-
-def stream_error(error: BaseException) -> bytes:
-    """The ``error`` event that ends a stream whose headers are already sent."""
-    _, body, _ = error_response(error)
-    return b"event: error\ndata: " + body + b"\n\n"
-
-
-def models_body(names: list[str], created_at: str) -> dict[str, Any]:
-    """``GET /v1/models``: one entry per served version (aliases resolve to these)."""
-    data = [{"type": "model", "id": name, "display_name": name, "created_at": created_at} for name in names]
-    return {"data": data, "has_more": False, "first_id": names[0] if names else None,
-            "last_id": names[-1] if names else None}

@@ -37,19 +37,19 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.backend import Job
-from batcher.config_file import FerryConfig
-from batcher.metrics import Metrics
-from gateway import api, openai
+from gateway import anthropic, api, openai
 from gateway.answer import Answer
 from gateway.anthropic import Messages
 from gateway.auth import KeyRing
 from gateway.bridge import Bridge, Handle
 from gateway.codec import Call, Codec, Head
+from gateway.config import FerryConfig
 from gateway.connections import key_before_body, read_body
 from gateway.errors import REQUEST_ID, error_middleware, name_the_request, speaks_anthropic
 from gateway.idempotency import IdempotencyStore
 from gateway.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.limiter import Limiter, open_limiter
+from gateway.metrics import Metrics
 from gateway.models import Catalog, ServedModel
 from gateway.rollout import Pins
 from gateway.safety import Blocklist, SafetyCheck
@@ -157,7 +157,7 @@ class Gateway:
         """``POST /v1/messages/count_tokens``: what a request's prompt would cost, run nowhere."""
         principal = self.keys.authenticate(request.headers)
         body = await read_body(request, self.config.server.body_timeout_ms / 1000)
-        call = Messages(api.parse_message_request(body, counting=True)).call
+        call = Messages(anthropic.parse_message_request(body, counting=True)).call
         _, tokens = self._prompt(call, self.catalog.resolve(call.model, call.session or principal.key_id))
         return web.json_response({"input_tokens": len(tokens)})
 
@@ -296,7 +296,7 @@ class Gateway:
         self.keys.authenticate(request.headers)
         names = [*self.catalog.names(), *self.catalog.splits]
         if speaks_anthropic(request):
-            return web.json_response(api.models_body(names, self.created_at), dumps=_dumps)
+            return web.json_response(anthropic.models_body(names, self.created_at), dumps=_dumps)
         return web.json_response(openai.models_body(names, self.created), dumps=_dumps)
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -13,8 +13,8 @@ import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 
-from batcher.config_file import KeyConfig
 from gateway.api import AuthenticationFailed
+from gateway.config import KeyConfig
 from gateway.ratelimit import Limits
 
 

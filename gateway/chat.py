@@ -11,8 +11,10 @@ A model names its template in the config (``chat_template``):
 
       Assistant: hi
 
-- ``model``: the Jinja template that ships with the model's tokenizer (``chat_template`` in its
-  ``tokenizer_config.json``, or a ``chat_template.jinja`` beside it), as Hugging Face renders it;
+- ``model``: the Jinja template that ships with the model's tokenizer (a ``chat_template.jinja``
+  beside it, else ``chat_template`` in its ``tokenizer_config.json``, the precedence Hugging
+  Face reads them in: :mod:`workers.chat_template`, the reader the engine uses too), as Hugging
+  Face renders it;
 - a path to a ``.jinja`` file of one's own.
 
 Jinja templates run in jinja2's immutable sandbox (a template is configuration, not code, and
@@ -23,12 +25,12 @@ tokenizer's config, ``raise_exception`` to refuse a conversation the model canno
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.api import InvalidRequest
+from workers.chat_template import read_chat_template
 
 Turn = tuple[str, str]  # (role, text)
 
@@ -95,23 +97,9 @@ def _from_model(tokenizer_path: str | None) -> Jinja:
     directory = os.path.expanduser(tokenizer_path or "")
     if not os.path.isdir(directory):
         directory = os.path.dirname(directory)
-    settings: dict = {}
-    config = os.path.join(directory, "tokenizer_config.json")
-    if os.path.isfile(config):
-        with open(config, encoding="utf-8") as file:
-            settings = json.load(file)
-    source = settings.get("chat_template")
-    standalone = os.path.join(directory, "chat_template.jinja")
-    if source is None and os.path.isfile(standalone):
-        with open(standalone, encoding="utf-8") as file:
-            source = file.read()
-    if not isinstance(source, str):
-        raise ValueError(f"chat_template: 'model', but no chat template ships with the tokenizer in {directory!r}")
-    return Jinja(source, f"{directory} (model)", _token(settings.get("bos_token")), _token(settings.get("eos_token")))
-
-
-def _token(value: object) -> str:
-    """A special token as tokenizer_config.json writes it: a string, or ``{"content": ...}``."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else ""
+    found = read_chat_template(directory)
+    if found is None:
+        raise ValueError(
+            f"chat_template: 'model', but no chat template ships with the tokenizer in {directory!r}"
+        )
+    return Jinja(found.source, f"{directory} (model)", found.bos_token, found.eos_token)

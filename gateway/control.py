@@ -24,7 +24,7 @@ import sys
 import time
 import tomllib
 
-from batcher.config_file import ADMIN_SOCKET, ADMIN_TOKEN, StateConfig
+from gateway.config import ADMIN_SOCKET, ADMIN_TOKEN, StateConfig
 
 CONTROL_COMMANDS = ("reload", "status", "drain", "weights")
 

@@ -23,10 +23,10 @@ import dataclasses
 import enum
 import time
 
-from batcher.metrics import Metrics
 from batcher.types import Overloaded, Shed
 from gateway.api import InvalidRequest, RateLimited
 from gateway.limiter import Limiter
+from gateway.metrics import Metrics
 from gateway.ratelimit import Limits
 from gateway.usage import UsageLog, UsageRecord
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from batcher.config_file import LimitsConfig
+from gateway.config import LimitsConfig
 from gateway.fallback import FallbackLimiter, LimiterCollector
 from gateway.ratelimit import Bucket, Limits, Verdict, charge, full, refund
 

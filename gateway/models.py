@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from batcher.config import ModelConfig
-from batcher.config_file import AliasConfig
 from gateway.api import NotFound
 from gateway.chat import ChatTemplate, make_template
+from gateway.config import AliasConfig
 from gateway.routing import Split
 from gateway.tokenizer import Tokenizer, make_tokenizer
 
@@ -42,7 +42,7 @@ class Catalog:
     @classmethod
     def of(cls, models: Sequence[ModelConfig], aliases: Sequence[AliasConfig] = ()) -> Catalog:
         """Every version of a configuration, each loaded now (a bad tokenizer names its model)."""
-        return cls([serve(model, f"models[{index}]") for index, model in enumerate(models)],
+        return cls([served_model(model, f"models[{index}]") for index, model in enumerate(models)],
                    splits_of(models, aliases))
 
     def resolve(self, name: str, session: str = "") -> ServedModel:
@@ -66,7 +66,7 @@ def splits_of(models: Sequence[ModelConfig], aliases: Sequence[AliasConfig]) -> 
     return plain + [Split(alias.name, alias.weights) for alias in aliases]
 
 
-def serve(model: ModelConfig, where: str) -> ServedModel:
+def served_model(model: ModelConfig, where: str) -> ServedModel:
     """A model's tokenizer and template, loaded once: a bad one names its model."""
     try:
         return ServedModel(model, make_tokenizer(model.tokenizer), make_template(model.chat_template, model.tokenizer))

@@ -36,15 +36,15 @@ from gateway.api import (
     MAX_MESSAGES,
     MAX_TEXT_CHARS,
     InvalidRequest,
-    _at_most,
-    _content,
-    _is_int,
-    _is_number,
-    _json_type,
-    _required,
-    _short,
-    _show,
-    _text,
+    at_most,
+    checked_text,
+    content_text,
+    is_int,
+    is_number,
+    json_type,
+    required,
+    short,
+    show,
 )
 from gateway.codec import Call, Head
 
@@ -104,22 +104,22 @@ def _document(body: bytes) -> dict[str, Any]:
     try:
         document = json.loads(body)
     except (ValueError, RecursionError) as exc:
-        raise InvalidRequest(f"body: expected a JSON object, got invalid JSON ({_short(exc)})") from None
+        raise InvalidRequest(f"body: expected a JSON object, got invalid JSON ({short(exc)})") from None
     if not isinstance(document, dict):
-        raise InvalidRequest(f"body: expected a JSON object, got {_json_type(document)}")
+        raise InvalidRequest(f"body: expected a JSON object, got {json_type(document)}")
     return document
 
 
 def _count(document: dict, name: str) -> int | None:
     value = document.get(name)
-    if value is not None and (not _is_int(value) or value < 1):
-        raise InvalidRequest(f"{name}: expected an integer >= 1, got {_show(value)}")
+    if value is not None and (not is_int(value) or value < 1):
+        raise InvalidRequest(f"{name}: expected an integer >= 1, got {show(value)}")
     return value
 
 
 def _common(document: dict, default_max_tokens: int | None) -> dict[str, Any]:
     """The fields both routes share, checked: model, limits, sampling, stops, stream, user."""
-    model = _text(_required(document, "model"), "model")
+    model = checked_text(required(document, "model"), "model")
     if not model:
         raise InvalidRequest("model: expected a model name, got an empty string")
     api.refuse_dropped(document, DROPPED_FIELDS)
@@ -128,21 +128,21 @@ def _common(document: dict, default_max_tokens: int | None) -> dict[str, Any]:
             raise InvalidRequest(f"{name}: only 1 choice per request is supported, got {document[name]}")
     limit = _count(document, "max_completion_tokens") or _count(document, "max_tokens") or default_max_tokens
     temperature, top_p, seed = (document.get(name) for name in ("temperature", "top_p", "seed"))
-    if temperature is not None and (not _is_number(temperature) or not 0.0 <= temperature <= 2.0):
-        raise InvalidRequest(f"temperature: expected a number in 0..2, got {_show(temperature)}")
-    if top_p is not None and (not _is_number(top_p) or not 0.0 < top_p <= 1.0):
-        raise InvalidRequest(f"top_p: expected a number in (0, 1], got {_show(top_p)}")
-    if seed is not None and not _is_int(seed):
-        raise InvalidRequest(f"seed: expected an integer, got {_show(seed)}")
+    if temperature is not None and (not is_number(temperature) or not 0.0 <= temperature <= 2.0):
+        raise InvalidRequest(f"temperature: expected a number in 0..2, got {show(temperature)}")
+    if top_p is not None and (not is_number(top_p) or not 0.0 < top_p <= 1.0):
+        raise InvalidRequest(f"top_p: expected a number in (0, 1], got {show(top_p)}")
+    if seed is not None and not is_int(seed):
+        raise InvalidRequest(f"seed: expected an integer, got {show(seed)}")
     stream = document.get("stream") or False
     if not isinstance(stream, bool):
-        raise InvalidRequest(f"stream: expected a boolean, got {_show(stream)}")
+        raise InvalidRequest(f"stream: expected a boolean, got {show(stream)}")
     user = document.get("user")
     return {
         "model": model, "max_tokens": limit, "stream": stream, "stop_sequences": _stops(document.get("stop")),
         "sampling": Sampling(None if temperature is None else float(temperature),
                              None if top_p is None else float(top_p), None, seed),
-        "session": None if user is None else _text(user, "user"),
+        "session": None if user is None else checked_text(user, "user"),
     }
 
 
@@ -160,30 +160,30 @@ def _include_usage(document: dict, stream: bool) -> bool:
     if not stream:
         raise InvalidRequest("stream_options: only allowed when stream is true")
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-        raise InvalidRequest(f"stream_options: expected {{include_usage: boolean}}, got {_show(options)}")
+        raise InvalidRequest(f"stream_options: expected {{include_usage: boolean}}, got {show(options)}")
     return options.get("include_usage", False)
 
 
 def _chat_turns(messages: object) -> tuple[str, tuple[tuple[str, str], ...]]:
     """System and developer messages joined (one system prompt), then the user/assistant turns."""
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequest(f"messages: expected a non-empty array, got {_json_type(messages)}")
-    _at_most(len(messages), MAX_MESSAGES, "messages", "messages per request")
+        raise InvalidRequest(f"messages: expected a non-empty array, got {json_type(messages)}")
+    at_most(len(messages), MAX_MESSAGES, "messages", "messages per request")
     system, turns = [], []
     for index, message in enumerate(messages):
         where = f"messages.{index}"
         if not isinstance(message, dict):
-            raise InvalidRequest(f"{where}: expected an object with role and content, got {_json_type(message)}")
-        role = _required(message, "role", where)
+            raise InvalidRequest(f"{where}: expected an object with role and content, got {json_type(message)}")
+        role = required(message, "role", where)
         if role not in ("system", "developer", "user", "assistant"):
-            raise InvalidRequest(f"{where}.role: expected one of system, developer, user, assistant, got {_show(role)}")
-        text = _content(_required(message, "content", where), f"{where}.content")
+            raise InvalidRequest(f"{where}.role: expected one of system, developer, user, assistant, got {show(role)}")
+        text = content_text(required(message, "content", where), f"{where}.content")
         if role in ("system", "developer"):
             system.append(text)
         else:
             turns.append((role, text))
     text_chars = sum(map(len, system)) + sum(len(text) for _, text in turns)
-    _at_most(text_chars, MAX_TEXT_CHARS, "messages", "characters of text in system and messages together")
+    at_most(text_chars, MAX_TEXT_CHARS, "messages", "characters of text in system and messages together")
     return "\n\n".join(system), tuple(turns)
 
 
@@ -192,8 +192,8 @@ def _prompt(prompt: object) -> str:
         prompt = prompt[0]
     elif isinstance(prompt, list):
         raise InvalidRequest("prompt: expected one string (several prompts, or token ids, are not supported)")
-    text = _text(prompt, "prompt")
-    _at_most(len(text), MAX_TEXT_CHARS, "prompt", "characters of text")
+    text = checked_text(prompt, "prompt")
+    at_most(len(text), MAX_TEXT_CHARS, "prompt", "characters of text")
     return text
 
 
@@ -244,7 +244,7 @@ class ChatCompletions(_Route):
 
     @staticmethod
     def _input(document: dict[str, Any]) -> dict[str, Any]:
-        system, turns = _chat_turns(_required(document, "messages"))
+        system, turns = _chat_turns(required(document, "messages"))
         return {"system": system, "turns": turns}
 
     @staticmethod
@@ -266,7 +266,7 @@ class Completions(_Route):
 
     @staticmethod
     def _input(document: dict[str, Any]) -> dict[str, Any]:
-        return {"prompt": _prompt(_required(document, "prompt"))}
+        return {"prompt": _prompt(required(document, "prompt"))}
 
     @staticmethod
     def _answer(text: str) -> dict[str, Any]:

@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from batcher.config import ContinuousModelConfig, ModelConfig
-from batcher.config_file import FerryConfig
-from gateway.models import Catalog, ServedModel, serve, splits_of
+from gateway.config import FerryConfig
+from gateway.models import Catalog, ServedModel, served_model, splits_of
 from gateway.routing import Split
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class Rollout:
                 index = {model.name: i for i, model in enumerate(new.models)}
                 for model in changes.open:  # before its tokenizer is read: the conversion writes it
                     await convert(model, f"models[{index[model.name]}]")
-                served = [serve(model, f"models[{index[model.name]}]") for model in changes.open]
+                served = [served_model(model, f"models[{index[model.name]}]") for model in changes.open]
             except ValueError as exc:
                 raise ValueError(exc if str(exc).startswith(self.source) else f"{self.source}: {exc}") from None
             await self._apply_settings(new)

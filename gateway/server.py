@@ -26,12 +26,12 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from batcher.config_file import FerryConfig, default_config, load_config
 from batcher.fleet import Launch
 from gateway.admin import reload_on_signal, start_admin
 from gateway.api import ShuttingDown
 from gateway.app import GATEWAY, make_app
 from gateway.bridge import Bridge, open_backend
+from gateway.config import FerryConfig, default_config, load_config
 from gateway.connections import ConnectionCollector, ConnectionGuard, GuardedSite
 from gateway.logs import hide_request_bytes
 from gateway.rollout import Rollout, leaves

@@ -139,6 +139,11 @@ class IdDetokenizer:
         ids        ... 17 | 902  44 |  (new) 9
                           ^prefix   ^read
         new text = decode(902 44 9) - decode(902 44), when that does not end in U+FFFD
+
+    ``tokenizers.decoders.DecodeStream`` releases the same text push for push (the tests hold
+    this class to it on SmolLM2's vocabulary), but it has no end of stream: what it still holds
+    when a stream ends (a character cut by ``max_tokens``, and any text pushed with it) would be
+    lost, where :meth:`flush` shows it, so it serves as the tests' oracle rather than as this.
     """
 
     __slots__ = ("_decode", "_ids", "_prefix", "_read")

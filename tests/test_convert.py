@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from workers.engine import convert
+from tests.tiny_checkpoint import write_tiny_checkpoint
+from workers import convert
 from workers.engine.checkpoint import read_config
 from workers.engine.runner import ModelRunner
-from workers.engine.tiny_checkpoint import write_tiny_checkpoint
 
 # Quantized as the SmolLM2 GGUF is (Q8_0 embeddings, Q4_1 matrices); Q and K stay float32, so that
 # their round trip through the permutation is checked against the source bit for bit.

@@ -11,8 +11,9 @@ import pytest
 from tests.paged_runner import PagedRunner, next_token, reference
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine, EngineStats, Finished
+from workers.engine.engine import Engine, SequenceEnd
 from workers.engine.sequence import FinishReason, SamplingParams
+from workers.protocol import EngineStats
 
 
 class Clock:
@@ -83,7 +84,7 @@ def test_a_sequence_admitted_into_the_blocks_another_just_left_starts_from_its_o
     eng.add([20, 21, 22, 23, 24], two)  # needs 2 blocks: waits while the first holds 2 of 3
     assert eng.step().tokens.keys() == {0}
     done = eng.step()
-    assert done.finished == [Finished(0, FinishReason.MAX_TOKENS, 6, 0, 2)]
+    assert done.finished == [SequenceEnd(0, FinishReason.MAX_TOKENS, 6, 0, 2)]
     assert list(eng.scheduler.blocks.free) == [1, 2, 0]  # its half-used tail first, its full prefix last
     eng.step()
     assert runner.batches[2] == ForwardBatch(

@@ -20,7 +20,7 @@ import pytest
 
 from tests.oracles import NaiveLlama, transformers_greedy
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine, Finished
+from workers.engine.engine import Engine, SequenceEnd
 from workers.engine.runner import ModelRunner
 from workers.engine.sequence import FinishReason, SamplingParams
 
@@ -40,7 +40,7 @@ class Run:
     its end and its last block table; and facts about the steps."""
 
     tokens: dict[int, list[int]] = dataclasses.field(default_factory=dict)
-    finished: dict[int, Finished] = dataclasses.field(default_factory=dict)
+    finished: dict[int, SequenceEnd] = dataclasses.field(default_factory=dict)
     tables: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     holders: dict[int, set[int]] = dataclasses.field(default_factory=dict)  # block -> requests that held it
     chunked: int = 0  # steps after which a running sequence was part-way through its prompt
@@ -194,7 +194,7 @@ def test_the_engine_refuses_a_prompt_that_fills_the_model_s_context(tiny_checkpo
         engine,
         [Request([5] * 256, SamplingParams(max_tokens=4)), Request([5] * 250, SamplingParams(max_tokens=20))],
     )
-    assert run.finished[0] == Finished(
+    assert run.finished[0] == SequenceEnd(
         0,
         FinishReason.TOO_LONG,
         256,

@@ -75,7 +75,8 @@ async def settled(pool, **expected) -> None:
     """Wait until every replica's report shows ``expected``, from a report made after now (an
     engine reports every 200 ms)."""
     def matches() -> bool:
-        return all(all(getattr(r, k) == v for k, v in expected.items()) for r in pool.snapshot().stats.replicas)
+        replicas = pool.snapshot().stats.replicas
+        return all(all(getattr(r.engine, k) == v for k, v in expected.items()) for r in replicas)
 
     await trio.sleep(0.5)
     await wait_for(matches, seconds=10)
@@ -103,7 +104,7 @@ async def test_a_job_whose_deadline_passes_in_the_queue_gets_529_and_never_reach
         pool.cancel(running)
         await settled(pool, running=0)
         [replica] = pool.snapshot().stats.replicas
-        assert replica.prefix_queries == 10  # the first job's prompt alone: the late one never arrived
+        assert replica.engine.prefix_queries == 10  # the first job's prompt alone: the late one never arrived
         assert pool.snapshot().stats.expired == 1
 
 
@@ -163,7 +164,7 @@ async def test_an_engine_that_sends_no_stats_is_killed_and_its_whole_answers_com
         clients = [Client(), Client()]
         for i, client in enumerate(clients):
             pool.submit(job(20 + i, 300, stream=False), client)
-        await wait_for(lambda: all(r.running for r in pool.snapshot().stats.replicas))
+        await wait_for(lambda: all(r.engine.running for r in pool.snapshot().stats.replicas))
         stopped = pids(pool)[0]
         os.kill(stopped, signal.SIGSTOP)  # alive, but silent
         with trio.fail_after(30):
@@ -178,7 +179,7 @@ async def test_with_every_engine_down_a_lost_answer_waits_for_the_restart_and_co
     async with engines(workers=1) as pool:
         client = Client()
         pool.submit(job(30, 200, stream=False), client)
-        await wait_for(lambda: pool.snapshot().stats.replicas[0].running == 1)
+        await wait_for(lambda: pool.snapshot().stats.replicas[0].engine.running == 1)
         os.kill(pids(pool)[0], signal.SIGKILL)
         with trio.fail_after(30):
             await client.done.wait()

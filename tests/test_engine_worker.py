@@ -10,13 +10,13 @@ generous and nothing asserts speed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import signal
 import subprocess
 import sys
 
+import msgspec
 import pytest
 import trio
 
@@ -29,12 +29,12 @@ from workers.engine.serve import STOPS
 from workers.protocol import (
     Abort,
     Add,
-    Finished,
+    EngineStats,
     FrameDecoder,
     Message,
     Ready,
     RunBatch,
-    Stats,
+    SequenceFinished,
     Tokens,
     encode,
 )
@@ -89,7 +89,7 @@ async def engine_process(args: list[str]):
     )
     worker = EngineProcess(process)
     try:
-        await worker.until(lambda got: any(isinstance(m, Stats) for m in got), seconds=60)
+        await worker.until(lambda got: any(isinstance(m, EngineStats) for m in got), seconds=60)
         yield worker
     finally:
         if process.returncode is None:
@@ -124,8 +124,8 @@ async def test_fifty_requests_stream_their_tokens_and_finish_with_their_usage_or
     await engine.send(*requests)
     await engine.until(lambda got: any(isinstance(m, Tokens) for m in got))
     await engine.send(*(Abort(rid) for rid in sorted(aborted)))
-    got = await engine.until(lambda got: len([m for m in got if isinstance(m, Finished)]) == 50)
-    finished = {m.rid: m for m in engine.of(Finished)}
+    got = await engine.until(lambda got: len([m for m in got if isinstance(m, SequenceFinished)]) == 50)
+    finished = {m.rid: m for m in engine.of(SequenceFinished)}
     for request in requests:
         ids = [i for m in engine.of(Tokens) if m.rid == request.rid for i in m.ids]
         done = finished[request.rid]
@@ -137,8 +137,8 @@ async def test_fifty_requests_stream_their_tokens_and_finish_with_their_usage_or
         tokens_at = [i for i, m in enumerate(got) if isinstance(m, Tokens) and m.rid == request.rid]
         assert all(at < got.index(done) for at in tokens_at)  # its last token before its end
     ended = len(got)
-    await engine.until(lambda got: any(isinstance(m, Stats) for m in got[ended:]))
-    after = next(m for m in engine.received[ended:] if isinstance(m, Stats))
+    await engine.until(lambda got: any(isinstance(m, EngineStats) for m in got[ended:]))
+    after = next(m for m in engine.received[ended:] if isinstance(m, EngineStats))
     assert (after.running, after.waiting, after.used_blocks, after.free_blocks) == (0, 0, 0, 64)
     assert after.queued_tokens == 0 and after.generated_tokens == sum(
         m.usage.output_tokens for m in finished.values()
@@ -151,14 +151,14 @@ async def test_aborted_requests_finish_as_aborted_and_their_blocks_are_free_by_t
     await engine.send(*long, add(3, 20, 5))
     await engine.until(lambda got: {m.rid for m in got if isinstance(m, Tokens)} >= {0, 1, 2, 3})
     await engine.send(Abort(0), Abort(1), Abort(2), Abort(999))  # 999: unknown, ignored
-    await engine.until(lambda got: {m.rid for m in got if isinstance(m, Finished)} == {0, 1, 2, 3})
-    reasons = {m.rid: m.reason for m in engine.of(Finished)}
+    await engine.until(lambda got: {m.rid for m in got if isinstance(m, SequenceFinished)} == {0, 1, 2, 3})
+    reasons = {m.rid: m.reason for m in engine.of(SequenceFinished)}
     assert reasons == {0: "aborted", 1: "aborted", 2: "aborted", 3: "max_tokens"}
     seen = len(engine.received)
-    await engine.until(lambda got: any(isinstance(m, Stats) for m in got[seen:]))
-    after = next(m for m in engine.received[seen:] if isinstance(m, Stats))
+    await engine.until(lambda got: any(isinstance(m, EngineStats) for m in got[seen:]))
+    after = next(m for m in engine.received[seen:] if isinstance(m, EngineStats))
     assert (after.used_blocks, after.running, after.free_blocks) == (0, 0, 64)
-    assert [m for m in engine.received[seen:] if isinstance(m, Tokens | Finished)] == []
+    assert [m for m in engine.received[seen:] if isinstance(m, Tokens | SequenceFinished)] == []
 
 
 async def test_eof_on_its_input_ends_the_worker_cleanly(engine):
@@ -244,17 +244,17 @@ async def test_the_real_model_s_token_frames_are_the_engine_s_answers_and_aborts
         await worker.send(*long, *short)
         await worker.until(lambda got: {m.rid for m in got if isinstance(m, Tokens)} >= {12, 13, 14})
         await worker.send(*(Abort(r.rid) for r in long))
-        ended = await worker.until(lambda got: len([m for m in got if isinstance(m, Finished)]) == 15)
+        ended = await worker.until(lambda got: len([m for m in got if isinstance(m, SequenceFinished)]) == 15)
         seen = len(ended)
-        await worker.until(lambda got: any(isinstance(m, Stats) for m in got[seen:]))
-    after = next(m for m in worker.received[seen:] if isinstance(m, Stats))
+        await worker.until(lambda got: any(isinstance(m, EngineStats) for m in got[seen:]))
+    after = next(m for m in worker.received[seen:] if isinstance(m, EngineStats))
     assert (after.used_blocks, after.free_blocks, after.running, after.waiting) == (0, 512, 0, 0)
     streamed = {r.rid: [i for m in worker.of(Tokens) if m.rid == r.rid for i in m.ids] for r in long + short}
-    reasons = {m.rid: m.reason for m in worker.of(Finished)}
+    reasons = {m.rid: m.reason for m in worker.of(SequenceFinished)}
     assert {reasons[r.rid] for r in long} == {"aborted"}
     assert all(0 < len(streamed[r.rid]) < 8000 for r in long)
     # The worker's answers are the in-process engine's, aborted ones cut where they stopped.
-    cut = [dataclasses.replace(r, max_tokens=len(streamed[r.rid])) for r in long]
+    cut = [msgspec.structs.replace(r, max_tokens=len(streamed[r.rid])) for r in long]
     assert streamed == in_process(model_dir, cut + short)
     assert all(len(streamed[r.rid]) == r.max_tokens or reasons[r.rid] == "eos" for r in short)
 
@@ -266,12 +266,12 @@ async def test_a_sequence_ended_by_a_stop_token_is_billed_for_it_but_not_sent_it
                  None, [], True) for rid in range(8)]
     answers = in_process(model_dir, plain)
     # each request stops at the id its answer makes fifth
-    requests = [dataclasses.replace(r, stop_token_ids=[answers[r.rid][4]]) for r in plain]
+    requests = [msgspec.structs.replace(r, stop_token_ids=[answers[r.rid][4]]) for r in plain]
     async with engine_process(["engine", "--model", str(model_dir), *MODEL_ENGINE]) as worker:
         await worker.send(*requests)
-        await worker.until(lambda got: len([m for m in got if isinstance(m, Finished)]) == 8)
+        await worker.until(lambda got: len([m for m in got if isinstance(m, SequenceFinished)]) == 8)
     streamed = {r.rid: [i for m in worker.of(Tokens) if m.rid == r.rid for i in m.ids] for r in requests}
-    finished = {m.rid: m for m in worker.of(Finished)}
+    finished = {m.rid: m for m in worker.of(SequenceFinished)}
     assert {m.reason for m in finished.values()} == {"stop_token"}
     for r in requests:
         stop = answers[r.rid].index(r.stop_token_ids[0])

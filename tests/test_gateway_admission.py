@@ -212,7 +212,7 @@ def test_state_files_are_private_and_wider_ones_are_tightened_once(tmp_path, sta
 
 
 def test_a_new_state_directory_and_its_databases_are_created_private(tmp_path):
-    from batcher.config_file import StateConfig
+    from gateway.config import StateConfig
     from gateway.idempotency import IdempotencyStore
     from gateway.usage import UsageLog
 

@@ -8,10 +8,10 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from batcher.metrics import Metrics
 from gateway.api import InvalidRequest, RateLimited
 from gateway.ledger import Entry, Ledger, Outcome
 from gateway.limiter import MemoryLimiter
+from gateway.metrics import Metrics
 from gateway.ratelimit import Limits
 from gateway.usage import UsageLog, read_usage
 

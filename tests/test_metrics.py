@@ -4,8 +4,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batcher.admission import BatchLoad
 from batcher.backend import Snapshot
-from batcher.metrics import Metrics
 from batcher.stats import Stats
+from gateway.metrics import Metrics
 
 
 def families(metrics: Metrics, snapshots: dict | None = None) -> dict:

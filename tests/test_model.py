@@ -13,12 +13,12 @@ import torch
 
 from tests.oracles import NaiveLlama, transformers_greedy
 from tests.paged_driver import PagedDriver, Request
+from tests.tiny_checkpoint import CHAT_TEMPLATE
 from workers.engine.attention import partition, plan_attention
 from workers.engine.batch import ForwardBatch, Sample
-from workers.engine.checkpoint import ModelConfig, Rope, read_rope
+from workers.engine.checkpoint import LlamaConfig, Rope, read_rope
 from workers.engine.runner import ModelRunner
 from workers.engine.sequence import SamplingParams
-from workers.engine.tiny_checkpoint import CHAT_TEMPLATE
 
 GREEDY = SamplingParams(max_tokens=64)
 DEVICES = [
@@ -267,11 +267,11 @@ def test_config_reads_both_rope_spellings_and_refuses_the_rest():
         "num_attention_heads": 2,
     }
     with pytest.raises(ValueError, match="config.json attention_bias: biases are not supported"):
-        ModelConfig.from_dict(shape | {"attention_bias": True})
+        LlamaConfig.from_dict(shape | {"attention_bias": True})
     with pytest.raises(ValueError, match="expected a llama model"):
-        ModelConfig.from_dict(shape | {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
+        LlamaConfig.from_dict(shape | {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
     with pytest.raises(ValueError, match="num_key_value_heads: expected a divisor of 2 heads, got 3"):
-        ModelConfig.from_dict(shape | {"num_key_value_heads": 3})
+        LlamaConfig.from_dict(shape | {"num_key_value_heads": 3})
 
 
 def test_partition_pads_alike_sequences_together():

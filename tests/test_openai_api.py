@@ -11,7 +11,7 @@ from openai._streaming import SSEDecoder
 
 from batcher.backend import Sampling
 from batcher.types import Overloaded, RequestFailed
-from gateway import api, openai
+from gateway import anthropic, api, openai
 from gateway.anthropic import Messages
 from gateway.codec import Call, Head
 
@@ -192,9 +192,10 @@ def test_the_anthropic_codec_keeps_its_stream_and_passes_the_session():
                                         "metadata": {"user_id": "u-9"}}).encode())
     assert (parsed.call.session, parsed.call.max_tokens, parsed.call.turns) == ("u-9", 3, (("user", "x"),))
     stream = parsed.stream(Head("msg_1", "m@1", 1, 0))
-    assert stream.stop("end_turn", None, 0, blocked=False).startswith(api.BLOCK_START)  # an empty answer's block
+    block = anthropic.BLOCK_START
+    assert stream.stop("end_turn", None, 0, blocked=False).startswith(block)  # an empty answer's block
     stream = parsed.stream(Head("msg_1", "m@1", 1, 0))
-    assert stream.text("a").startswith(api.BLOCK_START) and not stream.text("b").startswith(api.BLOCK_START)
+    assert stream.text("a").startswith(block) and not stream.text("b").startswith(block)
     with pytest.raises(api.InvalidRequest, match="metadata.user_id: expected a string"):
         Messages.parse(json.dumps({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}],
                                    "metadata": {"user_id": 5}}).encode())

@@ -16,13 +16,13 @@ from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import open_batcher
 from batcher.policy import SizeOrTimeout
 from batcher.types import RequestFailed, State, WorkersFailed
-from tests.conftest import Fleet
+from tests.conftest import Spawner
 from tests.test_batcher import HANG, SERVICE, Outcomes, T, running, texts
 from workers.faults import FaultPlan
 
 
 async def test_workers_killed_while_idle_are_noticed_and_replaced_without_traffic(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     async with running(fleet, workers=8) as batcher:
         await trio.sleep(1.0)
         for slot in range(8):
@@ -49,7 +49,7 @@ async def test_a_batch_sent_to_a_worker_already_gone_costs_it_no_attempt(autojum
     # Slot 1 crashes on B, whose retry waits for slot 0 (busy with A). Slot 0's worker is
     # killed the moment it answers A, so B is handed to it and finds it gone: B must not count
     # that as its second failure (which would bisect it) but wait for the next live worker.
-    fleet = Fleet(plans={1: FaultPlan(crash_on_call=1)})
+    fleet = Spawner(plans={1: FaultPlan(crash_on_call=1)})
     async with running(fleet) as batcher:
         first = fleet.worker(0)
         batcher.pool.on_answer = lambda size, seconds: first.kill()
@@ -70,7 +70,7 @@ BUDGETS = QueueConfig(wait_budgets=(1.0, 0.3))  # paid, free: the embedded defau
 
 
 @contextlib.asynccontextmanager
-async def forty_on_one_worker(fleet: Fleet):
+async def forty_on_one_worker(fleet: Spawner):
     """One worker with the default's budgets; 20 paid and 20 free requests queued at t=0.
     Yields the batcher, the outcomes and the paid and free requests."""
     pool = PoolConfig(workers=1, hang_timeout=HANG)
@@ -82,7 +82,7 @@ async def forty_on_one_worker(fleet: Fleet):
 async def test_a_fleet_that_crashes_on_every_call_fails_each_request_by_its_budget_plus_one_hang_timeout(
     autojump_clock,
 ):
-    fleet = Fleet(every=FaultPlan(crash_on_call=1))
+    fleet = Spawner(every=FaultPlan(crash_on_call=1))
     async with forty_on_one_worker(fleet) as (batcher, outcomes, paid, free):
         await trio.sleep(0.2)
         before = batcher.pool.ready  # the batch has gone out at 0.15; it crashes its worker at 0.25
@@ -108,7 +108,8 @@ async def test_a_fleet_that_crashes_on_every_call_fails_each_request_by_its_budg
 
 
 async def test_a_fleet_that_hangs_on_every_call_fails_each_request_while_its_retry_still_runs(autojump_clock):
-    async with forty_on_one_worker(Fleet(every=FaultPlan(hang_on_call=1))) as (batcher, outcomes, paid, free):
+    hanging = Spawner(every=FaultPlan(hang_on_call=1))
+    async with forty_on_one_worker(hanging) as (batcher, outcomes, paid, free):
         await outcomes.wait(40)
         running_then = batcher.pool.busy_count, batcher.pool.ready
     # hung at 0.15 + 1 s, killed; the retry on the replacement (sent at 1.25) hangs too
@@ -121,7 +122,7 @@ async def test_a_fleet_that_hangs_on_every_call_fails_each_request_while_its_ret
 
 
 async def test_a_fleet_slower_than_hang_timeout_loses_one_worker_then_serves_at_its_own_pace(autojump_clock):
-    fleet = Fleet(every=FaultPlan(slow_factor=5.5))  # every call takes 1.1 s against a 1 s hang_timeout
+    fleet = Spawner(every=FaultPlan(slow_factor=5.5))  # every call takes 1.1 s against a 1 s hang_timeout
     async with running(fleet) as batcher:
         outcomes = Outcomes(batcher)
         first = outcomes.add(texts("a", 50))
@@ -140,7 +141,7 @@ async def test_a_fleet_slower_than_hang_timeout_loses_one_worker_then_serves_at_
 
 async def test_a_hang_among_slowed_calls_is_detected_at_three_recent_call_times(autojump_clock):
     slow = FaultPlan(slow_factor=2.0)  # 0.4 s calls: under hang_timeout, so nothing is killed...
-    fleet = Fleet(plans={0: FaultPlan(slow_factor=2.0, hang_on_call=3)}, every=slow)
+    fleet = Spawner(plans={0: FaultPlan(slow_factor=2.0, hang_on_call=3)}, every=slow)
     async with running(fleet, workers=1) as batcher:
         outcomes = Outcomes(batcher)
         for start in (0.0, 0.5, 1.0):
@@ -160,7 +161,7 @@ async def test_a_poisoned_batch_under_tier_budgets_still_serves_its_batch_mates(
     poison = FaultPlan(poison="☠")
     queue = QueueConfig(tiers=("paid", "free"), wait_budgets=(1.0, 0.3))
     pool = PoolConfig(workers=2, hang_timeout=HANG)
-    async with open_batcher(Fleet(every=poison), pool, SizeOrTimeout(50, T), queue) as batcher:
+    async with open_batcher(Spawner(every=poison), pool, SizeOrTimeout(50, T), queue) as batcher:
         outcomes = Outcomes(batcher)
         inputs = texts("r", 50)
         inputs[37] = "r37 ☠"
@@ -174,7 +175,7 @@ async def test_a_poisoned_batch_under_tier_budgets_still_serves_its_batch_mates(
 
 
 async def test_a_fleet_that_lost_every_worker_proves_itself_with_a_probe_call_without_traffic(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     async with running(fleet, workers=2) as batcher:
         await trio.sleep(1.0)
         for slot in range(2):

@@ -1,22 +1,21 @@
 """The frame codec: round trips, one byte at a time, and every way a frame can be bad."""
 
-import dataclasses
 import struct
 import typing
 
-import msgpack
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.engine.engine import EngineStats
 from workers.engine.sequence import FinishReason
 from workers.protocol import (
+    NO_ENGINE_STATS,
     Abort,
     Accepted,
     Add,
+    EngineStats,
     Error,
-    Finished,
     FinishReasonName,
     FrameDecoder,
     Message,
@@ -24,7 +23,7 @@ from workers.protocol import (
     Ready,
     Result,
     RunBatch,
-    Stats,
+    SequenceFinished,
     Tokens,
     Usage,
     decode_body,
@@ -35,9 +34,10 @@ ADD = Add(
     rid=7, prompt_tokens=[1, 2, 3] * 1000, max_tokens=64, tier=1, tenant="acme", temperature=0.7, top_p=0.9,
     top_k=40, seed=None, stop_token_ids=[2, 50256], ignore_eos=False,
 )
-STATS = Stats(
+STATS = EngineStats(
     step=12, running=3, waiting=1, queued_tokens=900, free_blocks=40, used_blocks=24, total_blocks=64,
-    cached_blocks=5, preemptions=2, prefix_queries=1500, prefix_hits=320, computed_tokens=2100, generated_tokens=36,
+    cached_blocks=5, preemptions=2, prefix_queries=1500, prefix_hits=320, computed_tokens=2100,
+    generated_tokens=36,
 )
 EVERY_KIND = [
     Ready(pid=4242, model="sleep-200ms"),
@@ -46,11 +46,15 @@ EVERY_KIND = [
     Result(id=1, outputs=["a", "", "✓"]),
     Error(id=9, message="ValueError: boom"),
     ADD,
-    dataclasses.replace(ADD, rid=8, seed=2**63, ignore_eos=True, tenant="", stop_token_ids=[], temperature=0),
+    msgspec.structs.replace(
+        ADD, rid=8, seed=2**63, ignore_eos=True, tenant="", stop_token_ids=[], temperature=0
+    ),
     Abort(rid=7),
     Tokens(rid=7, ids=[4242]),
-    Finished(rid=7, reason="stop_token", usage=Usage(prompt_tokens=3000, cached_tokens=2992, output_tokens=12)),
-    Finished(rid=8, reason="too_long", usage=Usage(prompt_tokens=90_000, cached_tokens=0, output_tokens=0)),
+    SequenceFinished(rid=7, reason="stop_token", usage=Usage(prompt_tokens=3000, cached_tokens=2992,
+                                                             output_tokens=12)),
+    SequenceFinished(rid=8, reason="too_long", usage=Usage(prompt_tokens=90_000, cached_tokens=0,
+                                                           output_tokens=0)),
     STATS,
 ]
 
@@ -90,42 +94,46 @@ def test_encoding_an_oversized_message_is_refused():
 
 
 def _fields(message) -> dict:
-    return {"kind": message.kind, **{f.name: getattr(message, f.name) for f in dataclasses.fields(message)}}
+    return msgspec.to_builtins(message)
 
 
 _USAGE = {"prompt_tokens": 1, "cached_tokens": 0, "output_tokens": 1}
-
-
-def _frame(fields) -> bytes:
-    body = msgpack.packb(fields)
-    return struct.pack(">I", len(body)) + body
+_FINISHED = {"kind": "finished", "rid": 1, "reason": "eos", "usage": _USAGE}
+_pack = msgspec.msgpack.encode
+_RESULT_HEAD = b"\x83" + _pack({"kind": "result", "id": 1})[1:]  # a map of 3 fields, 2 of them written
 
 
 @pytest.mark.parametrize(
     ("body", "complaint"),
     [
         (b"\xc1", "not msgpack"),
-        (msgpack.packb([1, 2, 3]), "not a map"),
-        (msgpack.packb({"kind": "launch_missiles"}), "unknown message kind"),
-        (msgpack.packb({"id": 1, "outputs": []}), "unknown message kind None"),
-        (msgpack.packb({"kind": "result", "id": 1}), "expected \\['id', 'outputs'\\]"),
-        (msgpack.packb({"kind": "result", "id": 1, "outputs": [], "x": 1}), "has fields"),
-        (msgpack.packb({"kind": "result", "id": "1", "outputs": []}), "result.id"),
-        (msgpack.packb({"kind": "result", "id": 1, "outputs": ["a", 2]}), "result.outputs"),
-        (msgpack.packb({"kind": "result", "id": True, "outputs": []}), "result.id"),
-        (msgpack.packb({"kind": "run_batch", "id": 1, "inputs": "abc"}), "run_batch.inputs"),
-        (msgpack.packb({**_fields(ADD), "seed": "42"}), "add.seed"),
-        (msgpack.packb({**_fields(ADD), "ignore_eos": 1}), "add.ignore_eos"),
-        (msgpack.packb({**_fields(ADD), "top_p": "0.9"}), "add.top_p"),
-        (msgpack.packb({**_fields(ADD), "prompt_tokens": [1, True]}), "add.prompt_tokens"),
-        (msgpack.packb({k: v for k, v in _fields(ADD).items() if k != "tenant"}), "expected .*'tenant'"),
-        (msgpack.packb({"kind": "abort", "rid": None}), "abort.rid"),
-        (msgpack.packb({"kind": "tokens", "rid": 1, "ids": 5}), "tokens.ids"),
-        (msgpack.packb({"kind": "finished", "rid": 1, "reason": "exploded", "usage": _USAGE}), "finished.reason"),
-        (msgpack.packb({"kind": "finished", "rid": 1, "reason": "eos", "usage": [1, 2, 3]}), "finished.usage"),
-        (msgpack.packb({"kind": "finished", "rid": 1, "reason": "eos", "usage": {**_USAGE, "x": 1}}), "finished.usage"),
-        (msgpack.packb({"kind": "finished", "rid": 1, "reason": "eos", "usage": {"prompt_tokens": 1}}), "finished.usage"),
-        (msgpack.packb({**_fields(STATS), "running": -0.5}), "stats.running"),
+        (_pack({"kind": "result", "id": 1, "outputs": []}) + b"\x00", "not msgpack.*trailing"),
+        (_pack([1, 2, 3]), "Expected `object`, got `array` - at `frame`"),
+        (_pack({"kind": "launch_missiles"}), "Invalid value 'launch_missiles' - at `frame.kind`"),
+        (_pack({"kind": 7}), "at `frame.kind`"),
+        (_pack({"id": 1, "outputs": []}), "missing required field `kind`"),
+        (_pack({"kind": "result", "id": 1}), "missing required field `outputs` - at `result`"),
+        (_pack({"kind": "result", "id": 1, "outputs": [], "x": 1}), "unknown field `x` - at `result`"),
+        (_pack({"kind": "result", "id": "1", "outputs": []}), "got `str` - at `result.id`"),
+        (_pack({"kind": "result", "id": 1, "outputs": ["a", 2]}), "result.outputs\\[1\\]"),
+        (_pack({"kind": "result", "id": True, "outputs": []}), "got `bool` - at `result.id`"),
+        (_pack({"kind": "run_batch", "id": 1, "inputs": "abc"}), "run_batch.inputs"),
+        (_pack({**_fields(ADD), "seed": "42"}), "add.seed"),
+        (_pack({**_fields(ADD), "ignore_eos": 1}), "add.ignore_eos"),
+        (_pack({**_fields(ADD), "top_p": "0.9"}), "add.top_p"),
+        (_pack({**_fields(ADD), "prompt_tokens": [1, True]}), "add.prompt_tokens"),
+        (_pack({k: v for k, v in _fields(ADD).items() if k != "tenant"}), "field `tenant` - at `add`"),
+        (_pack({"kind": "abort", "rid": None}), "abort.rid"),
+        (_pack({"kind": "tokens", "rid": 1, "ids": 5}), "tokens.ids"),
+        (_pack({**_FINISHED, "reason": "exploded"}), "'exploded' - at `finished.reason`"),
+        (_pack({**_FINISHED, "usage": [1, 2, 3]}), "finished.usage"),
+        (_pack({**_FINISHED, "usage": {**_USAGE, "x": 1}}), "unknown field `x` - at `finished.usage`"),
+        (_pack({**_FINISHED, "usage": {"prompt_tokens": 1}}), "finished.usage"),
+        (_pack({**_fields(STATS), "running": -0.5}), "stats.running"),
+        # a million arrays deep: the field, an unknown one, and a map nested too deep to read
+        (_RESULT_HEAD + b"\xa7outputs" + b"\x91" * 10**6 + b"\x01", "outputs\\[0\\]"),
+        (_RESULT_HEAD + b"\xa1x" + b"\x91" * 10**6 + b"\x01", "unknown field `x`"),
+        (b"\x81\xa1x" * 10**6 + b"\x01", "not msgpack: maximum recursion depth"),
     ],
 )
 def test_a_malformed_frame_says_what_is_wrong(body, complaint):
@@ -150,6 +158,35 @@ def test_any_batch_round_trips(inputs, call_id):
     assert FrameDecoder().feed(encode(message)) == [message]
 
 
-def test_the_continuous_frames_say_what_the_engine_says():
+def test_the_finish_reasons_on_the_wire_are_the_engines():
     assert typing.get_args(FinishReasonName) == tuple(reason.value for reason in FinishReason)
-    assert [f.name for f in dataclasses.fields(Stats)] == [f.name for f in dataclasses.fields(EngineStats)]
+
+
+def test_a_frame_on_the_wire_is_a_length_and_a_map_that_names_its_kind_first():
+    """The bytes other engines (another interpreter, another language) read and write."""
+    assert encode(Error(id=7, message="boom")) == (
+        b"\x00\x00\x00\x1d" b"\x83" b"\xa4kind\xa5error" b"\xa2id\x07" b"\xa7message\xa4boom"
+    )
+    for message in EVERY_KIND:
+        fields = msgspec.msgpack.decode(encode(message)[4:])
+        assert list(fields) == ["kind", *message.__struct_fields__]
+        assert fields == {"kind": message.kind, **msgspec.to_builtins(message)}
+
+
+@given(
+    st.lists(st.integers(0, 2**31), max_size=100), st.integers(0, 2**31), st.text(max_size=20),
+    st.floats(0, 2, allow_nan=False), st.one_of(st.none(), st.integers(0, 2**64 - 1)), st.booleans(),
+)
+def test_any_add_round_trips(prompt, max_tokens, tenant, temperature, seed, ignore_eos):
+    message = Add(1, prompt, max_tokens, 0, tenant, temperature, 1.0, 0, seed, [2], ignore_eos)
+    assert FrameDecoder().feed(encode(message)) == [message]
+
+
+def test_a_replica_counts_across_its_engines_by_adding_counters_not_gauges():
+    lost = msgspec.structs.replace(STATS, running=9, free_blocks=1)
+    carried = NO_ENGINE_STATS.plus_counters(lost)
+    assert (carried.running, carried.free_blocks) == (0, 0)
+    assert (carried.preemptions, carried.generated_tokens) == (2, 36)
+    now = STATS.plus_counters(carried)
+    assert (now.running, now.free_blocks) == (3, 40)
+    assert (now.step, now.prefix_hits, now.generated_tokens) == (24, 640, 72)

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from batcher.config_file import LimitsConfig
+from gateway.config import LimitsConfig
 from gateway.fallback import FallbackLimiter
 from gateway.limiter import open_limiter
 from gateway.ratelimit import Limits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from batcher.config_file import parse_config
+from gateway.config import parse_config
 from gateway.rollout import Plan, State, plan
 
 BASE = """

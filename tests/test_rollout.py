@@ -11,8 +11,8 @@ import threading
 
 import trio
 
-from batcher.config_file import parse_config
 from gateway.app import GATEWAY
+from gateway.config import parse_config
 from gateway.rollout import ReloadFailed, Rollout
 from gateway.usage import read_usage
 from tests.harness import CONFIG, ScriptedBackend, headers, in_process, playing, run, sse

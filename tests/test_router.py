@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from batcher.router import Route, Router, prefix_hashes
+from batcher.router import Route, Router
 from workers.engine.block_manager import BlockManager
 from workers.engine.sequence import Sequence
+from workers.prefix_hash import prefix_hashes
 
 BS = 4
 

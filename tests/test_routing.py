@@ -10,8 +10,8 @@ import itertools
 import pytest
 
 from batcher.config import FixedModelConfig
-from batcher.config_file import AliasConfig
 from gateway import api
+from gateway.config import AliasConfig
 from gateway.models import Catalog
 from gateway.routing import Split, session_point
 

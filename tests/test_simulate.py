@@ -19,7 +19,7 @@ from batcher.sim.replay import Replay, ReplayBatcher
 from batcher.sim.simulate import Scenario, Service, simulate
 from batcher.sim.workers import SimulatedWorker, linear
 from batcher.types import Overloaded, Request, State
-from tests.conftest import Fleet
+from tests.conftest import Spawner
 from workers.faults import FaultPlan
 
 
@@ -43,7 +43,7 @@ async def _ended(batcher, inputs, timeout=None) -> list[Request]:
 
 @pytest.mark.parametrize(("policy", "finished"), [(SizeOrTimeout(50, 0.15), 0.35), (IdleAware(50, 0.15), 0.2)])
 async def test_idle_aware_sends_a_small_batch_at_once_while_workers_idle(autojump_clock, policy, finished):
-    fleet = Fleet()
+    fleet = Spawner()
     async with open_batcher(fleet, PoolConfig(workers=8), policy) as batcher:
         requests = await _ended(batcher, ["a", "b", "c"])
     assert fleet.calls() == [["a", "b", "c"]]
@@ -51,7 +51,7 @@ async def test_idle_aware_sends_a_small_batch_at_once_while_workers_idle(autojum
 
 
 async def test_idle_aware_waits_when_only_the_last_worker_is_idle(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     async with open_batcher(fleet, PoolConfig(workers=2), IdleAware(50, 0.15)) as batcher:
         first = await _ended(batcher, ["a"])  # worker 0 takes it at t=0: worker 1 is left idle
         assert first[0].finished_at == pytest.approx(0.2)
@@ -64,7 +64,7 @@ async def test_idle_aware_waits_when_only_the_last_worker_is_idle(autojump_clock
 
 
 async def test_slack_driven_holds_until_the_deadline_allows_no_more_and_drops_the_hopeless(autojump_clock):
-    fleet = Fleet()
+    fleet = Spawner()
     policy = SlackDriven(50, service_time=0.2, margin=0.02)
     async with open_batcher(fleet, PoolConfig(workers=2), policy, QueueConfig(queue_timeout=30.0)) as batcher:
         hopeless, *rest = await _ended(batcher, ["hopeless"], timeout=0.15) + [None]
@@ -108,13 +108,13 @@ def test_a_replayed_trace_is_scheduled_exactly_as_on_time_arrivals_are(policy, q
     pool = PoolConfig(workers=4)
 
     async def on_time() -> list[Request]:
-        async with open_batcher(Fleet(), pool, policy, queue) as batcher:
+        async with open_batcher(Spawner(), pool, policy, queue) as batcher:
             requests, _ = await drive(batcher, trace.times, [trace.tiers[i] for i in trace.tier], timeout=0.5)
         return requests
 
     async def replayed() -> list[Request]:
         ended: list[Request] = []
-        async with open_batcher(Fleet(), pool, policy, queue, batcher=ReplayBatcher) as batcher:
+        async with open_batcher(Spawner(), pool, policy, queue, batcher=ReplayBatcher) as batcher:
             batcher.feed(Replay(batcher, trace.times, trace.tier, trace.tiers, trace.deadlines, ended.append))
             while len(ended) < len(trace):
                 await trio.sleep(1.0)
@@ -210,7 +210,7 @@ def test_linear_service_time_with_jitter_stays_within_its_bounds():
 
 async def test_a_drop_time_that_rounds_early_still_drops(autojump_clock):
     # 0.9 - 0.2 + 0.2 < 0.9 in floats: a loop waking at 0.9 - 0.2 would find nothing to drop, forever
-    fleet = Fleet(service=5.0)
+    fleet = Spawner(service=5.0)
     async with open_batcher(fleet, PoolConfig(workers=1), SlackDriven(50, service_time=0.2)) as batcher:
         await _ended_after_start(batcher)
         (late,) = await _ended(batcher, ["late"], timeout=0.9)

@@ -1,5 +1,5 @@
 """The engine benchmark's two static baselines against the naive full-recompute model. The padded
-batch (``workers/engine/static.py``): a left-padded batch answers each prompt exactly as the
+batch (``experiments/static_batch.py``): a left-padded batch answers each prompt exactly as the
 naive model does alone, a row that meets EOS ends while the others go on, and a batch the model
 cannot run is refused naming the prompt. The fixed-mode ``generate`` worker's batch, given a
 length per row (tests/test_static_generate.py pins its steps).
@@ -12,9 +12,9 @@ import random
 import pytest
 import torch
 
+from experiments.static_batch import StaticBatcher
 from tests.oracles import NaiveLlama
 from workers.engine.runner import ModelRunner
-from workers.engine.static import StaticBatcher
 from workers.models import Generate
 
 

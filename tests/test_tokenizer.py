@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -71,3 +73,55 @@ def test_any_text_streams_back_exactly(vocabulary, text):
 def test_an_unknown_tokenizer_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="tokenizer: expected 'bytes' or a tokenizer.json"):
         make_tokenizer("/nowhere/tokenizer.json")
+
+
+MULTI_BYTE = [
+    "naïve café — 東京 🚀👩‍👩‍👧 ünïcödé ✓",
+    "<|im_start|>assistant\n😀😀 e=mc² ∑<|im_end|>",
+    "  two  spaces\n\n",
+]
+
+
+def pushes(detokenizer_push, ids: list[int], sizes: list[int]) -> list[str]:
+    """The text each push of ``sizes`` ids releases ('' where nothing is released yet)."""
+    released, start = [], 0
+    for size in sizes:
+        released.append(detokenizer_push(ids[start : start + size]) or "")
+        start += size
+    return released
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_push_releases_what_tokenizers_decode_stream_releases_on_smollm2(smollm2, seed):
+    """``tokenizers.decoders.DecodeStream`` as the oracle of every push, one id or several at a
+    time, through multi-byte characters cut anywhere. It is not the detokenizer itself because
+    it has no end of stream: what it still holds when a stream ends (a character cut by
+    ``max_tokens``, and the text pushed with it) is lost, where ``flush`` shows it."""
+    tokenizer = make_tokenizer(smollm2)
+    vocabulary = Tokenizer.from_file(f"{smollm2}/tokenizer.json")
+    rng = random.Random(seed)
+    for text in MULTI_BYTE:
+        ids = tokenizer.encode(text)
+        for cut in range(1, len(ids) + 1):
+            sizes = [1] * cut if seed == 0 else _sizes(rng, cut)
+            ours, stream = tokenizer.detokenizer(), decoders.DecodeStream(skip_special_tokens=False)
+            expected = pushes(lambda chunk, stream=stream: stream.step(vocabulary, chunk), ids, sizes)
+            assert pushes(ours.push, ids, sizes) == expected
+            assert "".join(expected) + ours.flush() == tokenizer.decode(ids[:cut])
+
+
+def _sizes(rng: random.Random, total: int) -> list[int]:
+    sizes = []
+    while total:
+        sizes.append(min(total, rng.randint(1, 4)))
+        total -= sizes[-1]
+    return sizes
+
+
+def test_a_stream_cut_inside_a_character_ends_with_a_replacement_mark_not_silence(smollm2):
+    tokenizer = make_tokenizer(smollm2)
+    ids = tokenizer.encode("Paris 🚀")
+    cut = next(n for n in range(1, len(ids)) if tokenizer.decode(ids[:n]).endswith(REPLACEMENT))
+    detokenizer = tokenizer.detokenizer()
+    assert detokenizer.push(ids[:cut]) == ""  # held whole: it ends in half a character
+    assert detokenizer.flush() == tokenizer.decode(ids[:cut]) == "Paris " + REPLACEMENT

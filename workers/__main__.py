@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from workers.engine.serve import add_engine_arguments, serve
+from workers.engine.serve import add_engine_arguments, engine_main
 from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
 from workers.models import Model, add_model_arguments, load_model
 from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, encode
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     protocol_in, protocol_out = claim_protocol_fds()
     exit_with_parent()
     if args.kind == "engine":
-        return serve(args, protocol_in, protocol_out)
+        return engine_main(args, protocol_in, protocol_out)
     injector = FaultInjector(plan_from_args(args), instance_from_env())
     model = load_model(args)
     with os.fdopen(protocol_out, "wb") as out:

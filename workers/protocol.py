@@ -8,8 +8,10 @@ the pool feeds it what trio reads from the same pipe, and the tests feed it one 
 
 A frame whose declared length exceeds the limit is refused as soon as its 4-byte header arrives,
 before its body is buffered, so a confused or hostile peer cannot make the other side allocate
-gigabytes. Anything that is not a map of a known kind with fields of the right types is a
-:class:`ProtocolError`: the pool treats it like a crash (kill, restart, retry the batch).
+gigabytes. Anything that is not a map of a known kind with exactly its fields, each of the right
+type, is a :class:`ProtocolError` naming the bad field (``add.seed``): the pool treats it like a
+crash (kill, restart, retry the batch). Each message is a msgspec struct tagged by its kind, so
+one typed decoder checks every field strictly (no int for a str, no bool for an int) in C.
 
 Fixed mode::
 
@@ -39,19 +41,15 @@ Continuous mode (``python -m workers engine``; a step is one forward pass)::
 A rid's last ``tokens`` frame precedes its ``finished`` frame. For ``eos`` and ``stop_token`` the
 stop token itself is not sent (it is not text): ``finished``'s ``output_tokens`` counts it, so
 that count is one more than the ids sent.
-
-This is the only module that ``batcher`` and ``workers`` share.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import struct
-import types
 import typing
 from typing import ClassVar, Literal
 
-import msgpack
+import msgspec
 
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame body either side accepts: 50 inputs of a 1 MB prompt each fit with room."""
@@ -73,55 +71,52 @@ class NotDelivered(WorkerLost):
     the call's inputs."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Ready:
+class Frame(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
+    """A message on the pipe: a map whose ``kind`` field is its class's tag, and exactly its
+    fields, each of its declared type (msgspec checks them as it decodes)."""
+
+    @property
+    def kind(self) -> str:
+        return self.__struct_config__.tag  # type: ignore[return-value]
+
+
+class Ready(Frame, tag="ready"):
     """The worker has loaded its model and takes calls from now on."""
 
-    kind: ClassVar[str] = "ready"
     pid: int
     model: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunBatch:
+class RunBatch(Frame, tag="run_batch"):
     """Run the model on ``inputs`` (1..max_batch strings) and answer with the same ``id``."""
 
-    kind: ClassVar[str] = "run_batch"
     id: int
     inputs: list[str]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Accepted:
+class Accepted(Frame, tag="accepted"):
     """The worker has read call ``id`` and is running it; its answer follows."""
 
-    kind: ClassVar[str] = "accepted"
     id: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Result:
+class Result(Frame, tag="result"):
     """The outputs of call ``id``, one per input, in the inputs' order."""
 
-    kind: ClassVar[str] = "result"
     id: int
     outputs: list[str]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Error:
+class Error(Frame, tag="error"):
     """Call ``id`` failed inside the model; the worker is still able to take the next call."""
 
-    kind: ClassVar[str] = "error"
     id: int
     message: str
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Add:
+class Add(Frame, tag="add"):
     """Queue sequence ``rid`` (the pool's number, unique among the worker's live sequences)."""
 
-    kind: ClassVar[str] = "add"
     rid: int
     prompt_tokens: list[int]
     max_tokens: int
@@ -135,19 +130,15 @@ class Add:
     ignore_eos: bool
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Abort:
+class Abort(Frame, tag="abort"):
     """Drop sequence ``rid`` (its client went away); a ``finished`` frame says ``aborted``."""
 
-    kind: ClassVar[str] = "abort"
     rid: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Tokens:
+class Tokens(Frame, tag="tokens"):
     """The tokens sequence ``rid`` generated in one step, in order."""
 
-    kind: ClassVar[str] = "tokens"
     rid: int
     ids: list[int]
 
@@ -155,8 +146,7 @@ class Tokens:
 FinishReasonName = Literal["eos", "stop_token", "max_tokens", "aborted", "too_long"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A finished sequence's tokens: its prompt, the part of it the prefix cache supplied, its output."""
 
     prompt_tokens: int
@@ -164,113 +154,96 @@ class Usage:
     output_tokens: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Finished:
+class SequenceFinished(Frame, tag="finished"):
     """Sequence ``rid`` ended; no frame names it afterwards."""
 
-    kind: ClassVar[str] = "finished"
     rid: int
     reason: FinishReasonName
     usage: Usage
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Stats:
-    """The engine's load (gauges) and its counters since it started, in blocks and tokens."""
+class EngineStats(Frame, tag="stats"):
+    """The engine's load: gauges now, and counters since it started (tokens, not requests).
 
-    kind: ClassVar[str] = "stats"
-    step: int
+    The one record of an engine's load: the engine computes it, the ``stats`` frame carries it
+    as it is, and the pool keeps the last one of each replica (with :meth:`plus_counters`, the
+    counters of its engines that died before it).
+    """
+
+    COUNTERS: ClassVar[tuple[str, ...]] = (
+        "step", "preemptions", "prefix_queries", "prefix_hits", "computed_tokens", "generated_tokens",
+    )
+    """The fields that only grow while an engine lives; the others are gauges."""
+
+    step: int  # steps run
     running: int
     waiting: int
-    queued_tokens: int
-    free_blocks: int
+    queued_tokens: int  # tokens still to compute for the work accepted, at most (max_tokens assumed)
+    free_blocks: int  # cached ones included: they are evicted on demand
     used_blocks: int
     total_blocks: int
-    cached_blocks: int
+    cached_blocks: int  # free blocks still holding a prefix
     preemptions: int
     prefix_queries: int
     prefix_hits: int
-    computed_tokens: int
-    generated_tokens: int
+    computed_tokens: int  # prompt chunks and decodes computed
+    generated_tokens: int  # tokens sampled
+
+    def plus_counters(self, other: EngineStats) -> EngineStats:
+        """These gauges, with ``other``'s counters added to these counters."""
+        added = {name: getattr(self, name) + getattr(other, name) for name in self.COUNTERS}
+        return msgspec.structs.replace(self, **added)
 
 
-Message = Ready | RunBatch | Accepted | Result | Error | Add | Abort | Tokens | Finished | Stats
-_KINDS: dict[str, type] = {cls.kind: cls for cls in typing.get_args(Message)}
+NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+"""All zero: a replica before its first engine, and the gauges of one whose engine is gone."""
+
+Message = Ready | RunBatch | Accepted | Result | Error | Add | Abort | Tokens | SequenceFinished | EngineStats
+_DECODER = msgspec.msgpack.Decoder(Message)
+_ENCODER = msgspec.msgpack.Encoder()
 
 
-def _check(value: object, hint: object) -> bool:
-    """True when a decoded msgpack value matches a field's annotation: int, float, str, bool,
-    list[X], X | None, a Literal of strings, or a dataclass (a map of exactly its fields)."""
-    if hint is int:
-        return type(value) is int
-    if hint is float:
-        return type(value) in (int, float)
-    if hint is str:
-        return type(value) is str
-    if hint is bool:
-        return type(value) is bool
-    origin = typing.get_origin(hint)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        return type(value) is list and all(_check(v, item) for v in value)
-    if origin is types.UnionType:
-        return any(_check(value, option) for option in typing.get_args(hint))
-    if origin is Literal:
-        return type(value) is str and value in typing.get_args(hint)
-    if hint is type(None):
-        return value is None
-    if dataclasses.is_dataclass(hint):
-        fields = _field_hints(hint)
-        if type(value) is not dict or value.keys() != fields.keys():
-            return False
-        return all(_check(value[name], field) for name, field in fields.items())
-    raise TypeError(f"protocol field annotation not supported: {hint!r}")
+class _Kind(msgspec.Struct):
+    """Only a frame's ``kind``: read again, on the error path, to say which frame was bad."""
+
+    kind: str | None = None
 
 
-def _field_hints(cls: type) -> dict[str, object]:
-    hints = typing.get_type_hints(cls)
-    return {field.name: hints[field.name] for field in dataclasses.fields(cls)}
-
-
-_FIELDS = {kind: _field_hints(cls) for kind, cls in _KINDS.items()}
-
-
-def _to_map(value: object) -> dict[str, object]:
-    """A message (or a dataclass inside one) as a map; lists go out as they are, uncopied."""
-    return {
-        f.name: _to_map(v) if dataclasses.is_dataclass(v := getattr(value, f.name)) else v
-        for f in dataclasses.fields(value)
-    }
+_KINDS = {cls.__struct_config__.tag for cls in typing.get_args(Message)}
 
 
 def encode(message: Message, max_frame: int = MAX_FRAME_BYTES) -> bytes:
     """One frame: the 4-byte length and the msgpack map of ``message``."""
-    body = msgpack.packb({"kind": message.kind, **_to_map(message)}, use_bin_type=True)
-    if len(body) > max_frame:
-        raise ProtocolError(f"{message.kind} frame of {len(body)} bytes exceeds {max_frame}")
-    return _HEADER.pack(len(body)) + body
+    frame = bytearray(_HEADER.size)
+    _ENCODER.encode_into(message, frame, _HEADER.size)
+    length = len(frame) - _HEADER.size
+    if length > max_frame:
+        raise ProtocolError(f"{message.kind} frame of {length} bytes exceeds {max_frame}")
+    _HEADER.pack_into(frame, 0, length)
+    return bytes(frame)
 
 
 def decode_body(body: bytes) -> Message:
-    """The message in one frame body, or :class:`ProtocolError` saying what is wrong with it."""
+    """The message in one frame body, or :class:`ProtocolError` saying what is wrong with it
+    and where (``result.id``: the ``id`` field of a ``result`` frame)."""
     try:
-        fields = msgpack.unpackb(body, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types for garbage
+        return _DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(_where(body, str(exc))) from None
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested too deep to read
         raise ProtocolError(f"frame is not msgpack: {exc}") from None
-    if not isinstance(fields, dict):
-        raise ProtocolError(f"frame is a {type(fields).__name__}, not a map")
-    kind = fields.pop("kind", None)
-    hints = _FIELDS.get(kind) if isinstance(kind, str) else None
-    if hints is None:
-        raise ProtocolError(f"unknown message kind {kind!r}")
-    if fields.keys() != hints.keys():
-        raise ProtocolError(f"{kind} has fields {sorted(fields)}, expected {sorted(hints)}")
-    for name, hint in hints.items():
-        if not _check(fields[name], hint):
-            raise ProtocolError(f"{kind}.{name} is not a {hint}")
-        if dataclasses.is_dataclass(hint):
-            fields[name] = hint(**fields[name])
-    return _KINDS[kind](**fields)
+
+
+def _where(body: bytes, complaint: str) -> str:
+    """``complaint`` with its path (``$`` is the frame) starting at the frame's kind."""
+    try:
+        kind = msgspec.msgpack.decode(body, type=_Kind).kind
+    except (msgspec.DecodeError, RecursionError):
+        kind = None
+    frame = kind if kind in _KINDS else "frame"
+    if " - at `$" not in complaint:
+        complaint += " - at `$`"
+    return "bad frame: " + complaint.replace("`$", f"`{frame}")
 
 
 class FrameDecoder:

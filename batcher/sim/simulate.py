@@ -120,7 +120,7 @@ class Progress:
     cpu_seconds: float
 
 
-class _Fleet:
+class _SeededSpawner:
     """Spawns simulated workers; each one (restarts included) gets its own seed, a function of
     its slot and of how many workers that slot has had, not of the order in which trio happens
     to run the slots' start-ups, so a run is a function of the scenario's seed."""
@@ -174,7 +174,8 @@ async def _run(
 
     pool = PoolConfig(workers=scenario.workers, hang_timeout=scenario.hang_timeout)
     policy = make_policy(scenario.policy, **scenario.params)
-    async with open_batcher(_Fleet(scenario), pool, policy, scenario.queue, batcher=ReplayBatcher) as batcher:
+    spawn = _SeededSpawner(scenario)
+    async with open_batcher(spawn, pool, policy, scenario.queue, batcher=ReplayBatcher) as batcher:
         batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, deadlines, ended))
         async with trio.open_nursery() as nursery:
             if progress is not None:

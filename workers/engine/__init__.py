@@ -33,10 +33,10 @@ One concept per file, each small (nano-vllm's shape):
 - ``engine``         ``add`` / ``abort`` / ``step``: the scheduler, the block manager and a runner
 - ``simulated``      pure: a runner with no model, its steps priced by the cost model
 - ``serve``          ``python -m workers engine``: the engine behind the framed pipe
-- ``static``         torch: one padded batch that waits for its longest answer, over the same
-  network (plain static batching, a baseline of ``experiments/engine_bench.py``)
-- ``convert``        ``python -m workers.engine.convert``: SmolLM2-135M's GGUF into a model directory
-- ``tiny_checkpoint`` a tiny random Llama checkpoint with a real tokenizer, for fast tests
+
+Around it, not in it: ``workers/convert.py`` turns SmolLM2-135M's GGUF into the model directory
+the engine loads; ``experiments/static_batch.py`` is the padded static batch it is measured
+against; ``tests/tiny_checkpoint.py`` writes the tiny checkpoints the tests load.
 
 The engine talks to the network through the :class:`~workers.engine.batch.Runner` protocol: the
 torch model runner in a worker process, or a simulated runner priced by the cost model, so the

@@ -14,8 +14,9 @@ that holds nothing reusable (a partly filled tail) goes to the head: it is the f
 
 Prefix cache. When a block fills (by prefill or by decoding), its hash becomes the key of its
 KV: ``hash(parent's hash, its token ids)``, where the first block's parent is a root salted
-with the model version and the tenant, so a block matches only the same tokens after the same
-prefix, under the same weights, for the same tenant. A new sequence walks its prompt's chain and
+with the model version and the tenant (:mod:`workers.prefix_hash`, which the gateway's router
+hashes prompts with too), so a block matches only the same tokens after the same prefix, under
+the same weights, for the same tenant. A new sequence walks its prompt's chain and
 takes every leading block found (comparing tokens too, so even a hash collision cannot hand it
 another prompt's KV), but never the block holding its last token: that token must be computed
 to sample from it, so at most ``(num_tokens - 1) // block_size`` blocks hit. A free block keeps
@@ -29,22 +30,10 @@ sequences' decodes may use them), unless no block is in use at all.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-from array import array
 
 from workers.engine.sequence import Sequence
-
-
-def chain_hash(parent: bytes, token_ids: list[int]) -> bytes:
-    """The key of a full block: a strong hash of its parent's key and its tokens."""
-    return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=32).digest()
-
-
-def prefix_root(salt: str, tenant: str) -> bytes:
-    """The parent of a sequence's first block: the model version and the tenant, so that no
-    block matches across weights or tenants. The gateway's router hashes prompts the same way."""
-    return hashlib.blake2b(repr((salt, tenant)).encode()).digest()
+from workers.prefix_hash import chain_hash, prefix_root
 
 
 def cdiv(a: int, b: int) -> int:

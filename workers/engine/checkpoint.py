@@ -6,7 +6,7 @@ The directory holds what ``transformers`` writes for a Llama-family model, and o
     config.json                 the network's shape, RoPE and ``eos_token_id``
     generation_config.json      more ``eos_token_id`` (optional)
     tokenizer.json              the tokenizer, special tokens included
-    tokenizer_config.json       ``chat_template`` (optional), or a ``chat_template.jinja`` file
+    tokenizer_config.json       the chat template (optional; :mod:`workers.chat_template` reads it)
     *.safetensors               the weights, named as transformers names them
 
 Both spellings of RoPE in ``config.json`` are read: transformers 5's ``rope_parameters``
@@ -84,7 +84,7 @@ def read_rope(config: dict) -> Rope:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ModelConfig:
+class LlamaConfig:
     """The shape of a Llama-family network, read from ``config.json``."""
 
     vocab_size: int
@@ -100,7 +100,7 @@ class ModelConfig:
     tie_word_embeddings: bool
 
     @classmethod
-    def from_dict(cls, config: dict) -> ModelConfig:
+    def from_dict(cls, config: dict) -> LlamaConfig:
         architectures = config.get("architectures") or ["LlamaForCausalLM"]
         if config.get("model_type", "llama") != "llama" or architectures != ["LlamaForCausalLM"]:
             raise ValueError(
@@ -147,8 +147,8 @@ def _ids(value: int | list[int] | None) -> set[int]:
     return {int(value)} if isinstance(value, int) else {int(v) for v in value}
 
 
-def read_config(model_dir: Path) -> ModelConfig:
-    return ModelConfig.from_dict(_read_json(model_dir / "config.json"))
+def read_config(model_dir: Path) -> LlamaConfig:
+    return LlamaConfig.from_dict(_read_json(model_dir / "config.json"))
 
 
 def read_eos_token_ids(model_dir: Path) -> frozenset[int]:
@@ -158,19 +158,6 @@ def read_eos_token_ids(model_dir: Path) -> frozenset[int]:
         _ids(_read_json(model_dir / "config.json").get("eos_token_id"))
         | _ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
     )
-
-
-def read_chat_template(model_dir: Path) -> str | None:
-    """The Jinja chat template: ``chat_template.jinja``, else ``tokenizer_config.json``'s (the
-    one named ``default`` where it holds several)."""
-    jinja = model_dir / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text()
-    template = _read_json(model_dir / "tokenizer_config.json").get("chat_template")
-    if isinstance(template, list):
-        named = {entry.get("name"): entry.get("template") for entry in template}
-        return named.get("default")
-    return template
 
 
 def read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -20,12 +20,13 @@ from workers.engine.batch import ForwardBatch, Runner, Sample
 from workers.engine.config import EngineConfig
 from workers.engine.scheduler import Schedule, Scheduler
 from workers.engine.sequence import FinishReason, SamplingParams, Sequence
+from workers.protocol import EngineStats
 
 GREEDY = SamplingParams()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Finished:
+class SequenceEnd:
     """A sequence that ended: why, and its usage in tokens (``detail`` says more for TOO_LONG)."""
 
     rid: int
@@ -37,30 +38,11 @@ class Finished:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class EngineStats:
-    """The engine's load: gauges now, and counters since it started (tokens, not requests)."""
-
-    step: int  # steps run
-    running: int
-    waiting: int
-    queued_tokens: int  # tokens still to compute for the work accepted, at most (max_tokens assumed)
-    free_blocks: int  # cached ones included: they are evicted on demand
-    used_blocks: int
-    total_blocks: int
-    cached_blocks: int  # free blocks still holding a prefix
-    preemptions: int
-    prefix_queries: int
-    prefix_hits: int
-    computed_tokens: int  # prompt chunks and decodes computed
-    generated_tokens: int  # tokens sampled
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class StepOutput:
     """What one step produced: each sequence's new token, the sequences that ended, the load."""
 
     tokens: dict[int, int]
-    finished: list[Finished]
+    finished: list[SequenceEnd]
     preempted: list[int]
     scheduled_tokens: int
     stats: EngineStats
@@ -159,9 +141,9 @@ class Engine:
             generated_tokens=self.generated_tokens,
         )
 
-    def _finished(self, seq: Sequence) -> Finished:
+    def _finished(self, seq: Sequence) -> SequenceEnd:
         assert seq.finish_reason is not None
         detail = self.scheduler.details.pop(seq.rid, "")
-        return Finished(
+        return SequenceEnd(
             seq.rid, seq.finish_reason, seq.num_prompt, seq.num_cached, len(seq.output_ids), detail
         )

@@ -11,7 +11,7 @@ matmuls see ``[tokens, hidden]`` whatever the mix of decodes and prefill chunks,
 attention knows where one sequence ends and where its K and V live. The network takes that
 attention as an argument (:class:`Attention`): the paged cache of the engine
 (:class:`workers.engine.attention.PagedAttention`), or the contiguous cache of a padded static
-batch (:mod:`workers.engine.static`), over the same weights.
+batch (:mod:`experiments.static_batch`), over the same weights.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.engine.checkpoint import ModelConfig, read_config, read_tensors
+from workers.engine.checkpoint import LlamaConfig, read_config, read_tensors
 
 
 class Attention(Protocol):
@@ -53,7 +53,7 @@ class RMSNorm(nn.Module):
 class Rotary:
     """cos/sin tables by position in float32, grown on demand past the checkpoint's context."""
 
-    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+    def __init__(self, config: LlamaConfig, device: torch.device) -> None:
         self.inv_freq = config.rope.inv_freq(config.head_dim).to(device)
         self.cos = self.sin = torch.empty(0, device=device)
         self.ensure(config.max_position_embeddings)
@@ -80,7 +80,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.scale = config.head_dim**-0.5
@@ -104,7 +104,7 @@ class DecoderLayer(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, config: ModelConfig, rotary: Rotary) -> None:
+    def __init__(self, config: LlamaConfig, rotary: Rotary) -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)

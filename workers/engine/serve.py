@@ -17,7 +17,6 @@ finished) is ignored.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import select
 import sys
@@ -34,12 +33,11 @@ from workers.engine.simulated import SimulatedRunner
 from workers.protocol import (
     Abort,
     Add,
-    Finished,
     FrameDecoder,
     Message,
     ProtocolError,
     Ready,
-    Stats,
+    SequenceFinished,
     Tokens,
     Usage,
     encode,
@@ -98,7 +96,8 @@ def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
     return runner, os.path.basename(os.path.normpath(args.model))
 
 
-def serve(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> int:
+def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> int:
+    """The engine worker: load the model, say `ready`, serve frames until EOF; its exit code."""
     try:
         runner, name = load_runner(args)
         config = EngineConfig(
@@ -142,7 +141,7 @@ def run(engine: Engine, protocol_in: int, out: BinaryIO, clock: Callable[[], flo
                 handle(engine, message)
         frames = step_frames(engine.step()) if engine.has_work else []
         if clock() >= next_stats:
-            frames.append(encode(Stats(**dataclasses.asdict(engine.stats()))))
+            frames.append(encode(engine.stats()))
             next_stats = clock() + STATS_INTERVAL
         if frames:
             out.write(b"".join(frames))
@@ -181,7 +180,7 @@ def step_frames(output: StepOutput) -> list[bytes]:
     frames = [encode(Tokens(rid=rid, ids=[token])) for rid, token in output.tokens.items() if rid not in stopped]
     for done in output.finished:
         usage = Usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
-        frames.append(encode(Finished(rid=done.rid, reason=done.reason.value, usage=usage)))
+        frames.append(encode(SequenceFinished(rid=done.rid, reason=done.reason.value, usage=usage)))
         if done.detail:
             print(f"engine worker: rid {done.rid} {done.reason.value}: {done.detail}", file=sys.stderr)
     return frames

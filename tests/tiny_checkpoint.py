@@ -1,6 +1,6 @@
 """Write a tiny random Llama checkpoint with a real tokenizer, for fast tests.
 
-    python -m workers.engine.tiny_checkpoint DIR [--untied] [--rope-scaling linear|llama3] [--seed N]
+    python -m tests.tiny_checkpoint DIR [--untied] [--rope-scaling linear|llama3] [--seed N]
         [--layers N] [--context N]
 
 The directory is what transformers writes for ``LlamaForCausalLM`` (``config.json``,

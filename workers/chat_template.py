@@ -1,0 +1,68 @@
+"""A model directory's own chat template, read as Hugging Face reads it: the one reader that the
+engine's runner and the gateway's ``chat_template = "model"`` share.
+
+Where the template lives, first found wins (``transformers``' ``from_pretrained`` order)::
+
+    chat_template.jinja             a file of its own, beside the tokenizer
+    tokenizer_config.json           "chat_template": a string, or a list of
+                                    {"name": ..., "template": ...} whose "default" is the one used
+
+``tokenizer_config.json`` also names the special tokens a template may print (``bos_token``,
+``eos_token``: a string, or ``{"content": ...}``). Pure: it reads two files and parses JSON; a
+file that is missing or malformed reads as no template, so the caller says what it needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+TEMPLATE_FILE, TOKENIZER_CONFIG = "chat_template.jinja", "tokenizer_config.json"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelTemplate:
+    """A model's chat template (Jinja source) and the special tokens it may print."""
+
+    source: str
+    bos_token: str = ""
+    eos_token: str = ""
+
+
+def read_chat_template(model_dir: str | os.PathLike[str]) -> ModelTemplate | None:
+    """The template shipped in ``model_dir`` (see the module's docstring), or None."""
+    directory = Path(model_dir)
+    settings = _read_json(directory / TOKENIZER_CONFIG)
+    standalone = directory / TEMPLATE_FILE
+    if standalone.is_file():
+        source: str | None = standalone.read_text(encoding="utf-8")
+    else:
+        source = _default(settings.get("chat_template"))
+    if source is None:
+        return None
+    return ModelTemplate(source, _token(settings.get("bos_token")), _token(settings.get("eos_token")))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
+def _default(template: object) -> str | None:
+    """A ``chat_template`` entry: a string, or the template named ``default`` in a list of them."""
+    if isinstance(template, list):
+        named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _token(value: object) -> str:
+    """A special token as tokenizer_config.json writes it: a string, or ``{"content": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
