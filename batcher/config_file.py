@@ -17,7 +17,8 @@ import math
 import os
 import tomllib
 
-from batcher.config import MODES, ModelConfig, QueueConfig, _require
+from batcher.config import ModelConfig, QueueConfig, _require
+from batcher.modes import MODES
 
 
 DEFAULT_TOML = """\
@@ -294,7 +295,7 @@ def _model(table: object, where: str) -> ModelConfig:
     """A model table, built and checked by the class of its ``mode``."""
     mode = table.get("mode", "fixed") if isinstance(table, dict) else None
     if isinstance(mode, str) and mode in MODES:
-        return _build(MODES[mode], table, where)  # type: ignore[return-value]
+        return _build(MODES[mode].config, table, where)  # type: ignore[return-value]
     raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
 
 

@@ -43,10 +43,11 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from batcher.admission import AdmissionControl
-from batcher.backend import Job, OnEvent, Snapshot
+from batcher.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
 from batcher.config import ContinuousModelConfig, QueueConfig
-from batcher.engine_metrics import ContinuousStats
-from batcher.engine_worker import EngineProcess
+from batcher.engine_metrics import ContinuousStats, engine_families
+from batcher.engine_worker import EngineProcess, convert_once
+from batcher.mode import Mode
 from batcher.replica import Replica, Ticket
 from batcher.router import Router, prefix_hashes
 from batcher.supervisor import Readiness, Supervisor
@@ -134,17 +135,18 @@ class EnginePool:
         return TokenLoad(tuple(self._queued), rate, arrivals)
 
     def snapshot(self) -> Snapshot:
-        """Each replica's engine as last reported, the pool's counters, the load."""
+        """Each replica's engine as last reported, the pool's counters, the load in tokens."""
         stats = self.stats.copy()
         stats.replicas = tuple(r.replica_stats() for r in self._replicas)
         load = self.load()
-        status = {
-            "workers": [r.status() for r in self._replicas],
-            "queued_tokens": sum(self._queued), "token_rate": load.rate,
-            "cancelled": stats.cancelled, "expired": stats.expired, "reruns": stats.retries,
-            "interrupted": stats.interrupted,
-        }
-        return Snapshot(self.ready, status, stats, load)
+        up = sum(r.up for r in self._replicas)
+        status = Status(
+            self.ready, not_ready_reason(up, self._readiness.proven), tuple(r.status() for r in self._replicas),
+            sum(self._queued), "tokens",
+            {"token_rate": load.rate, "cancelled": stats.cancelled, "expired": stats.expired,
+             "reruns": stats.reruns, "interrupted": stats.interrupted},
+        )
+        return Snapshot(self.config.mode, status, stats, load)
 
     @property
     def ready(self) -> bool:
@@ -321,7 +323,7 @@ class EnginePool:
                 ticket.closed = True
                 ticket.out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
             else:
-                self.stats.retries += 1
+                self.stats.reruns += 1
                 ticket.out.restart()
                 ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
                 self._rerun(ticket)
@@ -343,3 +345,7 @@ async def open_engine_pool(
         await nursery.start(pool.run)
         yield pool
         nursery.cancel_scope.cancel()
+
+
+MODE = Mode(ContinuousModelConfig, argv=ContinuousModelConfig.engine_argv, process=EngineProcess,
+            open=open_engine_pool, prepare=convert_once, families=engine_families)

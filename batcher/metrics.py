@@ -1,15 +1,18 @@
 """The one metrics registry: what both batching modes and the gateway export at ``/metrics``.
 
-Two kinds of families, by who sees the event (DESIGN §9, seed 000 §6.5):
+Two kinds of families, by who sees the event:
 
 - The gateway sees each request end: requests by status, TTFT, time per output token,
   end-to-end latency, admission rejects by reason, safety blocks. It observes them directly
   (prometheus_client is thread-safe), once per request.
-- The core sees batches and workers: flushes by reason, batch sizes, queue wait by tier, worker
-  restarts, batch retries, bisections, queued work and estimated wait. It already counts them in
-  its plain :class:`~batcher.stats.Stats` without locks; at each scrape the bridge asks every
-  backend for a :class:`~batcher.backend.Snapshot` (taken on the trio thread) and a collector
-  turns those into families, so the scheduler's hot path pays nothing for being observed.
+- The core sees queues and workers. Every mode shares queue wait by tier, worker restarts,
+  unanswered requests, queued work (one family per unit: ``ferry_queued_requests`` for batches,
+  ``ferry_queued_tokens`` for engines) and estimated wait; each mode adds its own families
+  through its registry entry (:mod:`batcher.modes`): flushes, batch sizes, retries and
+  bisections for the fixed mode, the engines' for the continuous one. The core already counts
+  them in plain stats records without locks; at each scrape the bridge asks every backend for
+  a :class:`~batcher.backend.Snapshot` (taken on the trio thread) and a collector turns those
+  into families, so the scheduler's hot path pays nothing for being observed.
 
 Labels are model and tier names, statuses and reasons: never an API key or prompt text.
 """
@@ -24,7 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from batcher.backend import Snapshot
-from batcher.engine_metrics import engine_families
+from batcher.mode import Exported
+from batcher.modes import MODES
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
@@ -99,48 +103,47 @@ class _Backend:
     tiers: list[str]
 
 
+_SHARED_COUNTERS = (
+    ("ferry_worker_restarts", "Workers killed (crash, hang, protocol fault) and restarted.", "restarts"),
+    ("ferry_unanswered_requests", "Dispatched requests no worker answered in time (500).", "timed_out"),
+)
+
+
 class _CoreCollector(Collector):
-    """Every tracked backend's counters, one family per name, a sample per model (and tier)."""
+    """Every tracked backend's families, one family per name, a sample per model (and tier):
+    first the ones every mode shares, then each mode's own, from that mode's registry entry.
+    Queued work is one family per unit (``ferry_queued_requests``, ``ferry_queued_tokens``), so
+    no family adds requests to tokens; a family no backend has a sample for is left out."""
 
     def __init__(self) -> None:
         self.backends: list[_Backend] = []
         self.snapshots: Mapping[str, Snapshot] = {}
 
     def collect(self) -> Iterator:
-        flushes = CounterMetricFamily("ferry_flushes", "Batches flushed, by reason.", labels=["model", "reason"])
-        counters = [
-            (CounterMetricFamily(name, help_text, labels=["model"]), field)
-            for name, help_text, field in (
-                ("ferry_worker_restarts", "Workers killed (crash, hang, protocol fault) and restarted.", "restarts"),
-                ("ferry_batch_retries", "Batches re-dispatched whole after a failed call.", "retries"),
-                ("ferry_bisections", "Failed batches split in two to isolate a bad input.", "bisections"),
-                ("ferry_unanswered_requests", "Dispatched requests no worker answered in time (500).", "timed_out"),
-            )
-        ]
-        sizes = HistogramMetricFamily("ferry_batch_size", "Requests per flushed batch.", labels=["model"])
+        counters = [(CounterMetricFamily(name, text, labels=["model"]), field) for name, text, field in _SHARED_COUNTERS]
         wait = HistogramMetricFamily("ferry_queue_wait_seconds", "Arrival to dispatch.", labels=["model", "tier"])
-        queued = GaugeMetricFamily("ferry_queued_work", "Work waiting in the queues.", labels=["model", "tier"])
+        queued: dict[str, GaugeMetricFamily] = {}
         estimate = GaugeMetricFamily(
             "ferry_estimated_wait_seconds", "Estimated wait of a new request.", labels=["model", "tier"]
         )
+        by_mode: dict[str, list[Exported]] = {}
         for backend in self.backends:
             snapshot = self.snapshots.get(backend.model)
             if snapshot is None:
                 continue
-            model, stats, load = backend.model, snapshot.stats, snapshot.load
-            for reason, count in sorted(stats.flushes.items()):
-                flushes.add_metric([model, reason], count)
+            model, stats, load, unit = backend.model, snapshot.stats, snapshot.load, snapshot.status.unit
+            by_mode.setdefault(snapshot.mode, []).append(Exported(model, backend.tiers, snapshot))
             for family, field in counters:
                 family.add_metric([model], getattr(stats, field))
-            sizes.add_metric([model], stats.batch_sizes.cumulative(), stats.batch_sizes.total)
             for index, histogram in sorted(stats.queue_wait.items()):
                 wait.add_metric([model, backend.tiers[index]], histogram.cumulative(), histogram.total)
+            if unit not in queued:
+                queued[unit] = GaugeMetricFamily(f"ferry_queued_{unit}", f"{unit.capitalize()} waiting in the queues.",
+                                                 labels=["model", "tier"])
             for index, tier in enumerate(backend.tiers):
-                queued.add_metric([model, tier], load.queued[index])
+                queued[unit].add_metric([model, tier], load.queued[index])
                 estimate.add_metric([model, tier], load.wait(index))
-        yield flushes
         yield from (family for family, _ in counters)
-        yield from (sizes, wait, queued, estimate)
-        yield from engine_families(
-            [(b.model, self.snapshots[b.model].stats) for b in self.backends if b.model in self.snapshots]
-        )
+        yield from (wait, *queued.values(), estimate)
+        for mode, exported in by_mode.items():
+            yield from MODES[mode].families(exported)

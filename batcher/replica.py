@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import trio
 
-from batcher.backend import Job, Usage
+from batcher.backend import Job, Usage, WorkerStatus
 from batcher.config import QueueConfig
 from batcher.engine_metrics import COUNTERS, ContinuousStats, ReplicaStats
 from batcher.engine_worker import EngineProcess
@@ -231,13 +231,13 @@ class Replica:
 
     # --- what /readyz and /metrics show ------------------------------------------------
 
-    def status(self) -> dict:
+    def status(self) -> WorkerStatus:
         worker = self.supervisor.worker
         engine = {name: getattr(self.stats, name) for name in ("running", "waiting", "used_blocks", "free_blocks",
                                                                 "total_blocks")} if self.stats else {}
-        return {"slot": self.index, "pid": worker.pid if self.up and worker else None,
-                "state": "up" if self.up else "starting", "restarts": self.supervisor.restarts,
-                "queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine}
+        return WorkerStatus(self.index, worker.pid if self.up and worker else None, "up" if self.up else "starting",
+                            self.supervisor.restarts,
+                            {"queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine})
 
     def replica_stats(self) -> ReplicaStats:
         now = self.stats

@@ -18,7 +18,7 @@ in :mod:`gateway.models`, charges and bills in :mod:`gateway.ledger`, and the co
 is the one place a checked request passes to the core. Every error, whoever raises it (aiohttp
 included), leaves through :mod:`gateway.errors` in its route's shape, with the status of
 :data:`gateway.api.ERRORS` (translated by :data:`gateway.openai.ERRORS` on OpenAI's routes).
-While a request runs, it holds its version (:class:`~gateway.rollout.Pins`), so a version taken
+While a request runs, it holds its version (:class:`~gateway.pins.Pins`), so a version taken
 out of service stops only once every request that resolved to it has ended.
 """
 
@@ -51,7 +51,7 @@ from gateway.idempotency import IdempotencyStore
 from gateway.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.limiter import Limiter, open_limiter
 from gateway.models import Catalog, ServedModel
-from gateway.rollout import Pins
+from gateway.pins import Pins
 from gateway.safety import Blocklist, SafetyCheck
 from gateway.usage import UsageLog
 
@@ -300,14 +300,15 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Ready: every model's backend says so (fixed mode: a worker up, and a call answered
-        since every slot last lost its worker). The body details each model."""
+        """Ready: every model's backend says so (a worker up, and a call answered since every
+        slot last lost its worker). The body details each model's status, and says why a model
+        that is not ready is not."""
         snapshots = await self.bridge.snapshots() if self.bridge.running else {}
-        models = {name: {"ready": snapshot.ready, **snapshot.status} for name, snapshot in snapshots.items()}
-        waiting = [name for name, state in models.items() if not state["ready"]]
+        models = {name: snapshot.status.body() for name, snapshot in snapshots.items()}
+        waiting = [f"{name}: {snapshot.status.reason}" for name, snapshot in snapshots.items() if not snapshot.ready]
         if models and not waiting:
             return web.json_response({"ready": True, "models": models}, dumps=_dumps)
-        why = f"no worker up for {', '.join(waiting)}" if waiting else "the scheduling core is not running"
+        why = "; ".join(waiting) if waiting else "the scheduling core is not running"
         body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
         return web.json_response(body, status=503, dumps=_dumps)
 
