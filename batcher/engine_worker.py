@@ -61,10 +61,11 @@ class EngineProcess(PipeProcess):
 async def convert_once(model: ContinuousModelConfig) -> None:
     """Convert a :data:`~batcher.config.CONVERTED` model the first time it is served, in a child
     process whose progress goes to this process's output (18 s for SmolLM2-135M on 2 cores; a
-    later start finds the conversion done and returns in a fraction of a second)."""
+    later start finds the conversion done and returns in a fraction of a second). The continuous
+    mode's preparation, at start-up and at a reload alike; ``ValueError`` if it fails."""
     argv = model.conversion_argv()
     if argv is None:
         return
     result = await trio.run_process([sys.executable, "-m", *argv], check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"models: converting {model.model!r} failed (exit {result.returncode}); see above")
+        raise ValueError(f"converting {model.model!r} failed (exit {result.returncode}); see the gateway's output")

@@ -144,7 +144,7 @@ async def test_a_killed_engine_ends_its_streams_that_sent_text_and_reruns_the_re
             await alone.done.wait()
             assert whole.text == alone.text and len(whole.text) == 120
         stats = pool.snapshot().stats
-        assert (stats.retries, stats.interrupted, stats.restarts) == (2, 2, 1)
+        assert (stats.reruns, stats.interrupted, stats.restarts) == (2, 2, 1)
 
 
 async def test_an_engine_that_sends_no_stats_is_killed_and_its_whole_answers_complete_elsewhere():
