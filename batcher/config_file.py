@@ -20,7 +20,6 @@ import tomllib
 from batcher.config import ModelConfig, QueueConfig, _require
 from batcher.modes import MODES
 
-
 DEFAULT_TOML = """\
 # The embedded default of `ferry serve`: loopback only, one fixed-mode model on 8 reference
 # workers (200 ms a call, any batch size: capacity 8 x 50 / 0.2 s = 2,000 requests/s), and one

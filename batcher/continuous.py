@@ -140,9 +140,9 @@ class EnginePool:
         stats.replicas = tuple(r.replica_stats() for r in self._replicas)
         load = self.load()
         up = sum(r.up for r in self._replicas)
+        reason = not_ready_reason(up, self._readiness.proven)
         status = Status(
-            self.ready, not_ready_reason(up, self._readiness.proven), tuple(r.status() for r in self._replicas),
-            sum(self._queued), "tokens",
+            self.ready, reason, tuple(r.status() for r in self._replicas), sum(self._queued), "tokens",
             {"token_rate": load.rate, "cancelled": stats.cancelled, "expired": stats.expired,
              "reruns": stats.reruns, "interrupted": stats.interrupted},
         )

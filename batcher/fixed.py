@@ -33,8 +33,19 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from batcher.admission import AdmissionControl, BatchLoad
-from batcher.backend import (Delta, Failed, Finished, Job, OnEvent, Snapshot, Started, Status, Usage, WorkerStatus,
-                             not_ready_reason)
+from batcher.backend import (
+    Delta,
+    Failed,
+    Finished,
+    Job,
+    OnEvent,
+    Snapshot,
+    Started,
+    Status,
+    Usage,
+    WorkerStatus,
+    not_ready_reason,
+)
 from batcher.config import PoolConfig, QueueConfig
 from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
 from batcher.pool import Spawn, WorkerPool
@@ -104,8 +115,8 @@ class Batcher:
         reason = not_ready_reason(sum(w.up for w in workers), ready) if not ready else ""
         status = Status(ready, reason, workers, self.queue.count, "requests", {
             "flushed": stats.flushed_requests, "cancelled": stats.cancelled, "expired": stats.expired,
-            "calls": stats.calls, "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
-            "retries": stats.retries,
+            "calls": stats.calls, "retries": stats.retries,
+            "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
         })
         return Snapshot("fixed", status, stats.copy(), self.load())
 

@@ -120,7 +120,8 @@ class _CoreCollector(Collector):
         self.snapshots: Mapping[str, Snapshot] = {}
 
     def collect(self) -> Iterator:
-        counters = [(CounterMetricFamily(name, text, labels=["model"]), field) for name, text, field in _SHARED_COUNTERS]
+        counters = [(CounterMetricFamily(name, text, labels=["model"]), field)
+                    for name, text, field in _SHARED_COUNTERS]
         wait = HistogramMetricFamily("ferry_queue_wait_seconds", "Arrival to dispatch.", labels=["model", "tier"])
         queued: dict[str, GaugeMetricFamily] = {}
         estimate = GaugeMetricFamily(
@@ -138,8 +139,8 @@ class _CoreCollector(Collector):
             for index, histogram in sorted(stats.queue_wait.items()):
                 wait.add_metric([model, backend.tiers[index]], histogram.cumulative(), histogram.total)
             if unit not in queued:
-                queued[unit] = GaugeMetricFamily(f"ferry_queued_{unit}", f"{unit.capitalize()} waiting in the queues.",
-                                                 labels=["model", "tier"])
+                text = f"{unit.capitalize()} waiting in the queues."
+                queued[unit] = GaugeMetricFamily(f"ferry_queued_{unit}", text, labels=["model", "tier"])
             for index, tier in enumerate(backend.tiers):
                 queued[unit].add_metric([model, tier], load.queued[index])
                 estimate.add_metric([model, tier], load.wait(index))

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from batcher.backend import Backend, Snapshot
 from batcher.config import ModelConfig, QueueConfig
 
+
 class Exported(NamedTuple):
     """One open backend at a scrape: its version's name, its tiers' names, its snapshot."""
 

@@ -50,7 +50,9 @@ def spawn(model: ModelConfig) -> Callable[[int], Any]:
 
 
 @contextlib.asynccontextmanager
-async def launch(model: ModelConfig, queue: QueueConfig, tokenizers: Callable[[str], Any]) -> AsyncIterator[Backend]:
+async def launch(
+    model: ModelConfig, queue: QueueConfig, tokenizers: Callable[[str], Any]
+) -> AsyncIterator[Backend]:
     """A model version's backend over its worker processes, prepared first: open (every worker
     ready) while entered, its workers stopped when left. ``tokenizers`` reads a tokenizer by
     its config name (the gateway's registry: the core never reads one itself)."""

@@ -235,9 +235,10 @@ class Replica:
         worker = self.supervisor.worker
         engine = {name: getattr(self.stats, name) for name in ("running", "waiting", "used_blocks", "free_blocks",
                                                                 "total_blocks")} if self.stats else {}
-        return WorkerStatus(self.index, worker.pid if self.up and worker else None, "up" if self.up else "starting",
-                            self.supervisor.restarts,
-                            {"queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine})
+        pid = worker.pid if self.up and worker else None
+        details = {"queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine}
+        state = "up" if self.up else "starting"
+        return WorkerStatus(self.index, pid, state, self.supervisor.restarts, details)
 
     def replica_stats(self) -> ReplicaStats:
         now = self.stats

@@ -305,7 +305,7 @@ class Gateway:
         that is not ready is not."""
         snapshots = await self.bridge.snapshots() if self.bridge.running else {}
         models = {name: snapshot.status.body() for name, snapshot in snapshots.items()}
-        waiting = [f"{name}: {snapshot.status.reason}" for name, snapshot in snapshots.items() if not snapshot.ready]
+        waiting = [f"{name}: {snap.status.reason}" for name, snap in snapshots.items() if not snap.ready]
         if models and not waiting:
             return web.json_response({"ready": True, "models": models}, dumps=_dumps)
         why = "; ".join(waiting) if waiting else "the scheduling core is not running"

@@ -42,8 +42,8 @@ from typing import Any
 
 import trio
 
-from batcher.backend import TERMINAL_EVENTS, Backend, Event, Failed, Job, Snapshot
 from batcher import modes
+from batcher.backend import TERMINAL_EVENTS, Event, Failed, Job, Snapshot
 from batcher.config import ModelConfig, QueueConfig
 from batcher.fleet import Fleet, Launch
 from gateway.api import Unavailable
@@ -304,8 +304,8 @@ class Bridge:
     async def _change(self, op: str, future: asyncio.Future, subject: Any) -> None:
         """Prepare, open or close a version; the asyncio side hears how it went (after the events
         its backend emitted before closing, so a finished job is never mistaken for a stopped one)."""
-        fleet = self._fleet
-        change = {"prepare": modes.prepare, "open": fleet.open, "close": fleet.close}[op]  # type: ignore[union-attr]
+        fleet: Fleet = self._fleet  # type: ignore[assignment]
+        change = {"prepare": modes.prepare, "open": fleet.open, "close": fleet.close}[op]
         try:
             await change(subject)
         except Exception as exc:  # noqa: BLE001 - the caller (a reload) reports it; the core runs on

@@ -85,8 +85,9 @@ def test_status_readyz_and_metrics_show_a_continuous_models_queued_tokens_and_no
     try:
         models = gateway.wait_for(lambda models: models["sim@1"]["queued"] > 0)
         tokens = models["sim@1"]["queued"]
-        status = subprocess.run([sys.executable, "-m", "gateway.cli", "status", "--config", str(gateway.config_path)],
-                                cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+        command = [sys.executable, "-m", "gateway.cli", "status", "--config", str(gateway.config_path)]
+        status = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                                check=True).stdout
         text = gateway.request("GET", "/metrics", key=None)[2]["raw"].decode()
     finally:
         holder.leave()  # the engine takes the queued request
@@ -107,6 +108,6 @@ def test_status_readyz_and_metrics_show_a_continuous_models_queued_tokens_and_no
     assert set(BATCH_ONLY) <= by_model["echo@1"] and "ferry_engine_reruns" not in by_model["echo@1"]
     assert "ferry_queued_work" not in families  # no family whose unit depends on the model
     assert "ferry_engine_reruns" in by_model["sim@1"]
-    [queued_tokens] = [s.value for s in families["ferry_queued_tokens"].samples if s.labels["model"] == "sim@1"]
-    assert queued_tokens == tokens
+    sim = [s.value for s in families["ferry_queued_tokens"].samples if s.labels["model"] == "sim@1"]
+    assert sim == [tokens]  # one tier
     assert {s.labels["model"] for s in families["ferry_queued_requests"].samples} == {"echo@1"}

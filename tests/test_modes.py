@@ -5,6 +5,8 @@ trio core at start-up and at a reload, the gateway serves its requests over real
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,12 +30,14 @@ def toy(monkeypatch):
     toy_mode.PREPARED.clear()
 
 
-def ask(model: str, text: str) -> dict:
-    return {"model": model, "max_tokens": 100, "messages": [{"role": "user", "content": text}]}
+async def answer(client, model: str, text: str) -> dict:
+    body = {"model": model, "max_tokens": 100, "messages": [{"role": "user", "content": text}]}
+    return await (await client.post("/v1/messages", json=body, headers=headers())).json()
 
 
 def test_a_mode_that_is_not_registered_is_refused_naming_the_modes_there_are():
-    with pytest.raises(ValueError, match=r"models\[0\]\.mode: expected one of \['continuous', 'fixed'\], got 'toy'"):
+    refused = r"models\[0\]\.mode: expected one of \['continuous', 'fixed'\], got 'toy'"
+    with pytest.raises(ValueError, match=refused):
         parse_config(HEAD + TOY)
 
 
@@ -52,20 +56,21 @@ def test_a_mode_registered_alone_serves_over_http_prepared_in_the_core_at_start_
         client = TestClient(TestServer(make_app(config, bridge)))
         await client.start_server()
         try:
-            reply = await (await client.post("/v1/messages", json=ask("toy@1", "hello"), headers=headers())).json()
+            reply = await answer(client, "toy@1", "hello")
             ready = await client.get("/readyz")
             metrics = await (await client.get("/metrics")).text()
-            rollout = Rollout(client.server.app[GATEWAY], lambda: parse_config(HEAD + TOY + SECOND_TOY + state),
-                              "ferry.toml")
+            reread = functools.partial(parse_config, HEAD + TOY + SECOND_TOY + state)
+            rollout = Rollout(client.server.app[GATEWAY], reread, "ferry.toml")
             await rollout.reload()
-            second = await (await client.post("/v1/messages", json=ask("toy@2", "again"), headers=headers())).json()
+            second = await answer(client, "toy@2", "again")
             return reply, ready.status, await ready.json(), metrics, second
         finally:
             await client.close()
             await bridge.stop()
 
     reply, ready, readiness, metrics, second = run(body)
-    assert (reply["model"], reply["content"][0]["text"], reply["stop_reason"]) == ("toy@1", "HELLO!?", "end_turn")
+    assert (reply["model"], reply["content"][0]["text"]) == ("toy@1", "HELLO!?")
+    assert reply["stop_reason"] == "end_turn"
     assert second["content"][0]["text"] == "AGAIN!"
     assert ready == 200
     assert readiness["models"]["toy@1"] == {"ready": True, "reason": "", "workers": [], "queued": 0,
@@ -75,6 +80,6 @@ def test_a_mode_registered_alone_serves_over_http_prepared_in_the_core_at_start_
     assert samples["ferry_toy_answers_total"].value == 1
     assert samples["ferry_queued_shouts"].value == 0
     assert not any(name.startswith(("ferry_flushes", "ferry_batch", "ferry_engine")) for name in samples)
-    # start-up prepared toy@1, the reload toy@2 (asking the core, then again as it opened): all on the trio thread
+    # start-up prepared toy@1, the reload toy@2 (asking the core, then as it opened): all on the trio thread
     assert [name for name, _ in toy_mode.PREPARED] == ["toy@1", "toy@2", "toy@2"]
     assert all(in_trio for _, in_trio in toy_mode.PREPARED)

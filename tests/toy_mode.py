@@ -17,7 +17,7 @@ import trio
 from prometheus_client.core import CounterMetricFamily
 
 from batcher.admission import BatchLoad
-from batcher.backend import Finished, Snapshot, Started, Status, Usage, Delta
+from batcher.backend import Delta, Finished, Snapshot, Started, Status, Usage
 from batcher.config import ModelConfig, _require
 from batcher.mode import Mode
 from batcher.stats import CoreStats
