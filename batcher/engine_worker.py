@@ -68,5 +68,5 @@ async def convert_once(model: ContinuousModelConfig) -> None:
         return
     result = await trio.run_process([sys.executable, "-m", *argv], check=False)
     if result.returncode != 0:
-        raise ValueError(f"converting {model.model!r} failed (exit {result.returncode}); "
+        raise ValueError(f"model: converting {model.model!r} failed (exit {result.returncode}); "
                          "see the gateway's output")

@@ -196,7 +196,7 @@ class Rollout:
         try:
             await self.gateway.bridge.prepare(model)
         except ValueError as exc:
-            raise ValueError(f"{where}.model: {exc}") from None
+            raise ValueError(f"{where}.{exc}") from None
 
     async def _apply_settings(self, new: FerryConfig) -> None:
         """What changes at once: keys and their limits, the tiers' budgets, safety."""
