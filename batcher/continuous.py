@@ -118,12 +118,10 @@ class EnginePool:
             return
         self.stats.cancelled += 1
         r = self._replicas[ticket.replica]
-        if state is Stage.QUEUED:
-            r.unqueue(ticket)
-            self._queued[ticket.tier] -= ticket.cost
-        elif state is Stage.RERUN:  # skipped when it reaches the front of r.reruns
-            ticket.state = Stage.ENDED
-            r.owe(ticket, 0)
+        if state is Stage.QUEUED or state is Stage.RERUN:
+            r.leave(ticket)
+            if state is Stage.QUEUED:
+                self._queued[ticket.tier] -= ticket.cost
         else:
             r.end(ticket)
 
@@ -214,23 +212,18 @@ class EnginePool:
 
     def _expire(self, r: Replica, now: float) -> float:
         """Fail the tickets past their deadline; return the next deadline still to come."""
-        expired = r.queue.expire(now)
+        expired, timed_out = r.expire(now)
         load = self.load() if expired else None
         for ticket in expired:
             retry_after = self.admission.retry_after(load, ticket.tier, now) if self.admission else 1.0
-            ticket.state = Stage.ENDED
-            r.owe(ticket, 0)
             self._queued[ticket.tier] -= ticket.cost
             self.stats.expired += 1
             error = Expired(f"not started within {now - ticket.arrival:.3f}s of arrival", retry_after)
             ticket.out.fail(error, retryable=True)
-        waiting = [t for t in r.reruns if t.state is Stage.RERUN]
-        for ticket in [t for t in waiting if t.rerun_due <= now]:
-            ticket.state = Stage.ENDED
-            r.owe(ticket, 0)
+        for ticket in timed_out:
             self.stats.timed_out += 1
             ticket.out.fail(WorkersFailed("its engine was lost and no other took the request in time"), False)
-        return min(r.queue.next_deadline(), min((t.rerun_due for t in waiting if not t.ended), default=math.inf))
+        return r.next_deadline()
 
     def _fill(self, r: Replica, now: float) -> None:
         """Send ``r`` the next tickets while its engine can start them within about two steps."""
@@ -266,11 +259,7 @@ class EnginePool:
         self._readiness.lost(r.index)
         self.router.forget(r.index)
         lost = r.down()
-        reruns = [t for t in r.reruns if t.state is Stage.RERUN]
-        r.reruns.clear()
-        queued = r.queue.take(r.queue.count, now)  # out of its queues: queued again elsewhere below
-        for ticket in (*reruns, *queued):
-            r.owe(ticket, 0)
+        reruns, queued = r.evacuate(now)  # placed again elsewhere below
         for ticket in queued:
             self._queued[ticket.tier] -= ticket.cost
         for ticket in lost:

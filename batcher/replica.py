@@ -3,8 +3,8 @@
 A :class:`Replica` holds the jobs routed to it (:class:`Ticket`\\ s): queued in its tier queues
 on the gateway side, waiting to re-run after another replica died, or live in its engine (sent
 as ``add``, known by their rid). A ticket's :class:`Stage` says which, and only this class's
-methods move a ticket into or out of the engine (its live set, its prefill and free-block
-budgets), so those counts cannot drift from the tickets::
+methods move a ticket between them (its queues, its re-runs, its engine's live set, the prefill
+and free-block budgets that go with it), so those counts cannot drift from the tickets::
 
     QUEUED ──take──> PREFILLING ──first token──> RUNNING ──finished──> ENDED
        ^                 │ (its engine died, nothing shown)                 ^
@@ -144,11 +144,39 @@ class Replica:
         self.queue.push(ticket)
         self.owe(ticket, ticket.cost)
 
-    def unqueue(self, ticket: Ticket) -> None:
-        """A queued ticket leaves the queues for good (cancelled): it owes nothing here."""
+    def leave(self, ticket: Ticket) -> None:
+        """A ticket waiting here (queued, or to re-run) leaves for good (cancelled): it owes
+        nothing here, and a re-run is skipped when it reaches the front."""
+        queued = ticket.state is Stage.QUEUED
         ticket.state = Stage.ENDED
-        self.queue.discard(ticket)
+        if queued:
+            self.queue.discard(ticket)
         self.owe(ticket, 0)
+
+    def expire(self, now: float) -> tuple[list[Ticket], list[Ticket]]:
+        """The queued tickets past their deadline, and the re-runs no engine took in time: each
+        ended here, owing nothing (their callers are the pool's to tell)."""
+        expired = self.queue.expire(now)
+        timed_out = [t for t in self.reruns if t.state is Stage.RERUN and t.rerun_due <= now]
+        for ticket in (*expired, *timed_out):
+            ticket.state = Stage.ENDED
+            self.owe(ticket, 0)
+        return expired, timed_out
+
+    def next_deadline(self) -> float:
+        """When the next ticket waiting here expires or times out (inf: none will)."""
+        reruns = (t.rerun_due for t in self.reruns if t.state is Stage.RERUN)
+        return min(self.queue.next_deadline(), min(reruns, default=math.inf))
+
+    def evacuate(self, now: float) -> tuple[list[Ticket], list[Ticket]]:
+        """Its engine is gone: the re-runs and the queued tickets waiting here, taken out
+        owing nothing, for the pool to place elsewhere."""
+        reruns = [t for t in self.reruns if t.state is Stage.RERUN]
+        self.reruns.clear()
+        queued = self.queue.take(self.queue.count, now)
+        for ticket in (*reruns, *queued):
+            self.owe(ticket, 0)
+        return reruns, queued
 
     def queue_rerun(self, ticket: Ticket) -> None:
         """Put a ticket lost with another engine first in this replica's work."""
