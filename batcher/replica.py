@@ -6,10 +6,15 @@ as ``add``, known by their rid). A ticket's :class:`Stage` says which, and only 
 methods move a ticket between them (its queues, its re-runs, its engine's live set, the prefill
 and free-block budgets that go with it), so those counts cannot drift from the tickets::
 
-    QUEUED ──take──> PREFILLING ──first token──> RUNNING ──finished──> ENDED
-       ^                 │ (its engine died, nothing shown)                 ^
-       └─ moved ── RERUN <┘──start──> PREFILLING          cancelled, expired, failed: ENDED While an engine lives, :meth:`Replica.serve` writes the frames
-the pool queued for it and reads its frames back a step at a time (``batcher.engine_worker``):
+    QUEUED ──taken──> PREFILLING ──first token──> RUNNING ──finished──> ENDED
+                          │                          │
+                          └──────────────────────────┴─ its engine died, nothing shown yet
+                                                        ─> RERUN ──started──> PREFILLING
+
+    from any stage: cancelled, expired, failed, or its answer complete ─> ENDED
+
+While an engine lives, :meth:`Replica.serve` writes the frames the pool queued for it and
+reads its frames back a step at a time (``batcher.engine_worker``):
 
     tokens    the ticket's Output turns ids into events (a stream's deltas, or held text)
     finished  the rest of the text and Finished, or the error (too long for the cache)
