@@ -205,7 +205,8 @@ class Replica:
 
     def start(self, ticket: Ticket, add: Add, blocks: int, now: float) -> None:
         """Send ``ticket`` to the engine as ``add``, holding ``blocks`` of its free ones."""
-        ticket.state, ticket.rid, ticket.dispatched_at, ticket.rerun_due = Stage.PREFILLING, add.rid, now, math.inf
+        ticket.state, ticket.rid, ticket.dispatched_at = Stage.PREFILLING, add.rid, now
+        ticket.rerun_due = math.inf
         self.live[add.rid] = ticket
         self.prefilling += len(ticket.job.prompt_tokens)
         self.free_blocks -= blocks
