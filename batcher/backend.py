@@ -109,15 +109,71 @@ TERMINAL_EVENTS = (Finished, Failed)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Snapshot:
-    """A backend's state, copied on the trio thread so the asyncio side can read it freely:
-    ``ready`` and ``status`` are what ``/readyz`` shows, ``stats`` and ``load`` what ``/metrics``
-    exports."""
+class WorkerStatus:
+    """One worker slot as a snapshot saw it. ``state`` is ``starting`` until its process has
+    answered ``ready``; ``details`` are the mode's own figures for it (an engine's running
+    sequences and KV blocks), shown by ``/readyz`` as they are and read by nothing else."""
+
+    slot: int
+    pid: int | None
+    state: str
+    restarts: int
+    details: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def up(self) -> bool:
+        return self.state != "starting"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Status:
+    """What every backend reports the same way, whatever its mode: ``/readyz``, ``ferry
+    status`` and ``/metrics`` read these fields and nothing mode-specific.
+
+    ``queued`` is the work waiting in the backend's queues, counted in ``unit`` (a batch
+    fills with ``requests``, an engine is loaded with ``tokens``), so a reader never adds one
+    to the other. ``reason`` says why a backend that is not ``ready`` should get no traffic
+    (empty when it is ready). ``details`` are the mode's own counters, shown by ``/readyz``.
+    """
 
     ready: bool
-    status: Mapping[str, Any]
+    reason: str
+    workers: tuple[WorkerStatus, ...]
+    queued: int
+    unit: str
+    details: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        """The status as ``/readyz`` shows it: the common fields, then the mode's own."""
+        workers = [{"slot": w.slot, "pid": w.pid, "state": w.state, "restarts": w.restarts, **w.details}
+                   for w in self.workers]
+        return {"ready": self.ready, "reason": self.reason, "workers": workers, "queued": self.queued,
+                "queued_unit": self.unit, **self.details}
+
+
+def not_ready_reason(workers_up: int, proven: bool) -> str:
+    """Why a fleet with ``workers_up`` live workers is kept from traffic ("" if it is not):
+    none is up, or every slot lost its worker since a call was last answered (``proven``)."""
+    if not workers_up:
+        return "no worker up"
+    return "" if proven else "every worker was lost since one last answered"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A backend's state, copied on the trio thread so the asyncio side can read it freely:
+    ``status`` is what ``/readyz`` and ``ferry status`` show; ``stats`` and ``load`` what
+    ``/metrics`` exports, through the families of the backend's ``mode``
+    (:data:`batcher.modes.MODES`)."""
+
+    mode: str
+    status: Status
     stats: Any
     load: Any
+
+    @property
+    def ready(self) -> bool:
+        return self.status.ready
 
 
 class Backend(Protocol):

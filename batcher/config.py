@@ -96,7 +96,7 @@ def _check_tokenizer(spec: str) -> None:
 class ModelConfig:
     """What every served model has, whatever its mode: its versioned name, aliases, context
     window, tokenizer and chat template. A model table's ``mode`` picks its class in
-    :data:`MODES`, and each mode checks only its own fields."""
+    :data:`batcher.modes.MODES`, and each mode checks only its own fields."""
 
     name: str
     aliases: tuple[str, ...] = ()
@@ -269,7 +269,3 @@ class ContinuousModelConfig(ModelConfig):
         if self.device:
             argv += ["--device", self.device]
         return argv
-
-
-MODES: dict[str, type[ModelConfig]] = {"fixed": FixedModelConfig, "continuous": ContinuousModelConfig}
-"""Each mode's model table; ``mode`` defaults to ``fixed``."""

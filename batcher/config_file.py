@@ -16,7 +16,8 @@ import re
 
 import msgspec
 
-from batcher.config import MODES, ModelConfig, _require
+from batcher.config import ModelConfig, _require
+from batcher.modes import MODES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,7 +36,7 @@ def model_table(table: object, where: str) -> ModelConfig:
     """A model table, built and checked by the class of its ``mode``."""
     mode = table.get("mode", "fixed") if isinstance(table, dict) else None
     if isinstance(mode, str) and mode in MODES:
-        return build_table(MODES[mode], table, where)  # type: ignore[return-value]
+        return build_table(MODES[mode].config, table, where)  # type: ignore[return-value]
     raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
 
 

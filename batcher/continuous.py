@@ -43,19 +43,20 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from batcher.admission import AdmissionControl
-from batcher.backend import Job, OnEvent, Snapshot
+from batcher.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
 from batcher.config import ContinuousModelConfig, QueueConfig
-from batcher.engine_metrics import ContinuousStats
-from batcher.engine_worker import EngineProcess
-from batcher.replica import Replica, Ticket
+from batcher.engine_metrics import ContinuousStats, engine_families
+from batcher.engine_worker import EngineProcess, convert_once
+from batcher.mode import Mode
+from batcher.replica import Replica, Stage, Ticket
 from batcher.router import Router
 from batcher.supervisor import Readiness, Supervisor, start_slots
 from batcher.token_load import TokenLoad
 from batcher.token_stream import Output, Tokenizer
-from batcher.types import Expired, ReplicaLost, Request, RequestFailed, State, TooLarge, WorkersFailed
+from batcher.types import Expired, ReplicaLost, RequestFailed, TooLarge, WorkersFailed
 from workers.engine.block_manager import cdiv
 from workers.prefix_hash import prefix_hashes
-from workers.protocol import Abort, Add
+from workers.protocol import Add
 
 PREFILL_STEPS = 2
 """Steps' worth of prompt an engine is given ahead: the next step's chunk is already there while
@@ -86,7 +87,6 @@ class EnginePool:
         self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
         self._queued = [0] * len(queue.tiers)  # tokens waiting in the replicas' tier queues, by tier
         self._rids = itertools.count(1)
-        self._ids = itertools.count(1)
         self._wakeup = trio.Event()
 
     # --- the Backend protocol -----------------------------------------------------------
@@ -106,7 +106,7 @@ class EnginePool:
                 if error is not None:
                     self.stats.shed[tier] += 1
         if error is not None:
-            ticket.closed = True
+            ticket.state = Stage.ENDED
             ticket.out.fail(error, retryable=not isinstance(error, TooLarge))
             return ticket
         self._enqueue(replica, ticket)
@@ -114,19 +114,17 @@ class EnginePool:
 
     def cancel(self, ticket: Ticket) -> None:
         """The caller went away: out of its queue at once, or its sequence aborted."""
-        if ticket.closed:
+        state = ticket.state
+        if state is Stage.ENDED:
             return
-        ticket.closed = True
         self.stats.cancelled += 1
         r = self._replicas[ticket.replica]
-        if ticket.request is not None and ticket.request.state is State.QUEUED:
-            ticket.request.cancel(trio.current_time())
-            r.queue.discard(ticket.request)
-            self._unqueue(r, ticket)
-        elif r.live.get(ticket.rid) is ticket:
-            r.send(Abort(ticket.rid))  # its blocks are free before the engine's next step
-        else:  # a re-run waiting in r.reruns: skipped when it reaches the front
-            r.owe(ticket, 0)
+        if state is Stage.QUEUED or state is Stage.RERUN:
+            r.leave(ticket)
+            if state is Stage.QUEUED:
+                self._queued[ticket.tier] -= ticket.cost
+        else:
+            r.end(ticket)
 
     def load(self) -> TokenLoad:
         """Queued tokens per tier against the fleet's measured rate, for overload admission."""
@@ -135,17 +133,18 @@ class EnginePool:
         return TokenLoad(tuple(self._queued), rate, arrivals)
 
     def snapshot(self) -> Snapshot:
-        """Each replica's engine as last reported, the pool's counters, the load."""
+        """Each replica's engine as last reported, the pool's counters, the load in tokens."""
         stats = self.stats.copy()
         stats.replicas = tuple(r.replica_stats() for r in self._replicas)
         load = self.load()
-        status = {
-            "workers": [r.status() for r in self._replicas],
-            "queued_tokens": sum(self._queued), "token_rate": load.rate,
-            "cancelled": stats.cancelled, "expired": stats.expired, "reruns": stats.retries,
-            "interrupted": stats.interrupted,
-        }
-        return Snapshot(self.ready, status, stats, load)
+        up = sum(r.up for r in self._replicas)
+        reason = not_ready_reason(up, self._readiness.proven)
+        status = Status(
+            self.ready, reason, tuple(r.status() for r in self._replicas), sum(self._queued), "tokens",
+            {"token_rate": load.rate, "cancelled": stats.cancelled, "expired": stats.expired,
+             "reruns": stats.reruns, "interrupted": stats.interrupted},
+        )
+        return Snapshot(self.config.mode, status, stats, load)
 
     @property
     def ready(self) -> bool:
@@ -183,35 +182,13 @@ class EnginePool:
         return self._replicas[route.replica]
 
     def _enqueue(self, r: Replica, ticket: Ticket) -> None:
-        request = Request(next(self._ids), "", ticket.tier, ticket.arrival, ticket.deadline,
-                          functools.partial(self._left_queue, ticket))
-        ticket.request = request
-        r.waiting[request.id] = ticket
-        r.queue.push(request)
+        r.enqueue(ticket)
         self._queued[ticket.tier] += ticket.cost
-        r.owe(ticket, ticket.cost)
         self._changed()
 
     def _rerun(self, ticket: Ticket) -> None:
         """Queue a ticket lost with its engine at the front of another replica's work."""
-        target = self._route(ticket)
-        target.owe(ticket, ticket.cost)
-        target.reruns.append(ticket)
-
-    def _unqueue(self, r: Replica, ticket: Ticket, owed: int = 0) -> None:
-        """``ticket`` leaves ``r``'s queues, owing ``owed`` there (its cost once sent)."""
-        del r.waiting[ticket.request.id]  # type: ignore[union-attr]
-        self._queued[ticket.tier] -= ticket.cost
-        r.owe(ticket, owed)
-        ticket.request = None
-
-    def _left_queue(self, ticket: Ticket, request: Request) -> None:
-        """A queued ticket's request ended: expired (its error goes out) or cancelled."""
-        if request.state is State.FAILED:
-            self._unqueue(self._replicas[ticket.replica], ticket)
-            self.stats.expired += 1
-            ticket.closed = True
-            ticket.out.fail(request.error, retryable=True)  # type: ignore[arg-type]
+        self._route(ticket).queue_rerun(ticket)
 
     def _changed(self) -> None:
         self._wakeup.set()
@@ -234,56 +211,39 @@ class EnginePool:
 
     def _expire(self, r: Replica, now: float) -> float:
         """Fail the tickets past their deadline; return the next deadline still to come."""
-        expired = r.queue.expire(now)
+        expired, timed_out = r.expire(now)
         load = self.load() if expired else None
-        for request in expired:
-            retry_after = self.admission.retry_after(load, request.tier, now) if self.admission else 1.0
-            waited = now - request.arrival
-            request.fail(Expired(f"not started within {waited:.3f}s of arrival", retry_after), now)
-        for ticket in [t for t in r.reruns if not t.closed and t.rerun_due <= now]:
-            ticket.closed = True
-            r.owe(ticket, 0)
+        for ticket in expired:
+            retry_after = self.admission.retry_after(load, ticket.tier, now) if self.admission else 1.0
+            self._queued[ticket.tier] -= ticket.cost
+            self.stats.expired += 1
+            error = Expired(f"not started within {now - ticket.arrival:.3f}s of arrival", retry_after)
+            ticket.out.fail(error, retryable=True)
+        for ticket in timed_out:
             self.stats.timed_out += 1
             ticket.out.fail(WorkersFailed("its engine was lost and no other took the request in time"), False)
-        return min(r.queue.next_deadline(), min((t.rerun_due for t in r.reruns if not t.closed), default=math.inf))
+        return r.next_deadline()
 
     def _fill(self, r: Replica, now: float) -> None:
         """Send ``r`` the next tickets while its engine can start them within about two steps."""
         config = self.config
-        while len(r.live) < config.max_seqs and r.prefilling < PREFILL_STEPS * config.max_batch_tokens \
-                and r.free_blocks > 0:
-            ticket = self._next(r, now)
+        while r.can_start(config.max_seqs, PREFILL_STEPS * config.max_batch_tokens):
+            ticket = r.next_ticket(now)
             if ticket is None:
                 return
+            if ticket.state is Stage.PREFILLING:  # taken from the queues (a re-run's tokens were never there)
+                self._queued[ticket.tier] -= ticket.cost
             job, sampling = ticket.job, ticket.job.sampling
-            ticket.rid = rid = next(self._rids)
-            ticket.dispatched_at, ticket.prefilling, ticket.rerun_due = now, True, math.inf
-            r.live[rid] = ticket
             if not ticket.attempts:
                 self.stats.queue_wait[ticket.tier].observe(now - ticket.arrival)
-            r.prefilling += len(job.prompt_tokens)
-            r.free_blocks -= cdiv(len(job.prompt_tokens) + 1, config.block_size)
             self.router.sent(r.index, ticket.hashes)
-            r.send(Add(
-                rid, list(job.prompt_tokens), job.max_tokens, ticket.tier, job.tenant,
+            r.start(ticket, Add(
+                next(self._rids), list(job.prompt_tokens), job.max_tokens, ticket.tier, job.tenant,
                 config.temperature if sampling.temperature is None else sampling.temperature,
                 1.0 if sampling.top_p is None else sampling.top_p,
                 0 if sampling.top_k is None else sampling.top_k,
                 sampling.seed, [], False,
-            ))
-
-    def _next(self, r: Replica, now: float) -> Ticket | None:
-        """The next ticket for ``r``: a re-run first, then its queues by tier."""
-        while r.reruns:
-            ticket = r.reruns.popleft()
-            if not ticket.closed:
-                return ticket
-        taken = r.queue.take(1, now)
-        if not taken:
-            return None
-        ticket = r.waiting[taken[0].id]
-        self._unqueue(r, ticket, ticket.cost)
-        return ticket
+            ), cdiv(len(job.prompt_tokens) + 1, config.block_size), now)
 
     # --- engines coming and going -------------------------------------------------------
 
@@ -298,37 +258,31 @@ class EnginePool:
         self._readiness.lost(r.index)
         self.router.forget(r.index)
         lost = r.down()
-        moved = [t for t in r.reruns if not t.closed]
-        r.reruns.clear()
-        for ticket in moved:
-            r.owe(ticket, 0)
-        for request in r.queue.take(r.queue.count, now):
-            ticket = r.waiting[request.id]
-            self._unqueue(r, ticket)
-            moved.append(ticket)
+        reruns, queued = r.evacuate(now)  # placed again elsewhere below
+        for ticket in queued:
+            self._queued[ticket.tier] -= ticket.cost
         for ticket in lost:
-            if ticket.closed:
+            if ticket.ended:
                 continue
             ticket.attempts += 1
             if ticket.out.sent:
-                ticket.closed = True
+                ticket.state = Stage.ENDED
                 self.stats.interrupted += 1
                 ticket.out.fail(ReplicaLost(
                     f"the engine serving this stream was lost after {ticket.out.sent} output tokens; "
                     "send the request again for a whole answer"), retryable=True)
             elif ticket.attempts >= self.config.max_attempts:
-                ticket.closed = True
+                ticket.state = Stage.ENDED
                 ticket.out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
             else:
-                self.stats.retries += 1
+                self.stats.reruns += 1
                 ticket.out.restart()
                 ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
                 self._rerun(ticket)
-        for ticket in moved:  # a re-run still waiting stays one; a queued ticket queues again
-            if ticket.rerun_due < math.inf:
-                self._rerun(ticket)
-            else:
-                self._enqueue(self._route(ticket), ticket)
+        for ticket in reruns:  # a re-run still waiting stays one
+            self._rerun(ticket)
+        for ticket in queued:
+            self._enqueue(self._route(ticket), ticket)
         self._changed()
 
 
@@ -342,3 +296,7 @@ async def open_engine_pool(
         await nursery.start(pool.run)
         yield pool
         nursery.cancel_scope.cancel()
+
+
+MODE = Mode(ContinuousModelConfig, argv=ContinuousModelConfig.engine_argv, process=EngineProcess,
+            open=open_engine_pool, prepare=convert_once, families=engine_families)

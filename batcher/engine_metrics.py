@@ -20,18 +20,21 @@ scrape time :func:`engine_families` turns the snapshot into families (vLLM's in 
     ferry_engine_reruns                 counter  {model}   jobs re-run unseen after their engine died
     ferry_engine_interrupted_streams    counter  {model}   streams ended by an error after sending text
 
-TTFT, time per output token, end-to-end latency (the gateway's, by model and tier) and queue
-wait (``ferry_queue_wait_seconds``, arrival to the engine, by tier) are shared with the fixed mode.
+TTFT, time per output token, end-to-end latency (the gateway's, by model and tier), queue wait
+(``ferry_queue_wait_seconds``, arrival to the engine, by tier), worker restarts, unanswered
+requests and ``ferry_queued_tokens`` are the families every mode shares (:mod:`batcher.metrics`);
+no batch family (flushes, batch sizes, batch retries, bisections) has a continuous model's sample.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from batcher.stats import Histogram, Stats
+from batcher.mode import Exported
+from batcher.stats import CoreStats, Histogram
 from workers.protocol import EngineStats
 
 STEP_TOKEN_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -49,10 +52,11 @@ class ReplicaStats:
 
 
 @dataclasses.dataclass(slots=True)
-class ContinuousStats(Stats):
-    """The pool's counters: the fixed mode's that apply (queue wait, restarts, ``retries`` as
-    re-runs, expired, cancelled, shed) and the engines'."""
+class ContinuousStats(CoreStats):
+    """The pool's counters: the ones every mode keeps (queue wait, restarts, expired, cancelled,
+    shed, unanswered) and the engines'."""
 
+    reruns: int = 0  # jobs re-run on another replica, unseen by their client, after their engine died
     interrupted: int = 0  # streams ended with ReplicaLost
     step_tokens: Histogram = dataclasses.field(default_factory=lambda: Histogram(STEP_TOKEN_BOUNDS))
     replicas: tuple[ReplicaStats, ...] = ()
@@ -72,10 +76,8 @@ _COUNTERS = (
 )
 
 
-def engine_families(models: list[tuple[str, Stats]]) -> Iterator:
-    """The continuous families of every ``(model, stats)`` whose stats are a backend's
-    :class:`ContinuousStats` (nothing for fixed-mode models)."""
-    engines = [(model, stats) for model, stats in models if isinstance(stats, ContinuousStats)]
+def engine_families(backends: Sequence[Exported]) -> Iterator:
+    """The continuous families of every continuous backend, from its :class:`ContinuousStats`."""
     by_replica = ["model", "replica"]
     gauges = [(GaugeMetricFamily(name, text, labels=by_replica), field) for name, text, field in _GAUGES]
     counters = [(CounterMetricFamily(name, text, labels=by_replica), field) for name, text, field in _COUNTERS]
@@ -86,14 +88,15 @@ def engine_families(models: list[tuple[str, Stats]]) -> Iterator:
                                  labels=["model"])
     interrupted = CounterMetricFamily("ferry_engine_interrupted_streams",
                                       "Streams ended by an error after sending text.", labels=["model"])
-    for model, stats in engines:
-        for replica in stats.replicas:  # type: ignore[attr-defined]
+    for model, _, snapshot in backends:
+        stats: ContinuousStats = snapshot.stats
+        for replica in stats.replicas:
             labels = [model, str(replica.replica)]
             for family, field in (*gauges, *counters):
                 family.add_metric(labels, getattr(replica.engine, field))
             rate.add_metric(labels, replica.generation_rate)
-        steps.add_metric([model], stats.step_tokens.cumulative(), stats.step_tokens.total)  # type: ignore[attr-defined]
-        reruns.add_metric([model], stats.retries)
-        interrupted.add_metric([model], stats.interrupted)  # type: ignore[attr-defined]
+        steps.add_metric([model], stats.step_tokens.cumulative(), stats.step_tokens.total)
+        reruns.add_metric([model], stats.reruns)
+        interrupted.add_metric([model], stats.interrupted)
     yield from (family for family, _ in (*gauges, *counters))
     yield from (rate, steps, reruns, interrupted)

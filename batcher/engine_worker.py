@@ -61,10 +61,12 @@ class EngineProcess(PipeProcess):
 async def convert_once(model: ContinuousModelConfig) -> None:
     """Convert a :data:`~batcher.config.CONVERTED` model the first time it is served, in a child
     process whose progress goes to this process's output (experiments/README.md, "Start-up
-    times"; a later start finds the conversion done and returns at once)."""
+    times"; a later start finds the conversion done and returns at once). The continuous
+    mode's preparation, at start-up and at a reload alike; ``ValueError`` if it fails."""
     argv = model.conversion_argv()
     if argv is None:
         return
     result = await trio.run_process([sys.executable, "-m", *argv], check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"models: converting {model.model!r} failed (exit {result.returncode}); see above")
+        raise ValueError(f"model: converting {model.model!r} failed (exit {result.returncode}); "
+                         "see the gateway's output")

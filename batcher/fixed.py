@@ -33,10 +33,22 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from batcher.admission import AdmissionControl, BatchLoad
-from batcher.backend import Delta, Failed, Finished, Job, OnEvent, Snapshot, Started, Usage
+from batcher.backend import (
+    Delta,
+    Failed,
+    Finished,
+    Job,
+    OnEvent,
+    Snapshot,
+    Started,
+    Status,
+    Usage,
+    WorkerStatus,
+    not_ready_reason,
+)
 from batcher.config import PoolConfig, QueueConfig
 from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
-from batcher.pool import Spawn, WorkerPool
+from batcher.pool import SlotState, Spawn, WorkerPool
 from batcher.stats import Stats
 from batcher.tier_queue import TierQueues
 from batcher.types import Expired, Overloaded, Request, State
@@ -98,20 +110,21 @@ class Batcher:
 
     def snapshot(self) -> Snapshot:
         """The pool's workers and the batcher's counters, copied for /readyz and /metrics."""
-        workers = self.pool.workers()
-        stats = self.stats
-        status = {
-            "workers": [{"slot": w.slot, "pid": w.pid, "state": w.state.value, "restarts": w.restarts}
-                        for w in workers],
-            "queued": self.queue.count,
-            "flushed": stats.flushed_requests,
-            "cancelled": stats.cancelled,
-            "expired": stats.expired,
-            "calls": stats.calls,
+        workers = tuple(WorkerStatus(w.slot, w.pid, w.state.value, w.restarts) for w in self.pool.workers())
+        stats, ready = self.stats, self.pool.ready
+        up = [w for w in workers if w.up]
+        if ready:
+            reason = ""
+        elif up and all(w.state == SlotState.HUNG.value for w in up):
+            reason = "every worker is hung past its hang timeout"
+        else:
+            reason = not_ready_reason(len(up), ready)
+        status = Status(ready, reason, workers, self.queue.count, "requests", {
+            "flushed": stats.flushed_requests, "cancelled": stats.cancelled, "expired": stats.expired,
+            "calls": stats.calls, "retries": stats.retries,
             "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
-            "retries": stats.retries,
-        }
-        return Snapshot(self.pool.ready, status, stats.copy(), self.load())
+        })
+        return Snapshot("fixed", status, stats.copy(), self.load())
 
     def retune(self, queue: QueueConfig) -> None:
         """The tiers' new wait budgets, for arrivals from now on: admission judges by them and

@@ -2,8 +2,19 @@
 
 A :class:`Replica` holds the jobs routed to it (:class:`Ticket`\\ s): queued in its tier queues
 on the gateway side, waiting to re-run after another replica died, or live in its engine (sent
-as ``add``, known by their rid). While an engine lives, :meth:`Replica.serve` writes the frames
-the pool queued for it and reads its frames back a step at a time (``batcher.engine_worker``):
+as ``add``, known by their rid). A ticket's :class:`Stage` says which, and only this class's
+methods move a ticket between them (its queues, its re-runs, its engine's live set, the prefill
+and free-block budgets that go with it), so those counts cannot drift from the tickets::
+
+    QUEUED ──taken──> PREFILLING ──first token──> RUNNING ──finished──> ENDED
+                          │                          │
+                          └──────────────────────────┴─ its engine died, nothing shown yet
+                                                        ─> RERUN ──started──> PREFILLING
+
+    from any stage: cancelled, expired, failed, or its answer complete ─> ENDED
+
+While an engine lives, :meth:`Replica.serve` writes the frames the pool queued for it and
+reads its frames back a step at a time (``batcher.engine_worker``):
 
     tokens    the ticket's Output turns ids into events (a stream's deltas, or held text)
     finished  the rest of the text and Finished, or the error (too long for the cache)
@@ -20,6 +31,7 @@ Its :attr:`load` is the router's measure: the tokens it still owes its tickets, 
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from collections import deque
@@ -27,7 +39,7 @@ from collections.abc import Callable
 
 import trio
 
-from batcher.backend import Job, Usage
+from batcher.backend import Job, Usage, WorkerStatus
 from batcher.config import QueueConfig
 from batcher.engine_metrics import ContinuousStats, ReplicaStats
 from batcher.engine_worker import EngineProcess
@@ -35,7 +47,7 @@ from batcher.supervisor import Supervisor
 from batcher.tier_queue import TierQueues
 from batcher.token_load import TokenRate
 from batcher.token_stream import Output
-from batcher.types import Request, RequestFailed, TooLarge
+from batcher.types import RequestFailed, TooLarge
 from workers.protocol import (
     NO_ENGINE_STATS,
     Abort,
@@ -55,43 +67,53 @@ STOP_REASONS = {"eos": "end_turn", "stop_token": "end_turn", "max_tokens": "max_
 """An engine's finish reasons as the Messages API's stop reasons."""
 
 
+class Stage(enum.Enum):
+    """Where a ticket stands (see the module doc)."""
+
+    QUEUED = "queued"  # in its replica's tier queues
+    RERUN = "rerun"  # lost with its engine before it showed anything: first in a replica's work
+    PREFILLING = "prefilling"  # sent to its engine, no token back yet
+    RUNNING = "running"  # its engine is making its tokens
+    ENDED = "ended"  # its caller has had its last event, or has gone (its engine may still abort it)
+
+
 class Ticket:
     """One submitted job and where it stands: what :meth:`EnginePool.submit` returns."""
 
     __slots__ = (
         "arrival",
         "attempts",
-        "closed",
         "cost",
         "deadline",
         "dispatched_at",
         "hashes",
         "out",
-        "prefilling",
         "remaining",
         "replica",
-        "request",
         "rerun_due",
         "rid",
+        "state",
         "tier",
     )
 
     def __init__(self, out: Output, tier: int, arrival: float, deadline: float, hashes: list[bytes]) -> None:
         self.out, self.tier, self.arrival, self.deadline, self.hashes = out, tier, arrival, deadline, hashes
+        self.state = Stage.QUEUED
         self.cost = 0  # tokens it adds where it waits: prompt not held by its replica + max_tokens
         self.replica = -1
-        self.request: Request | None = None  # its place in its replica's tier queues, while queued
         self.rid = -1  # its sequence's number in the engine, once sent
         self.dispatched_at = arrival
         self.remaining = 0  # tokens its replica owes it (see the module doc)
-        self.prefilling = False  # sent, and no token back yet
         self.attempts = 0  # times an engine died under it
         self.rerun_due = math.inf  # a re-run that no engine takes by then fails
-        self.closed = False  # its caller has had its last event, or has gone
 
     @property
     def job(self) -> Job:
         return self.out.job
+
+    @property
+    def ended(self) -> bool:
+        return self.state is Stage.ENDED
 
     @property
     def queued(self) -> float:
@@ -107,8 +129,8 @@ class Replica:
         self.index = index
         self.supervisor: Supervisor[EngineProcess]
         self.up = False
-        self.queue = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share)
-        self.waiting: dict[int, Ticket] = {}  # request id -> ticket, in the tier queues
+        self.queue: TierQueues[Ticket] = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share,
+                                                    waiting=Stage.QUEUED, taken=Stage.PREFILLING)
         self.reruns: deque[Ticket] = deque()  # lost by another replica: they go first
         self.live: dict[int, Ticket] = {}  # rid -> ticket, sent to the engine
         self.load = 0
@@ -129,6 +151,90 @@ class Replica:
         """``ticket`` is now owed ``tokens`` here (0: it left)."""
         self.load += tokens - ticket.remaining
         ticket.remaining = tokens
+
+    # --- the tickets given to it ---------------------------------------------------------
+
+    def enqueue(self, ticket: Ticket) -> None:
+        """Queue ``ticket`` in its tier, owing its cost here."""
+        ticket.state = Stage.QUEUED
+        self.queue.push(ticket)
+        self.owe(ticket, ticket.cost)
+
+    def leave(self, ticket: Ticket) -> None:
+        """A ticket waiting here (queued, or to re-run) leaves for good (cancelled): it owes
+        nothing here, and a re-run is skipped when it reaches the front."""
+        queued = ticket.state is Stage.QUEUED
+        ticket.state = Stage.ENDED
+        if queued:
+            self.queue.discard(ticket)
+        self.owe(ticket, 0)
+
+    def expire(self, now: float) -> tuple[list[Ticket], list[Ticket]]:
+        """The queued tickets past their deadline, and the re-runs no engine took in time: each
+        ended here, owing nothing (their callers are the pool's to tell)."""
+        expired = self.queue.expire(now)
+        timed_out = [t for t in self.reruns if t.state is Stage.RERUN and t.rerun_due <= now]
+        for ticket in (*expired, *timed_out):
+            ticket.state = Stage.ENDED
+            self.owe(ticket, 0)
+        return expired, timed_out
+
+    def next_deadline(self) -> float:
+        """When the next ticket waiting here expires or times out (inf: none will)."""
+        reruns = (t.rerun_due for t in self.reruns if t.state is Stage.RERUN)
+        return min(self.queue.next_deadline(), min(reruns, default=math.inf))
+
+    def evacuate(self, now: float) -> tuple[list[Ticket], list[Ticket]]:
+        """Its engine is gone: the re-runs and the queued tickets waiting here, taken out
+        owing nothing, for the pool to place elsewhere."""
+        reruns = [t for t in self.reruns if t.state is Stage.RERUN]
+        self.reruns.clear()
+        queued = self.queue.take(self.queue.count, now)
+        for ticket in (*reruns, *queued):
+            self.owe(ticket, 0)
+        return reruns, queued
+
+    def queue_rerun(self, ticket: Ticket) -> None:
+        """Put a ticket lost with another engine first in this replica's work."""
+        ticket.state = Stage.RERUN
+        self.owe(ticket, ticket.cost)
+        self.reruns.append(ticket)
+
+    def next_ticket(self, now: float) -> Ticket | None:
+        """The next ticket to start here: a re-run first, then the queues by tier; None if none."""
+        while self.reruns:
+            ticket = self.reruns.popleft()
+            if ticket.state is Stage.RERUN:
+                return ticket
+        taken = self.queue.take(1, now)
+        return taken[0] if taken else None
+
+    def can_start(self, max_seqs: int, prefill_budget: int) -> bool:
+        """Whether its engine can start one more sequence soon: fewer than ``max_seqs`` live,
+        less than ``prefill_budget`` prompt tokens not yet prefilled, free blocks left."""
+        return len(self.live) < max_seqs and self.prefilling < prefill_budget and self.free_blocks > 0
+
+    def start(self, ticket: Ticket, add: Add, blocks: int, now: float) -> None:
+        """Send ``ticket`` to the engine as ``add``, holding ``blocks`` of its free ones."""
+        ticket.state, ticket.rid, ticket.dispatched_at = Stage.PREFILLING, add.rid, now
+        ticket.rerun_due = math.inf
+        self.live[add.rid] = ticket
+        self.prefilling += len(ticket.job.prompt_tokens)
+        self.free_blocks -= blocks
+        self.owe(ticket, ticket.cost)
+        self.send(add)
+
+    def end(self, ticket: Ticket) -> None:
+        """The caller of a live ticket has gone, or its answer is complete: its sequence is
+        aborted (its blocks are free before the engine's next step)."""
+        self._prefilled(ticket)
+        ticket.state = Stage.ENDED
+        self.send(Abort(ticket.rid))
+
+    def _prefilled(self, ticket: Ticket) -> None:
+        if ticket.state is Stage.PREFILLING:
+            ticket.state = Stage.RUNNING
+            self.prefilling -= len(ticket.job.prompt_tokens)
 
     def send(self, message: Add | Abort) -> None:
         self._outbox.append(encode(message))
@@ -195,15 +301,12 @@ class Replica:
 
     def _tokens(self, frame: Tokens) -> None:
         ticket = self.live.get(frame.rid)
-        if ticket is None or ticket.closed:
+        if ticket is None or ticket.ended:
             return
         job = ticket.job
-        if ticket.prefilling:
-            ticket.prefilling = False
-            self.prefilling -= len(job.prompt_tokens)
+        self._prefilled(ticket)
         if ticket.out.push(frame.ids, ticket.queued):  # a whole answer reached a stop sequence
-            ticket.closed = True
-            self.send(Abort(frame.rid))
+            self.end(ticket)
             ticket.out.finish("end_turn", Usage(len(job.prompt_tokens), ticket.out.generated), ticket.queued)
         self.owe(ticket, max(0, job.max_tokens - ticket.out.generated))
 
@@ -211,14 +314,13 @@ class Replica:
         ticket = self.live.pop(frame.rid, None)
         if ticket is None:
             return
-        if ticket.prefilling:
-            self.prefilling -= len(ticket.job.prompt_tokens)
+        self._prefilled(ticket)
         self.owe(ticket, 0)
         self.served = True
         self._on_answer()
-        if ticket.closed:
+        if ticket.ended:
             return
-        ticket.closed = True
+        ticket.state = Stage.ENDED
         usage = frame.usage
         if frame.reason in STOP_REASONS:
             stop = STOP_REASONS[frame.reason]
@@ -241,13 +343,14 @@ class Replica:
 
     # --- what /readyz and /metrics show ------------------------------------------------
 
-    def status(self) -> dict:
+    def status(self) -> WorkerStatus:
         worker = self.supervisor.worker
         engine = {name: getattr(self.stats, name) for name in ("running", "waiting", "used_blocks", "free_blocks",
                                                                 "total_blocks")} if self.stats else {}
-        return {"slot": self.index, "pid": worker.pid if self.up and worker else None,
-                "state": "up" if self.up else "starting", "restarts": self.supervisor.restarts,
-                "queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine}
+        pid = worker.pid if self.up and worker else None
+        details = {"queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine}
+        state = "up" if self.up else "starting"
+        return WorkerStatus(self.index, pid, state, self.supervisor.restarts, details)
 
     def replica_stats(self) -> ReplicaStats:
         engine = self.stats.plus_counters(self.carried) if self.stats else self.carried

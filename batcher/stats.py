@@ -9,6 +9,7 @@ import bisect
 import collections
 import copy
 import dataclasses
+from typing import Self
 
 BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 50, 64, 128, 256, 512, 1024)
 WAIT_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -48,28 +49,36 @@ class Histogram:
 
 
 @dataclasses.dataclass(slots=True)
-class Stats:
-    flushes: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
-    flushed_requests: int = 0  # sum of the sizes of new batches (retries not counted again)
+class CoreStats:
+    """What every backend counts, whatever its mode: the shared ``/metrics`` families."""
+
     expired: int = 0  # queued past their deadline: Overloaded
     shed: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)  # by tier
     cancelled: int = 0  # callers gone, before or after dispatch
-    calls: int = 0  # run_batch calls sent to workers, retries and probes included
-    probes: int = 0  # calls of one empty input, sent to prove a fleet that lost every worker serves again
-    busy_seconds: float = 0.0  # summed over workers: time spent inside calls
     restarts: int = 0  # workers killed (crash, hang, protocol fault) and started again
-    retries: int = 0  # batches re-dispatched whole after a failed call
-    bisections: int = 0  # batches split in two to isolate a failing input
-    failed_inputs: int = 0  # requests failed because their input failed alone
     timed_out: int = 0  # dispatched requests no worker answered by their deadline + hang_timeout
-    batch_sizes: Histogram = dataclasses.field(default_factory=lambda: Histogram(BATCH_SIZE_BOUNDS))
     queue_wait: collections.defaultdict[int, Histogram] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(lambda: Histogram(WAIT_BOUNDS))
     )  # seconds from arrival to dispatch, by tier index
 
-    def copy(self) -> Stats:
+    def copy(self) -> Self:
         """A deep copy: what a snapshot hands the asyncio thread, which must not read live counters."""
         return copy.deepcopy(self)
+
+
+@dataclasses.dataclass(slots=True)
+class Stats(CoreStats):
+    """The fixed mode's counters: batches, calls, retries and bisections on top of the shared ones."""
+
+    flushes: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    flushed_requests: int = 0  # sum of the sizes of new batches (retries not counted again)
+    calls: int = 0  # run_batch calls sent to workers, retries and probes included
+    probes: int = 0  # calls of one empty input, sent to prove a fleet that lost every worker serves again
+    busy_seconds: float = 0.0  # summed over workers: time spent inside calls
+    retries: int = 0  # batches re-dispatched whole after a failed call
+    bisections: int = 0  # batches split in two to isolate a failing input
+    failed_inputs: int = 0  # requests failed because their input failed alone
+    batch_sizes: Histogram = dataclasses.field(default_factory=lambda: Histogram(BATCH_SIZE_BOUNDS))
 
     @property
     def mean_batch(self) -> float:

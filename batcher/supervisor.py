@@ -29,7 +29,7 @@ from typing import Generic, Protocol, TypeVar
 import trio
 
 from batcher.config import PoolConfig
-from batcher.stats import Stats
+from batcher.stats import CoreStats
 from workers.protocol import ProtocolError, WorkerLost
 
 log = logging.getLogger("ferry.pool")
@@ -79,7 +79,7 @@ class Supervisor(Generic[W]):
         index: int,
         spawn: Callable[[int], W],
         config: PoolConfig,
-        stats: Stats,
+        stats: CoreStats,
         serve: Callable[[W], Awaitable[bool]],
         on_exit: Callable[[], None] = _nothing,
         on_down: Callable[[], None] = _nothing,

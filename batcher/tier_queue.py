@@ -3,6 +3,11 @@
 Pure and synchronous: the batcher's trio loop asks it questions (how many wait, since when,
 which deadline comes next) and takes batches from it; time is passed in, never read.
 
+Generic over what it queues: anything with a ``tier``, an ``arrival``, a ``deadline`` and a
+``state`` (:class:`Queued`). An item is live while its state is the queue's ``waiting`` state;
+taking it sets its state to ``taken``. The fixed mode queues its requests (``QUEUED``, then
+``DISPATCHED``), the continuous pool its tickets, in their own states.
+
 Removal is lazy but counting is not: a cancelled or expired request stays in its deque until it
 reaches the front, yet :attr:`TierQueues.count` drops at once, so the flush policy never sees a
 request that has left. Each deque stays in arrival order, so the front is always the oldest live
@@ -16,23 +21,43 @@ the share holds for batches of 1 as well as of 50). Paid traffic keeps the rest.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import math
 from collections import deque
+from typing import Generic, Protocol, TypeVar
 
-from batcher.types import Request, State
+from batcher.types import State
 
 
-class TierQueues:
-    def __init__(self, tiers: int, age_limit: float = math.inf, aged_share: float = 0.0) -> None:
+class Queued(Protocol):
+    """What the queues hold: its tier (0 is served first), when it arrived, the latest time it
+    may leave the queue, and its state (live while it is the queue's waiting state)."""
+
+    tier: int
+    arrival: float
+    deadline: float
+    state: enum.Enum
+
+
+T = TypeVar("T", bound=Queued)
+
+
+class TierQueues(Generic[T]):
+    """The queues of every tier (see the module doc); ``waiting`` and ``taken`` are the states
+    of an item in the queue and of one taken out of it."""
+
+    def __init__(self, tiers: int, age_limit: float = math.inf, aged_share: float = 0.0,
+                 waiting: enum.Enum = State.QUEUED, taken: enum.Enum = State.DISPATCHED) -> None:
         if tiers < 1:
             raise ValueError(f"tiers: expected at least one, got {tiers}")
         if not 0.0 <= aged_share <= 1.0:
             raise ValueError(f"aged_share: expected 0..1, got {aged_share}")
-        self._queues: list[deque[Request]] = [deque() for _ in range(tiers)]
+        self._queues: list[deque[T]] = [deque() for _ in range(tiers)]
         self._live = [0] * tiers
-        self._deadlines: list[tuple[float, int, Request]] = []
+        self._deadlines: list[tuple[float, int, T]] = []
+        self._waiting, self._taken = waiting, taken
         self._order = itertools.count()
         self._age_limit = age_limit
         self._aged_share = aged_share
@@ -43,23 +68,23 @@ class TierQueues:
         return self.count
 
     def queued(self, tier: int) -> int:
-        """Live requests waiting in one tier."""
+        """Live items waiting in one tier."""
         return self._live[tier]
 
-    def push(self, request: Request) -> None:
-        """Queue a request at the back of its tier."""
-        if request.state is not State.QUEUED:
-            raise ValueError(f"request {request.id} is {request.state.value}, not queued")
+    def push(self, request: T) -> None:
+        """Queue an item at the back of its tier."""
+        if request.state is not self._waiting:
+            raise ValueError(f"cannot queue an item that is {request.state.value}, not {self._waiting.value}")
         self._queues[request.tier].append(request)
         self._live[request.tier] += 1
         self.count += 1
         if request.deadline < math.inf:
             heapq.heappush(self._deadlines, (request.deadline, next(self._order), request))
 
-    def discard(self, request: Request) -> None:
-        """Forget a request that has left the queue (cancelled); its slot is freed at once."""
-        if request.state is State.QUEUED:
-            raise ValueError(f"request {request.id} must leave the QUEUED state before discard")
+    def discard(self, request: T) -> None:
+        """Forget an item that has left the queue (cancelled); its slot is freed at once."""
+        if request.state is self._waiting:
+            raise ValueError(f"an item must leave the {self._waiting.name} state before discard")
         self._live[request.tier] -= 1
         self.count -= 1
 
@@ -71,32 +96,32 @@ class TierQueues:
     def next_deadline(self) -> float:
         """The earliest deadline of a live request (inf when there is none)."""
         heap = self._deadlines
-        while heap and heap[0][2].state is not State.QUEUED:
+        while heap and heap[0][2].state is not self._waiting:
             heapq.heappop(heap)
         return heap[0][0] if heap else math.inf
 
-    def expire(self, now: float) -> list[Request]:
-        """Take out every live request whose deadline has passed.
+    def expire(self, now: float) -> list[T]:
+        """Take out every live item whose deadline has passed.
 
-        They leave the count at once but are still QUEUED: the caller must end each of them
+        They leave the count at once but are still waiting: the caller must end each of them
         (``request.fail(Overloaded(...))``) before it next uses the queues.
         """
         expired = []
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             request = heapq.heappop(heap)[2]
-            if request.state is State.QUEUED:  # still counted: take it out of the count
+            if request.state is self._waiting:  # still counted: take it out of the count
                 self._live[request.tier] -= 1
                 self.count -= 1
                 expired.append(request)
         return expired
 
-    def take(self, size: int, now: float) -> list[Request]:
-        """Up to ``size`` requests: aged ones within their share, then tier by tier, oldest first.
+    def take(self, size: int, now: float) -> list[T]:
+        """Up to ``size`` items: aged ones within their share, then tier by tier, oldest first.
 
-        Taken requests are marked DISPATCHED.
+        Taken items are put in the ``taken`` state.
         """
-        batch: list[Request] = []
+        batch: list[T] = []
         if self._aged_share > 0 and len(self._queues) > 1:
             self._aged_credit = min(self._aged_credit + self._aged_share * size, float(size))
             self._take_aged(batch, now)
@@ -105,7 +130,7 @@ class TierQueues:
                 self._pop(tier, batch)
         return batch
 
-    def _take_aged(self, batch: list[Request], now: float) -> None:
+    def _take_aged(self, batch: list[T], now: float) -> None:
         """Move aged lower-tier requests into ``batch`` while the aged credit lasts, oldest first."""
         cutoff = now - self._age_limit
         while self._aged_credit >= 1.0:
@@ -120,15 +145,15 @@ class TierQueues:
             self._pop(min(candidates)[1], batch)
             self._aged_credit -= 1.0
 
-    def _front(self, tier: int) -> Request | None:
-        queue = self._queues[tier]
-        while queue and queue[0].state is not State.QUEUED:
+    def _front(self, tier: int) -> T | None:
+        queue, waiting = self._queues[tier], self._waiting
+        while queue and queue[0].state is not waiting:
             queue.popleft()
         return queue[0] if queue else None
 
-    def _pop(self, tier: int, batch: list[Request]) -> None:
+    def _pop(self, tier: int, batch: list[T]) -> None:
         request = self._queues[tier].popleft()
-        request.state = State.DISPATCHED
+        request.state = self._taken
         self._live[tier] -= 1
         self.count -= 1
         batch.append(request)

@@ -18,7 +18,7 @@ in :mod:`gateway.models`, charges and bills in :mod:`gateway.ledger`, and the co
 is the one place a checked request passes to the core. Every error, whoever raises it (aiohttp
 included), leaves through :mod:`gateway.errors` in its route's shape, with the status of
 :data:`gateway.api.ERRORS` (translated by :data:`gateway.openai.ERRORS` on OpenAI's routes).
-While a request runs, it holds its version (:class:`~gateway.rollout.Pins`), so a version taken
+While a request runs, it holds its version (:class:`~gateway.pins.Pins`), so a version taken
 out of service stops only once every request that resolved to it has ended.
 """
 
@@ -51,7 +51,7 @@ from gateway.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.limiter import Limiter, open_limiter
 from gateway.metrics import Metrics
 from gateway.models import Catalog, ServedModel
-from gateway.rollout import Pins
+from gateway.pins import Pins
 from gateway.safety import Blocklist, SafetyCheck
 from gateway.usage import UsageLog
 
@@ -307,27 +307,19 @@ class Gateway:
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready: every model's backend says so (fixed mode: a worker up and not hung, and a call
-        answered since every slot last lost its worker). The body details each model, and the
-        error says why each that is not ready is not."""
+        answered since every slot last lost its worker). The body details each model's status,
+        and says why a model that is not ready is not."""
         snapshots = await self.bridge.snapshots() if self.bridge.running else {}
-        models = {name: {"ready": snapshot.ready, **snapshot.status} for name, snapshot in snapshots.items()}
-        waiting = [name for name, state in models.items() if not state["ready"]]
+        models = {name: snapshot.status.body() for name, snapshot in snapshots.items()}
+        waiting = [f"{name}: {snap.status.reason}" for name, snap in snapshots.items() if not snap.ready]
         if models and not waiting:
             return web.json_response({"ready": True, "models": models}, dumps=_dumps)
-        why = "; ".join(f"every worker of {name} is hung past its hang timeout" if _all_hung(models[name])
-                        else f"no worker up for {name}" for name in waiting)
-        why = why or "the scheduling core is not running"
+        why = "; ".join(waiting) if waiting else "the scheduling core is not running"
         body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
         return web.json_response(body, status=503, dumps=_dumps)
 
 
 GATEWAY = web.AppKey("ferry", Gateway)
-
-
-def _all_hung(state: dict) -> bool:
-    """Whether a fleet's workers that are up all run a call past their hang timeout."""
-    up = [worker["state"] for worker in state.get("workers", ()) if worker.get("state") != "starting"]
-    return bool(up) and all(worker == "hung" for worker in up)
 
 
 class _Stream:

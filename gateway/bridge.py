@@ -16,10 +16,11 @@ both directions::
 so a burst of 50 submits crosses in one hop, and the events of a finished batch of 50 (or of
 one engine step's tokens for 200 streams) come back in one, as ``(handle, events)`` pairs.
 
-The set of backends changes while the core runs (a rollout, docs/operations.md): :meth:`Bridge.open`
-starts a model version's backend in the trio core's :class:`~batcher.fleet.Fleet` and returns
-once it takes jobs, :meth:`Bridge.close` stops one, and :meth:`Bridge.retune` hands every
-backend the tiers' new wait budgets. They cross in the same ordered hops as submits, so a submit
+The set of backends changes while the core runs (a rollout, docs/operations.md):
+:meth:`Bridge.prepare` readies a model version as its start would (the same code, on the trio
+thread), :meth:`Bridge.open` starts its backend in the trio core's :class:`~batcher.fleet.Fleet`
+and returns once it takes jobs, :meth:`Bridge.close` stops one, and :meth:`Bridge.retune` hands
+every backend the tiers' new wait budgets. They cross in the same ordered hops as submits, so a submit
 made before a close reaches its backend first. A close hands back the events its backend emitted
 before it stopped, then fails (retryably) any job of that version still in flight, so no caller
 waits for ever; the gateway closes a version only once it has drained.
@@ -37,19 +38,15 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
 
-from batcher.backend import TERMINAL_EVENTS, Backend, Event, Failed, Job, Snapshot
-from batcher.config import ContinuousModelConfig, FixedModelConfig, ModelConfig, QueueConfig
-from batcher.continuous import open_engine_pool
-from batcher.engine_worker import EngineProcess, convert_once
-from batcher.fixed import open_batcher
+from batcher import modes
+from batcher.backend import TERMINAL_EVENTS, Event, Failed, Job, Snapshot
+from batcher.config import ModelConfig, QueueConfig
 from batcher.fleet import Fleet, Launch
-from batcher.process_worker import process_workers
 from gateway.api import Unavailable
 from gateway.tokenizer import make_tokenizer
 
@@ -191,6 +188,11 @@ class Bridge:
         (every worker ready), or raises what kept it from opening. The rest runs on meanwhile."""
         await self._ask("open", model)
 
+    async def prepare(self, model: ModelConfig) -> None:
+        """Prepare a model version in the core as its start would (a continuous model converted
+        once), so the gateway can read its tokenizer before it opens; the rest runs on meanwhile."""
+        await self._ask("prepare", model)
+
     async def close(self, name: str) -> None:
         """Stop a version's backend and its workers; returns once they are gone. Its jobs still
         in flight (none, once it has drained) end with a retryable failure."""
@@ -301,9 +303,10 @@ class Bridge:
                 self._nursery.start_soon(self._change, op, *subject)  # type: ignore[union-attr]
 
     async def _change(self, op: str, future: asyncio.Future, subject: Any) -> None:
-        """Open or close a version; the asyncio side hears how it went (after the events its
-        backend emitted before closing, so a finished job is never mistaken for a stopped one)."""
-        change = self._fleet.open if op == "open" else self._fleet.close  # type: ignore[union-attr]
+        """Prepare, open or close a version; the asyncio side hears how it went (after the events
+        its backend emitted before closing, so a finished job is never mistaken for a stopped one)."""
+        fleet: Fleet = self._fleet  # type: ignore[assignment]
+        change = {"prepare": modes.prepare, "open": fleet.open, "close": fleet.close}[op]
         try:
             await change(subject)
         except Exception as exc:  # noqa: BLE001 - the caller (a reload) reports it; the core runs on
@@ -374,22 +377,6 @@ def _settle(future: asyncio.Future, outcome: tuple[Any, BaseException | None]) -
         future.set_exception(error)
 
 
-def open_backend(model: ModelConfig, queue: QueueConfig) -> AbstractAsyncContextManager[Backend]:
-    """The production :data:`~batcher.fleet.Launch`: a model version's backend over its worker
-    processes (fixed mode: a batcher in front of a pool of ``run_batch`` workers; continuous: an
-    engine pool over engine workers, its model converted first if it must be)."""
-    if isinstance(model, ContinuousModelConfig):
-        return _open_engines(model, queue)
-    if not isinstance(model, FixedModelConfig):
-        raise ValueError(f"model {model.name!r}: mode {model.mode!r} has no backend yet")
-    spawn = process_workers(model.worker, model.workers)
-    tokens = make_tokenizer(model.tokenizer).count
-    return open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokens)
-
-
-@contextlib.asynccontextmanager
-async def _open_engines(model: ContinuousModelConfig, queue: QueueConfig) -> AsyncIterator[Backend]:
-    await convert_once(model)  # before the tokenizer is read: the conversion writes it
-    spawn = process_workers(model.engine_argv(), model.workers, kind=EngineProcess)
-    async with open_engine_pool(model, queue, spawn, make_tokenizer(model.tokenizer)) as pool:
-        yield pool
+open_backend: Launch = functools.partial(modes.launch, tokenizers=make_tokenizer)
+"""The production :data:`~batcher.fleet.Launch`: a model version's backend, prepared and opened
+by its mode's registry entry (:func:`batcher.modes.launch`), with the gateway's tokenizers."""

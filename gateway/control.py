@@ -134,7 +134,7 @@ def render_status(status: dict) -> str:
     rows = [("VERSION", "STATE", "READY", "WORKERS", "IN FLIGHT", "QUEUED")]
     for v in status["versions"]:
         rows.append((v["name"], v["state"], "yes" if v["ready"] else "no", f"{v['workers_up']}/{v['workers']}",
-                     str(v["in_flight"]), "-" if v["queued"] is None else str(v["queued"])))
+                     str(v["in_flight"]), _queued(v)))
     lines += ["", *_table(rows), ""]
     rows = [("ALIAS", "VERSION", "WEIGHT", "IN FILE", "SET BY")]
     for alias in status["aliases"]:
@@ -142,6 +142,11 @@ def render_status(status: dict) -> str:
             rows.append((alias["name"], version, _share(alias["weights"], version), _share(alias["file"], version),
                          alias["set_by"]))
     return "\n".join(lines + _table(rows))
+
+
+def _queued(version: dict) -> str:
+    """Work waiting for a version in its own unit (``12 tokens``, ``3 requests``); "-" if closed."""
+    return "-" if version["queued"] is None else f"{version['queued']} {version['queued_unit']}"
 
 
 def _share(shares: dict, version: str) -> str:

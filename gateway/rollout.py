@@ -1,9 +1,10 @@
 """Live reconfiguration: reload the file, open and drain model versions, shift alias weights.
 
-Updates without downtime (docs/operations.md): a new version loads and warms up, then takes a
-little traffic; the old version drains what it has. On the asyncio thread, beside the handlers::
+A new version loads and warms up before it takes any traffic; an old one drains what it has
+before its workers stop (docs/operations.md). On the asyncio thread, beside the handlers::
 
     reload:  re-read the file ─> check it (start-up's messages; plus what cannot change live)
+             ─> prepare the new versions in the core (a conversion, once)
              ─> keys, limits, tiers' budgets, safety: at once
              ─> open the new versions in the core (workers ready) ─> swap the routing table
              ─> versions the file dropped: out of routing, drain, then close (workers stop)
@@ -27,22 +28,20 @@ before them leaves them be.
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import enum
 import logging
-import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from batcher.config import ContinuousModelConfig, ModelConfig
+from batcher.config import ModelConfig
+from gateway.bridge import Bridge
 from gateway.config import FerryConfig
+from gateway.metrics import Metrics
 from gateway.models import Catalog, ServedModel, served_model, splits_of
+from gateway.pins import Pins
 from gateway.routing import Split
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
 
 log = logging.getLogger("ferry.rollout")
 
@@ -55,39 +54,6 @@ class State(enum.Enum):
     DRAINING = "draining"  # out of routing; requests that resolved to it are finishing
     STOPPING = "stopping"  # its workers are being stopped
     STOPPED = "stopped"  # drained with `ferry drain`; the file still lists it (a reload restarts it)
-
-
-class Pins:
-    """Requests in progress per version, counted by the handlers: a version has drained when
-    its count is back to zero."""
-
-    def __init__(self) -> None:
-        self._held: collections.Counter[str] = collections.Counter()
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
-
-    def hold(self, name: str) -> None:
-        """A request starts on this version; it calls :meth:`release` when it ends, whatever
-        happens (a ``try``/``finally``: a generator-based context manager costs several calls
-        more on every request)."""
-        self._held[name] += 1
-
-    def release(self, name: str) -> None:
-        self._held[name] -= 1
-        if not self._held[name]:
-            del self._held[name]
-            for waiter in self._waiters.pop(name, []):
-                if not waiter.done():
-                    waiter.set_result(None)
-
-    def count(self, name: str) -> int:
-        return self._held[name]
-
-    async def released(self, name: str) -> None:
-        """Return once no request holds this version."""
-        if self._held[name]:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.setdefault(name, []).append(waiter)
-            await waiter
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,23 +118,24 @@ class Version:
     drain: asyncio.Task[None] | None = None
 
 
-async def convert(model: ModelConfig, where: str) -> None:
-    """A continuous model named by its source (``smollm2-135m``) converted once, as at start-up
-    (:func:`batcher.engine_worker.convert_once`), in a child process whose progress goes to the
-    gateway's output; the event loop serves on meanwhile. ``ValueError`` if it fails."""
-    argv = model.conversion_argv() if isinstance(model, ContinuousModelConfig) else None
-    if argv is None:
-        return
-    process = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv)
-    if await process.wait() != 0:
-        raise ValueError(f"{where}.model: converting {model.model!r} failed (exit {process.returncode}); "
-                         "see the gateway's output")
+class Served(Protocol):
+    """What a rollout reads and changes of the gateway beside it, and nothing more: the applied
+    file (``apply`` puts its keys, limits and safety in force), the catalog that routes, the
+    bridge to the core, the metrics that track each open version, the requests in flight."""
+
+    config: FerryConfig
+    catalog: Catalog
+    bridge: Bridge
+    metrics: Metrics
+    pins: Pins
+
+    def apply(self, config: FerryConfig) -> None: ...
 
 
 class Rollout:
     """The running versions and the routing over them; every change passes through here."""
 
-    def __init__(self, gateway: Gateway, reread: Callable[[], FerryConfig], source: str) -> None:
+    def __init__(self, gateway: Served, reread: Callable[[], FerryConfig], source: str) -> None:
         self.gateway = gateway
         self.reread = reread  # the file again, checked as at start-up
         self.source = source
@@ -200,8 +167,8 @@ class Rollout:
             try:
                 changes = plan(self.applied, new, {n: (v.served.config, v.state) for n, v in self.versions.items()})
                 index = {model.name: i for i, model in enumerate(new.models)}
-                for model in changes.open:  # before its tokenizer is read: the conversion writes it
-                    await convert(model, f"models[{index[model.name]}]")
+                for model in changes.open:  # before its tokenizer is read: preparing may write it
+                    await self._prepare(model, f"models[{index[model.name]}]")
                 served = [served_model(model, f"models[{index[model.name]}]") for model in changes.open]
             except ValueError as exc:
                 raise ValueError(exc if str(exc).startswith(self.source) else f"{self.source}: {exc}") from None
@@ -221,6 +188,15 @@ class Rollout:
                 f"back in service {', '.join(changes.revive)}" if changes.revive else "",
                 f"draining {', '.join(changes.drain)}" if changes.drain else ""]
         return f"reloaded {self.source}" + "".join(f"; {part}" for part in done if part)
+
+    async def _prepare(self, model: ModelConfig, where: str) -> None:
+        """Prepare a version in the core, exactly as its start would (a continuous model named
+        by its source is converted once, its progress on the gateway's output), while the
+        event loop serves on. ``ValueError`` naming the table if it fails."""
+        try:
+            await self.gateway.bridge.prepare(model)
+        except ValueError as exc:
+            raise ValueError(f"{where}.{exc}") from None
 
     async def _apply_settings(self, new: FerryConfig) -> None:
         """What changes at once: keys and their limits, the tiers' budgets, safety."""
@@ -357,12 +333,15 @@ class Rollout:
         versions = []
         for name, version in self.versions.items():
             snapshot = snapshots.get(name)
-            workers = snapshot.status.get("workers", []) if snapshot is not None else []
+            status = snapshot.status if snapshot is not None else None
             versions.append({
-                "name": name, "state": version.state.value, "ready": bool(snapshot and snapshot.ready),
-                "workers": len(workers), "workers_up": sum(w.get("state") != "starting" for w in workers),
+                "name": name, "state": version.state.value, "ready": bool(status and status.ready),
+                "reason": status.reason if status is not None else "not open",
+                "workers": len(status.workers) if status is not None else 0,
+                "workers_up": sum(w.up for w in status.workers) if status is not None else 0,
                 "in_flight": self.gateway.pins.count(name),
-                "queued": snapshot.status.get("queued") if snapshot is not None else None,
+                "queued": status.queued if status is not None else None,
+                "queued_unit": status.unit if status is not None else None,
             })
         file = {split.alias: split for split in splits_of(self.applied.models, self.applied.aliases)}
         routed = self.gateway.catalog.splits

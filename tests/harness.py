@@ -27,7 +27,8 @@ import trio
 from aiohttp.test_utils import TestClient, TestServer
 
 from batcher.admission import BatchLoad
-from batcher.backend import Delta, Failed, Finished, Job, Snapshot, Started, Usage
+from batcher.backend import Delta, Failed, Finished, Job, Snapshot, Started, Status, Usage
+from gateway.config import parse_config
 from batcher.stats import Stats
 from batcher.types import RequestFailed
 from gateway.app import make_app
@@ -89,7 +90,8 @@ class ScriptedBackend:
         self.queue = queue
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(True, {"playing": len(self.playing)}, Stats(), BatchLoad((0,), (), 1, 0.0))
+        status = Status(True, "", (), len(self.playing), "requests")
+        return Snapshot("fixed", status, Stats(), BatchLoad((0,), (), 1, 0.0))
 
     async def run(self) -> None:
         while True:

@@ -219,7 +219,7 @@ FAMILIES = {
     "ferry_engine_step_tokens": "histogram", "ferry_engine_generated_tokens": "counter",
     "ferry_engine_generation_tokens_per_second": "gauge", "ferry_worker_restarts": "counter",
     "ferry_engine_reruns": "counter", "ferry_engine_interrupted_streams": "counter",
-    "ferry_admission_rejects": "counter", "ferry_queued_work": "gauge",
+    "ferry_admission_rejects": "counter", "ferry_queued_tokens": "gauge",
 }
 
 

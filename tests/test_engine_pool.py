@@ -68,7 +68,7 @@ def job(seed: int, max_tokens: int, stream: bool, length: int = 10, **fields) ->
 
 
 def pids(pool) -> list[int]:
-    return [worker["pid"] for worker in pool.snapshot().status["workers"]]
+    return [worker.pid for worker in pool.snapshot().status.workers]
 
 
 async def settled(pool, **expected) -> None:
@@ -117,7 +117,7 @@ async def test_cancelled_streams_are_aborted_and_their_blocks_free_by_the_next_r
             pool.cancel(ticket)
         await settled(pool, running=0, waiting=0, used_blocks=0, free_blocks=64)
         assert all(not c.done.is_set() for c in clients)  # a cancelled job gets no further event
-        assert pool.snapshot().status["workers"][0]["load_tokens"] == 0
+        assert pool.snapshot().status.workers[0].details["load_tokens"] == 0
 
 
 async def test_a_request_that_could_never_fit_one_replicas_cache_is_refused_naming_the_limit():
@@ -156,7 +156,7 @@ async def test_a_killed_engine_ends_its_streams_that_sent_text_and_reruns_the_re
             await alone.done.wait()
             assert whole.text == alone.text and len(whole.text) == 120
         stats = pool.snapshot().stats
-        assert (stats.retries, stats.interrupted, stats.restarts) == (2, 2, 1)
+        assert (stats.reruns, stats.interrupted, stats.restarts) == (2, 2, 1)
 
 
 async def test_an_engine_that_sends_no_stats_is_killed_and_its_whole_answers_complete_elsewhere():
@@ -184,7 +184,7 @@ async def test_with_every_engine_down_a_lost_answer_waits_for_the_restart_and_co
         with trio.fail_after(30):
             await client.done.wait()
         assert isinstance(client.events[-1], Finished) and len(client.text) == 200
-        assert pool.snapshot().stats.retries == 1 and pool.ready
+        assert pool.snapshot().stats.reruns == 1 and pool.ready
 
 
 async def test_steps_read_together_lose_no_token_and_show_no_stop_token():

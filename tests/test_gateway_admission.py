@@ -150,7 +150,7 @@ def test_metrics_parse_and_show_every_family_with_no_key_or_prompt(gateway):
         "ferry_requests", "ferry_ttft_seconds", "ferry_time_per_output_token_seconds",
         "ferry_request_latency_seconds", "ferry_queue_wait_seconds", "ferry_batch_size", "ferry_flushes",
         "ferry_worker_restarts", "ferry_batch_retries", "ferry_bisections", "ferry_admission_rejects",
-        "ferry_queued_work", "ferry_estimated_wait_seconds", "ferry_safety_blocks",
+        "ferry_queued_requests", "ferry_estimated_wait_seconds", "ferry_safety_blocks",
     } <= names
     assert 'ferry_requests_total{model="sleepy@1",status="200",tier="paid"} 1.0' in text
     assert 'ferry_safety_blocks_total{model="sleepy@1",stage="input"} 1.0' in text

@@ -88,13 +88,13 @@ def test_a_cancelled_handle_leaves_the_queue_before_any_worker_sees_it():
 
     async def leave(bridge):
         handle = bridge.submit("m", job("never"))
-        while (await bridge.snapshots())["m"].status["queued"] == 0:
+        while (await bridge.snapshots())["m"].status.queued == 0:
             await asyncio.sleep(0.001)
         bridge.cancel(handle)
         while (snapshot := (await bridge.snapshots())["m"]).stats.cancelled == 0:
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.05)  # nothing more arrives for a job its caller left
-        return handle, snapshot.status["queued"], snapshot.stats.calls
+        return handle, snapshot.status.queued, snapshot.stats.calls
 
     handle, queued, calls = run(core, leave)
     assert handle.left and handle.events == []

@@ -176,7 +176,7 @@ def test_readyz_says_not_ready_while_every_worker_of_a_model_is_hung_past_its_ha
                 break
             time.sleep(0.02)
         assert status == 503 and body["models"]["hung@1"]["ready"] is False
-        assert body["error"]["message"] == "not ready: every worker of hung@1 is hung past its hang timeout"
+        assert body["error"]["message"] == "not ready: hung@1: every worker is hung past its hang timeout"
         sent.join()
     finally:
         assert gateway.stop() == 0

@@ -3,7 +3,8 @@
 from prometheus_client.parser import text_string_to_metric_families
 
 from batcher.admission import BatchLoad
-from batcher.backend import Snapshot
+from batcher.backend import Snapshot, Status
+from gateway.metrics import Metrics
 from batcher.stats import Stats
 from gateway.metrics import Metrics
 
@@ -13,7 +14,7 @@ def families(metrics: Metrics, snapshots: dict | None = None) -> dict:
 
 
 def snapshot(stats: Stats, load: BatchLoad) -> Snapshot:
-    return Snapshot(True, {}, stats.copy(), load)
+    return Snapshot("fixed", Status(True, "", (), sum(load.queued), "requests"), stats.copy(), load)
 
 
 def test_core_counters_are_read_from_the_snapshot_taken_at_scrape_time():
@@ -32,7 +33,7 @@ def test_core_counters_are_read_from_the_snapshot_taken_at_scrape_time():
     assert samples[("ferry_unanswered_requests_total", (("model", "m@1"),))] == 4
     assert samples[("ferry_batch_size_count", (("model", "m@1"),))] == 1
     assert samples[("ferry_queue_wait_seconds_sum", (("model", "m@1"), ("tier", "free")))] == 0.12
-    assert samples[("ferry_queued_work", (("model", "m@1"), ("tier", "paid")))] == 120
+    assert samples[("ferry_queued_requests", (("model", "m@1"), ("tier", "paid")))] == 120
     # the 151st request of a worker taking 50 every 250 ms goes in its 4th batch
     assert samples[("ferry_estimated_wait_seconds", (("model", "m@1"), ("tier", "free")))] == 0.75
 

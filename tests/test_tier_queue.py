@@ -1,5 +1,7 @@
 """TierQueues without any event loop: order, removal, deadlines and aging, with exact ids."""
 
+import dataclasses
+import enum
 import math
 
 import pytest
@@ -112,3 +114,34 @@ def test_without_aging_paid_overload_starves_free():
 def test_bad_settings_are_refused_with_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TierQueues(**kwargs)
+
+
+class Stage(enum.Enum):
+    WAITING = "waiting"
+    SENT = "sent"
+    GONE = "gone"
+
+
+@dataclasses.dataclass(eq=False)
+class Ticket:
+    name: str
+    tier: int
+    arrival: float = 0.0
+    deadline: float = math.inf
+    state: Stage = Stage.WAITING
+
+
+def test_the_queues_hold_anything_with_a_tier_times_and_a_state_in_its_own_states():
+    queues = TierQueues(2, waiting=Stage.WAITING, taken=Stage.SENT)
+    free, paid, late, gone = (Ticket("free", FREE), Ticket("paid", PAID), Ticket("late", FREE, deadline=1.0),
+                              Ticket("gone", PAID))
+    for ticket in (free, paid, late, gone):
+        queues.push(ticket)
+    gone.state = Stage.GONE
+    queues.discard(gone)
+    assert [t.name for t in queues.expire(now=2.0)] == ["late"] and len(queues) == 2
+    late.state = Stage.GONE
+    assert [t.name for t in queues.take(5, now=2.0)] == ["paid", "free"]
+    assert (paid.state, free.state, len(queues)) == (Stage.SENT, Stage.SENT, 0)
+    with pytest.raises(ValueError, match="cannot queue an item that is sent, not waiting"):
+        queues.push(paid)
