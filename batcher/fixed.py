@@ -101,8 +101,8 @@ class Batcher:
         workers = self.pool.workers()
         stats = self.stats
         status = {
-            "workers": [{"slot": w.slot, "pid": w.pid, "state": w.state.value, "restarts": w.restarts}
-                        for w in workers],
+            "workers": [{"slot": w.slot, "pid": w.pid, "state": w.state.value, "restarts": w.restarts,
+                         "placement": w.placement} for w in workers],
             "queued": self.queue.count,
             "flushed": stats.flushed_requests,
             "cancelled": stats.cancelled,

@@ -123,6 +123,10 @@ class _CoreCollector(Collector):
         estimate = GaugeMetricFamily(
             "ferry_estimated_wait_seconds", "Estimated wait of a new request.", labels=["model", "tier"]
         )
+        placement = GaugeMetricFamily(
+            "ferry_worker_placement", "1 per worker slot, labelled with where its worker runs (local, or ray:node).",
+            labels=["model", "slot", "placement"],
+        )
         for backend in self.backends:
             snapshot = self.snapshots.get(backend.model)
             if snapshot is None:
@@ -138,9 +142,11 @@ class _CoreCollector(Collector):
             for index, tier in enumerate(backend.tiers):
                 queued.add_metric([model, tier], load.queued[index])
                 estimate.add_metric([model, tier], load.wait(index))
+            for worker in snapshot.status.get("workers", ()):
+                placement.add_metric([model, str(worker["slot"]), worker["placement"]], 1)
         yield flushes
         yield from (family for family, _ in counters)
-        yield from (sizes, wait, queued, estimate)
+        yield from (sizes, wait, queued, estimate, placement)
         yield from engine_families(
             [(b.model, self.snapshots[b.model].stats) for b in self.backends if b.model in self.snapshots]
         )

@@ -87,6 +87,7 @@ class WorkerInfo:
     pid: int | None
     state: SlotState
     restarts: int
+    placement: str = "local"
 
 
 class _Slot:
@@ -154,7 +155,7 @@ class WorkerPool:
 
     def workers(self) -> list[WorkerInfo]:
         return [WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None, slot.state,
-                           slot.supervisor.restarts) for slot in self._slots]
+                           slot.supervisor.restarts, worker.placement if worker else "local") for slot in self._slots]
 
     def dispatch(self, requests: list[Request], reason: str, now: float) -> Batch:
         """Hand a new batch to an idle worker; the caller has checked :attr:`idle_count`.

@@ -236,6 +236,7 @@ class Replica:
         engine = {name: getattr(self.stats, name) for name in ("running", "waiting", "used_blocks", "free_blocks",
                                                                 "total_blocks")} if self.stats else {}
         return {"slot": self.index, "pid": worker.pid if self.up and worker else None,
+                "placement": worker.placement if worker else "local",
                 "state": "up" if self.up else "starting", "restarts": self.supervisor.restarts,
                 "queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine}
 

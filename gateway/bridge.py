@@ -48,7 +48,8 @@ from batcher.continuous import open_engine_pool
 from batcher.engine_worker import EngineProcess, convert_once
 from batcher.fixed import open_batcher
 from batcher.fleet import Fleet, Launch
-from batcher.process_worker import process_workers
+from batcher.placement import placed
+from batcher.process_worker import ProcessWorker
 from gateway.api import Unavailable
 from gateway.tokenizer import make_tokenizer
 
@@ -381,7 +382,7 @@ def open_backend(model: ModelConfig, queue: QueueConfig) -> AbstractAsyncContext
         return _open_engines(model, queue)
     if not isinstance(model, FixedModelConfig):
         raise ValueError(f"model {model.name!r}: mode {model.mode!r} has no backend yet")
-    spawn = process_workers(model.worker, model.workers)
+    spawn = placed(model, model.worker, ProcessWorker)
     tokens = make_tokenizer(model.tokenizer).count
     return open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokens)
 
@@ -389,6 +390,6 @@ def open_backend(model: ModelConfig, queue: QueueConfig) -> AbstractAsyncContext
 @contextlib.asynccontextmanager
 async def _open_engines(model: ContinuousModelConfig, queue: QueueConfig) -> AsyncIterator[Backend]:
     await convert_once(model)  # before the tokenizer is read: the conversion writes it
-    spawn = process_workers(model.engine_argv(), model.workers, kind=EngineProcess)
+    spawn = placed(model, model.engine_argv(), EngineProcess)
     async with open_engine_pool(model, queue, spawn, make_tokenizer(model.tokenizer)) as pool:
         yield pool
