@@ -78,6 +78,9 @@ def fitting_nodes(nodes: Sequence[Mapping[str, Any]], ask: Ask) -> list[str]:
             and all(node.get("Resources", {}).get(name, 0) >= amount for name, amount in wanted.items())]
 
 
+_BOOKKEEPING = ("memory", "object_store_memory")  # resources Ray lists that no model asks for
+
+
 class Cluster:
     """This process's connection to a Ray cluster, joined when the first worker is placed (Ray
     allows one per process, so there is one of these: :data:`CLUSTER`)."""
@@ -116,7 +119,8 @@ class Cluster:
             gpus = 1.0 if any(n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0 for n in nodes) else 0.0
         ask = Ask(gpus, dict(model.resources), model.accelerator_type)
         if not fitting_nodes(nodes, ask):
-            offered = [dict(n.get("Resources", {})) for n in nodes if n.get("Alive")]
+            offered = [{k: v for k, v in n.get("Resources", {}).items() if k not in _BOOKKEEPING
+                        and not k.startswith("node:")} for n in nodes if n.get("Alive")]
             raise PlacementError(f"model {model.name!r}: no node of the Ray cluster has {ask.wanted()} "
                                  f"(live nodes offer {offered})")
         return ask

@@ -361,6 +361,7 @@ class Rollout:
             versions.append({
                 "name": name, "state": version.state.value, "ready": bool(snapshot and snapshot.ready),
                 "workers": len(workers), "workers_up": sum(w.get("state") != "starting" for w in workers),
+                "placements": sorted({w.get("placement", "local") for w in workers}),  # where they run
                 "in_flight": self.gateway.pins.count(name),
                 "queued": snapshot.status.get("queued") if snapshot is not None else None,
             })
