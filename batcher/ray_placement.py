@@ -25,7 +25,6 @@ Each gateway process owns its actors (Ray ends an actor with its owner) and name
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import secrets
 import socket
@@ -245,8 +244,10 @@ def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[PipeProcess]
                 cluster: Cluster = CLUSTER) -> Callable[[int], RayHosted]:
     """A spawn whose workers of ``kind`` run ``python -m workers *argv`` in Ray actors; each
     start is named (``SLOT:START``) in its environment, as a local worker's is."""
-    if importlib.util.find_spec("ray") is None:
-        raise ValueError(f"model {model.name!r}: placement = 'ray' needs Ray: pip install 'trio-ferry[ray]'")
+    try:
+        import ray  # noqa: F401 - about to be used: this model's workers are actors
+    except ImportError:
+        raise ValueError(f"model {model.name!r}: placement = 'ray' needs Ray: pip install 'trio-ferry[ray]'") from None
     hosted = HOSTED[kind]
     starts: Counter[int] = Counter()
 
