@@ -100,6 +100,7 @@ class Cluster:
             try:
                 if address == "local":
                     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
+                    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a private cluster reports nowhere
                     ray.init(namespace=self.config.namespace, include_dashboard=False, _node_ip_address="127.0.0.1")
                 else:
                     if address != "auto":
