@@ -101,7 +101,8 @@ class Cluster:
                 if address == "local":
                     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
                     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a private cluster reports nowhere
-                    ray.init(namespace=self.config.namespace, include_dashboard=False, _node_ip_address="127.0.0.1")
+                    ray.init(namespace=self.config.namespace, include_dashboard=False,
+                             _node_ip_address="127.0.0.1")
                 else:
                     if address != "auto":
                         _reachable(address)
@@ -116,7 +117,8 @@ class Cluster:
         nodes = ray.nodes()
         gpus = model.num_gpus
         if gpus is None:
-            gpus = 1.0 if any(n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0 for n in nodes) else 0.0
+            has_gpus = any(n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0 for n in nodes)
+            gpus = 1.0 if has_gpus else 0.0
         ask = Ask(gpus, dict(model.resources), model.accelerator_type)
         if not fitting_nodes(nodes, ask):
             offered = [{k: v for k, v in n.get("Resources", {}).items() if k not in _BOOKKEEPING
@@ -200,7 +202,7 @@ class RayHosted(PipeProcess):
         try:
             address = ray.get(self._actor.address.remote())
         except ray.exceptions.RayError as exc:
-            raise PlacementError(f"model {self._model.name!r}: the actor died while starting ({exc})") from None
+            raise PlacementError(f"model {self._model.name!r}: the actor died starting ({exc})") from None
         self._served = self._actor.serve.remote()
         return address
 
@@ -248,7 +250,8 @@ def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[PipeProcess]
     try:
         import ray  # noqa: F401 - about to be used: this model's workers are actors
     except ImportError:
-        raise ValueError(f"model {model.name!r}: placement = 'ray' needs Ray: pip install 'trio-ferry[ray]'") from None
+        needs = "placement = 'ray' needs Ray: pip install 'trio-ferry[ray]'"
+        raise ValueError(f"model {model.name!r}: {needs}") from None
     hosted = HOSTED[kind]
     starts: Counter[int] = Counter()
 
@@ -256,6 +259,7 @@ def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[PipeProcess]
         starts[slot] += 1
         instance = f"{slot}:{starts[slot]}"
         name = f"ferry:{cluster.gateway}:{model.name}:{instance}"
-        return hosted(argv, {INSTANCE_ENV: instance}, MAX_FRAME_BYTES, model=model, cluster=cluster, name=name)
+        env = {INSTANCE_ENV: instance}
+        return hosted(argv, env, MAX_FRAME_BYTES, model=model, cluster=cluster, name=name)
 
     return spawn

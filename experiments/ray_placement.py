@@ -133,7 +133,8 @@ async def continuous(streams: int, tokens: int) -> None:
                                        placement=placement, num_blocks=512, max_batch_tokens=256, max_seqs=64)
         spawn = placed(config, [*config.engine_argv(), "--sim-eos-prob", "0"], EngineProcess)
         ttft, tpot = [], []
-        async with open_engine_pool(config, QueueConfig(wait_budgets=(30.0, 30.0)), spawn, ByteTokenizer()) as pool:
+        queue = QueueConfig(wait_budgets=(30.0, 30.0))
+        async with open_engine_pool(config, queue, spawn, ByteTokenizer()) as pool:
             async with trio.open_nursery() as nursery:
                 for index in range(streams):
                     nursery.start_soon(one_stream, pool, index, tokens, ttft, tpot)

@@ -9,7 +9,7 @@ from batcher.config_file import parse_config
 from batcher.ray_placement import Ask, fitting_nodes
 from tests.test_config import MINIMAL
 
-RAY_MODEL = MINIMAL + 'placement = "ray"\nnum_gpus = 0.5\naccelerator_type = "H100"\nresources = { nvlink = 1 }\n'
+RAY_MODEL = MINIMAL + 'placement = "ray"\nnum_gpus = 0.5\naccelerator_type = "H100"\n' + "resources = { nvlink = 1 }\n"
 
 
 def test_a_ray_placed_model_and_the_ray_table_load_with_every_field():
@@ -23,19 +23,24 @@ def test_a_ray_placed_model_and_the_ray_table_load_with_every_field():
 def test_models_are_local_by_default_and_ray_joins_the_cluster_this_machine_is_in():
     config = parse_config(MINIMAL)
     (model,) = config.models
-    assert (model.placement, model.num_gpus, model.resources, model.accelerator_type) == ("local", None, {}, "")
+    placement = (model.placement, model.num_gpus, model.resources, model.accelerator_type)
+    assert placement == ("local", None, {}, "")
     assert (config.ray.address, config.ray.namespace) == ("auto", "ferry")
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (MINIMAL + 'placement = "k8s"\n', "f.toml: models[0].placement: expected one of ['local', 'ray'], got 'k8s'"),
+        (MINIMAL + 'placement = "k8s"\n',
+         "f.toml: models[0].placement: expected one of ['local', 'ray'], got 'k8s'"),
         (MINIMAL + "num_gpus = -1\n", "f.toml: models[0].num_gpus: expected 0..1024, got -1"),
         (MINIMAL + "resources = { nvlink = -1 }\n", "f.toml: models[0].resources: expected amounts >= 0"),
-        (MINIMAL + "resources = { nvlink = 'x' }\n", "f.toml: models[0].resources: expected a table of numbers"),
-        ('[ray]\naddress = "head"\n' + MINIMAL, "f.toml: ray.address: expected 'auto', 'local' or host:port, got 'head'"),
-        ('[ray]\naddress = "head:0"\n' + MINIMAL, "f.toml: ray.address: expected 'auto', 'local' or host:port"),
+        (MINIMAL + "resources = { nvlink = 'x' }\n",
+         "f.toml: models[0].resources: expected a table of numbers"),
+        ('[ray]\naddress = "head"\n' + MINIMAL,
+         "f.toml: ray.address: expected 'auto', 'local' or host:port, got 'head'"),
+        ('[ray]\naddress = "head:0"\n' + MINIMAL,
+         "f.toml: ray.address: expected 'auto', 'local' or host:port"),
         ('[ray]\nnamespace = ""\n' + MINIMAL, "f.toml: ray.namespace: expected a namespace name"),
         ('[ray]\nport = 1\n' + MINIMAL, "f.toml: ray: unknown field 'port'"),
     ],
@@ -49,7 +54,8 @@ def test_every_placement_mistake_names_the_file_and_the_field(text, message):
 NODES = [
     {"NodeID": "cpu", "Alive": True, "Resources": {"CPU": 16.0}},
     {"NodeID": "h100", "Alive": True, "Resources": {"CPU": 8.0, "GPU": 8.0, "accelerator_type:H100": 1.0}},
-    {"NodeID": "gone", "Alive": False, "Resources": {"GPU": 8.0, "accelerator_type:H100": 1.0, "nvlink": 1.0}},
+    {"NodeID": "gone", "Alive": False,
+     "Resources": {"GPU": 8.0, "accelerator_type:H100": 1.0, "nvlink": 1.0}},
     {"NodeID": "a10", "Alive": True, "Resources": {"GPU": 1.0, "accelerator_type:A10G": 1.0}},
 ]
 

@@ -56,7 +56,10 @@ async def remove(cluster, node) -> None:
     import ray
 
     cluster.remove_node(node, allow_graceful=False)
-    await wait_for(lambda: not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node.node_id), seconds=60)
+    def dead() -> bool:
+        return not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node.node_id)
+
+    await wait_for(dead, seconds=60)
 
 
 def on(node) -> str:
@@ -93,6 +96,29 @@ async def test_an_actor_sigkilled_mid_batch_loses_no_request_and_is_replaced_by_
     assert outcome == {text: text[::-1] for text in inputs}
     assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
     assert replaced.pid != busy.pid and replaced.restarts == 1 and replaced.placement.startswith("ray:")
+
+
+def process_tree(pid: int) -> list[int]:
+    """A process and its descendants (an actor's host process and its worker program)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        return [pid, *(p for child in children.read().split() for p in process_tree(int(child)))]
+
+
+async def test_a_frozen_actor_is_killed_after_the_hang_timeout_and_its_batch_answered_elsewhere():
+    async with batcher_of(fixed(), hang_timeout=1.0) as batcher:
+        frozen = batcher.pool.workers()[0]
+        tree = process_tree(frozen.pid)
+        for pid in tree:  # as a SIGSTOPped node: alive, connected, silent
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            inputs = [f"request {i}" for i in range(120)]
+            assert await submit_all(batcher, inputs) == {text: text[::-1] for text in inputs}
+            await wait_for(lambda: batcher.pool.workers()[0].state is SlotState.IDLE)
+        finally:
+            for pid in tree:  # the worker program, orphaned by ray.kill, wakes to see it and exits
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        assert batcher.pool.workers()[0].pid != frozen.pid and batcher.stats.restarts == 1
 
 
 async def test_a_node_removed_under_load_costs_no_request_and_its_workers_move_to_another_node(ray_cluster):
@@ -160,7 +186,8 @@ async def test_an_engine_actor_sigkilled_mid_stream_ends_its_streams_with_an_err
 
 
 async def test_a_model_asking_for_what_no_node_has_is_a_start_up_error_naming_the_model():
-    no_node = r"model 'ray-fixed@1': no node of the Ray cluster has \{'GPU': 4, 'accelerator_type:H200': 0.001\}"
+    no_node = (r"model 'ray-fixed@1': no node of the Ray cluster has "
+               r"\{'GPU': 4, 'accelerator_type:H200': 0.001\}")
     with pytest.RaisesGroup(pytest.RaisesExc(WorkerStartError, match=no_node), flatten_subgroups=True):
         async with batcher_of(fixed(workers=1, num_gpus=4, accelerator_type="H200")):
             pass
