@@ -25,6 +25,7 @@ Each gateway process owns its actors (Ray ends an actor with its owner) and name
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import secrets
 import socket
@@ -91,16 +92,17 @@ class Cluster:
 
     def join(self, model: str) -> None:
         """Connect (blocking: run in a thread); raise :class:`PlacementError` naming ``model``."""
+        address = self.config.address
+        if address == "local":  # read when Ray is first imported: set before
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a private cluster reports nowhere
         import ray
 
         with self._lock:
             if ray.is_initialized():
                 return
-            address = self.config.address
             try:
                 if address == "local":
-                    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
-                    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a private cluster reports nowhere
                     ray.init(namespace=self.config.namespace, include_dashboard=False,
                              _node_ip_address="127.0.0.1")
                 else:
@@ -191,9 +193,9 @@ class RayHosted(PipeProcess):
 
     def _place(self, secret: bytes) -> tuple[str, int, str, int]:
         """Create the actor and learn where it listens (blocking, in a thread)."""
+        self._cluster.join(self._model.name)
         import ray
 
-        self._cluster.join(self._model.name)
         options = self._cluster.options(self._model, self._name)
         self._actor = ray.remote(WorkerHost).options(**options).remote(self._program, self._env, secret)
         if self._stopped:  # stopped while this thread was placing it
@@ -248,8 +250,10 @@ def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[PipeProcess]
     """A spawn whose workers of ``kind`` run ``python -m workers *argv`` in Ray actors; each
     start is named (``SLOT:START``) in its environment, as a local worker's is."""
     try:
-        import ray  # noqa: F401 - about to be used: this model's workers are actors
-    except ImportError:
+        missing = importlib.util.find_spec("ray") is None
+    except ValueError:  # a module set to None in sys.modules: not importable either
+        missing = True
+    if missing:
         needs = "placement = 'ray' needs Ray: pip install 'trio-ferry[ray]'"
         raise ValueError(f"model {model.name!r}: {needs}") from None
     hosted = HOSTED[kind]

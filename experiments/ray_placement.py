@@ -3,6 +3,7 @@ continuous mode's TTFT and TPOT.
 
     python experiments/ray_placement.py                      # the full form (~3 min)
     python experiments/ray_placement.py --duration 4 --calls 300 --streams 8 --tokens 64   # short
+    python experiments/ray_placement.py --parts fixed --rates 1800                         # one part
 
 1. Data plane: one-input calls in a row to an echo worker, round trip by percentile: over the
    local pipe; over the TCP connection to a Ray-placed worker (what ferry uses); and as a Ray
@@ -42,6 +43,7 @@ from gateway.tokenizer import ByteTokenizer
 from workers.protocol import RunBatch
 
 TICKS = os.sysconf("SC_CLK_TCK")
+PARTS = ["data", "fixed", "continuous"]
 
 
 def tree_cpu(pid: int) -> float:
@@ -163,9 +165,12 @@ async def run(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     await trio.to_thread.run_sync(CLUSTER.join, "benchmark")
     print(f"a private Ray cluster on loopback started in {time.perf_counter() - started:.1f} s")
-    await data_plane(args.calls)
-    await fixed_sweep(args.rates, args.duration)
-    await continuous(args.streams, args.tokens)
+    if "data" in args.parts:
+        await data_plane(args.calls)
+    if "fixed" in args.parts:
+        await fixed_sweep(args.rates, args.duration)
+    if "continuous" in args.parts:
+        await continuous(args.streams, args.tokens)
 
 
 def main() -> int:
@@ -175,6 +180,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000, help="calls in a row for the data plane")
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=PARTS, help="run only these parts")
     trio.run(run, parser.parse_args())
     import ray
 
