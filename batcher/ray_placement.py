@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import queue
 import secrets
 import socket
 import threading
@@ -103,8 +104,7 @@ class Cluster:
                 return
             try:
                 if address == "local":
-                    ray.init(namespace=self.config.namespace, include_dashboard=False,
-                             _node_ip_address="127.0.0.1")
+                    _start_private(self.config.namespace)
                 else:
                     if address != "auto":
                         _reachable(address)
@@ -144,6 +144,29 @@ CLUSTER = Cluster()
 def use_cluster(config: RayConfig) -> None:
     """Join this cluster when a worker is first placed (``ferry serve`` calls it at start)."""
     CLUSTER.config = config
+
+
+def _start_private(namespace: str) -> None:
+    """Start a one-node cluster on loopback from a thread that lives as long as this process:
+    Ray ties its daemons' lives to the thread that started them (``PR_SET_PDEATHSIG``), and the
+    thread that asks (trio's, for a blocking call) is retired once idle."""
+    import ray
+
+    outcome: queue.Queue[BaseException | None] = queue.Queue()
+
+    def host() -> None:
+        try:
+            ray.init(namespace=namespace, include_dashboard=False, _node_ip_address="127.0.0.1")
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
+            outcome.put(exc)
+            return
+        outcome.put(None)
+        threading.Event().wait()  # never set: the daemons live until the process ends
+
+    threading.Thread(target=host, name="ferry-ray-cluster", daemon=True).start()
+    error = outcome.get()
+    if error is not None:
+        raise error
 
 
 def _reachable(address: str) -> None:
