@@ -32,12 +32,25 @@ AUTH_TIMEOUT = 5.0  # a connection must present the secret within this
 MAX_REFUSED = 16  # connections without the secret before the host stops listening
 
 
+def _unnice(pid: int) -> None:
+    """Run the worker program at normal priority: Ray starts its workers at niceness 15 (below
+    its own daemons), which a GPU's feeding process must not inherit. Where the node does not
+    allow raising a priority (no CAP_SYS_NICE), start Ray with ``RAY_worker_niceness=0``."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, 0)
+    except OSError:
+        pass
+
+
 class WorkerHost:
     """One worker program's host inside a Ray actor (see the module doc)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], secret: bytes) -> None:
         self._argv = [sys.executable, "-m", "workers", *argv]
-        self._env = {**os.environ, **env}  # this node's environment: Ray's CUDA_VISIBLE_DEVICES
+        # This node's environment, with Ray's CUDA_VISIBLE_DEVICES, without the OMP_NUM_THREADS=1
+        # Ray sets for an actor that asks for no CPU: the program sizes its threads as a local one.
+        self._env = {name: value for name, value in {**os.environ, **env}.items()
+                     if name != "OMP_NUM_THREADS"}
         self._secret = secret
         self._listener: socket.socket | None = None
 
@@ -62,6 +75,7 @@ class WorkerHost:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             fd = connection.fileno()
             program = subprocess.Popen(self._argv, stdin=fd, stdout=fd, env=self._env)
+        _unnice(program.pid)
         return program.wait()
 
     def _accept(self, listener: socket.socket) -> socket.socket | None:
