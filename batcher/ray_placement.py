@@ -131,11 +131,13 @@ class Cluster:
 
     def options(self, model: ModelConfig, name: str) -> dict[str, Any]:
         """Ray's actor options for one worker of ``model``: ferry supervises, so Ray restarts
-        and retries nothing."""
+        and retries nothing; a fleet is spread over the nodes that fit, so that losing one node
+        costs a share of its capacity, not all of it."""
         ask = self.ask(model)
         return {"name": name, "namespace": self.config.namespace, "num_cpus": 0, "num_gpus": ask.num_gpus,
                 "resources": dict(ask.resources), "accelerator_type": ask.accelerator_type or None,
-                "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1}
+                "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 1,
+                "scheduling_strategy": "SPREAD"}
 
 
 CLUSTER = Cluster()

@@ -52,13 +52,13 @@ async def run(scenario: Scenario, params: Params, workdir: pathlib.Path) -> Verd
         redis.start()
     try:
         if scenario.ray:
-            ray = await asyncio.to_thread(RayNodes, scenario.workers or params.workers)
+            ray = RayNodes(scenario.workers or params.workers)  # this thread: Ray's daemons die with theirs
         return await _run(scenario, params, workdir, redis, ray)
     finally:
         if redis is not None:
             redis.stop()
         if ray is not None:
-            await asyncio.to_thread(ray.stop)
+            ray.stop()
 
 
 async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis: RedisServer | None,

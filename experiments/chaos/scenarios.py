@@ -188,7 +188,7 @@ SCENARIOS = [
     Scenario("ray-actor-kills", "Ray placement: SIGKILL a random worker's actor every 2 s", fault=_kill_every,
              ray=True),
     Scenario("ray-node-loss", "Ray placement: the node holding most workers is lost (raylet killed)",
-             fault=_at(0.4, faults.lose_node), ray=True),
+             fault=_at(0.4, faults.lose_node), ray=True, rules=Rules(statuses=frozenset({500, 529}))),
     Scenario("redis-stop", "Redis stopped for a third of the run, then restarted (limits in Redis)",
              redis=True, fault=lambda run: _redis_out(run, freeze=False)),
     Scenario("redis-freeze", "Redis frozen (SIGSTOP) for a third of the run (limits in Redis)",
