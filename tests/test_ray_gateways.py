@@ -6,6 +6,8 @@ address, no Ray installed."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ import pytest
 from batcher.config import FixedModelConfig
 from batcher.ray_placement import ray_workers
 from batcher.process_worker import ProcessWorker
-from tests.gateway_process import CONFIG, ROOT, Gateway, message
+from tests.gateway_process import CONFIG, PAID, ROOT, Gateway, message
 from tests.test_reload_process import ferry
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -50,6 +52,19 @@ placement = "ray"
 """
 
 
+def ask_patiently(gateway: Gateway, body: dict, timeout: float = 180.0) -> tuple[int, dict]:
+    """One request with a long client timeout: a real model's first answer on a busy 2-core
+    machine can take longer than the shared helper's 30 s."""
+    connection = http.client.HTTPConnection(gateway.host, gateway.port, timeout=timeout)
+    try:
+        connection.request("POST", "/v1/messages", body=json.dumps(body).encode(),
+                           headers={"x-api-key": PAID, "content-type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
 def owners() -> dict[str, set[str]]:
     """Live ferry actors by the gateway that named (and owns) them."""
     import ray
@@ -72,8 +87,8 @@ def test_two_gateways_on_one_cluster_answer_through_their_own_actors_and_say_whe
         for gateway in (first, second):
             status, _, body = gateway.request("POST", "/v1/messages", message("hello", model="reverse"))
             assert (status, body["content"][0]["text"]) == (200, "User: hello"[::-1])
-        status, _, body = first.request("POST", "/v1/messages", message(
-            "What is the capital of France?", model="smollm2@1", max_tokens=12))
+        status, body = ask_patiently(first, message("What is the capital of France?", model="smollm2@1",
+                                                    max_tokens=12))
         assert status == 200 and "Paris" in body["content"][0]["text"]
         head = f"ray:127.0.0.1:{ray_cluster.head_node.node_id[:8]}"
         models = first.ready()["models"]
