@@ -7,6 +7,7 @@ address, no Ray installed."""
 from __future__ import annotations
 
 import http.client
+import signal
 import json
 import subprocess
 import sys
@@ -124,3 +125,25 @@ def test_without_ray_installed_a_ray_placed_model_is_refused_naming_the_model(mo
     model = FixedModelConfig(name="reverse@1", worker=("echo",), placement="ray")
     with pytest.raises(ValueError, match=r"model 'reverse@1': placement = 'ray' needs Ray: pip install"):
         ray_workers(model, model.worker, ProcessWorker)
+
+
+def test_with_the_head_node_lost_running_workers_keep_serving_and_readyz_stays_true(ray_cluster, tmp_path):
+    from ray.cluster_utils import Cluster
+
+    doomed = Cluster(initialize_head=True, connect=False,  # its own head: this one's GCS is killed
+                     head_node_args={"num_cpus": 1, "include_dashboard": False})
+    gateway = Gateway(tmp_path, ray_config(doomed.address, FIXED))
+    try:
+        doomed.head_node.kill_gcs_server()
+        deadline = time.monotonic() + 5  # well inside the 60 s Ray gives its processes to see a head
+        answered = 0
+        while time.monotonic() < deadline:
+            status, _, body = gateway.request("POST", "/v1/messages", message(f"q{answered}", model="reverse"))
+            assert (status, body["content"][0]["text"]) == (200, f"User: q{answered}"[::-1])
+            answered += 1
+        status, _, ready = gateway.request("GET", "/readyz")
+        assert status == 200 and all(w["state"] != "starting" for w in ready["models"]["reverse@1"]["workers"])
+        assert answered > 10
+    finally:
+        gateway.stop(signal.SIGKILL)
+        doomed.shutdown()
