@@ -138,11 +138,13 @@ def test_with_the_head_node_lost_running_workers_keep_serving_and_readyz_stays_t
         deadline = time.monotonic() + 5  # well inside the 60 s Ray gives its processes to see a head
         answered = 0
         while time.monotonic() < deadline:
-            status, _, body = gateway.request("POST", "/v1/messages", message(f"q{answered}", model="reverse"))
-            assert (status, body["content"][0]["text"]) == (200, f"User: q{answered}"[::-1])
+            text = f"q{answered}"
+            status, _, body = gateway.request("POST", "/v1/messages", message(text, model="reverse"))
+            assert (status, body["content"][0]["text"]) == (200, f"User: {text}"[::-1])
             answered += 1
         status, _, ready = gateway.request("GET", "/readyz")
-        assert status == 200 and all(w["state"] != "starting" for w in ready["models"]["reverse@1"]["workers"])
+        workers = ready["models"]["reverse@1"]["workers"]
+        assert status == 200 and all(w["state"] != "starting" for w in workers)
         assert answered > 10
     finally:
         gateway.stop(signal.SIGKILL)
