@@ -119,6 +119,7 @@ class WorkerStatus:
     state: str
     restarts: int
     details: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    placement: str = "local"  # where its worker runs: "local", or "ray:<address>:<node>"
 
     @property
     def up(self) -> bool:
@@ -145,7 +146,8 @@ class Status:
 
     def body(self) -> dict[str, Any]:
         """The status as ``/readyz`` shows it: the common fields, then the mode's own."""
-        workers = [{"slot": w.slot, "pid": w.pid, "state": w.state, "restarts": w.restarts, **w.details}
+        workers = [{"slot": w.slot, "pid": w.pid, "state": w.state, "restarts": w.restarts,
+                    "placement": w.placement, **w.details}
                    for w in self.workers]
         return {"ready": self.ready, "reason": self.reason, "workers": workers, "queued": self.queued,
                 "queued_unit": self.unit, **self.details}

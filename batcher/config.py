@@ -92,6 +92,25 @@ def _check_tokenizer(spec: str) -> None:
     _require(found, "tokenizer", "'bytes' or a path to a tokenizer.json (or a directory with one)", spec)
 
 
+PLACEMENTS = ("local", "ray")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RayConfig:
+    """The Ray cluster that places ``placement = "ray"`` workers: ``address`` is ``auto`` (the
+    cluster this machine has joined), ``local`` (a private one ferry starts on loopback) or
+    ``host:port`` of a head node; named actors live in ``namespace``."""
+
+    address: str = "auto"
+    namespace: str = "ferry"
+
+    def __post_init__(self) -> None:
+        host, _, port = self.address.rpartition(":")
+        named = self.address in ("auto", "local") or (bool(host) and port.isdigit() and 0 < int(port) < 65536)
+        _require(named, "address", "'auto', 'local' or host:port", self.address)
+        _require(bool(self.namespace), "namespace", "a namespace name", self.namespace)
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ModelConfig:
     """What every served model has, whatever its mode: its versioned name, aliases, context
@@ -104,10 +123,20 @@ class ModelConfig:
     context_window: int = 8192
     tokenizer: str = "bytes"
     chat_template: str = "labelled"
+    # Where the workers run (docs/ray.md): "local" child processes, or Ray actors asking for
+    # num_gpus (None: 1 on a cluster with GPUs, else 0), these custom resources and accelerator.
+    placement: str = "local"
+    num_gpus: float | None = None
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    accelerator_type: str = ""
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "name", "a model name", self.name)
         _require(1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window)
+        _require(self.placement in PLACEMENTS, "placement", f"one of {list(PLACEMENTS)}", self.placement)
+        _require(self.num_gpus is None or 0 <= self.num_gpus <= 1024, "num_gpus", "0..1024", self.num_gpus)
+        _require(all(0 <= v < math.inf for v in self.resources.values()), "resources", "amounts >= 0",
+                 self.resources)
         self._check_files()
 
     def _check_files(self) -> None:

@@ -38,22 +38,21 @@ class EngineProcess(PipeProcess):
 
     async def send(self, data: bytes) -> None:
         """Write encoded frames; raises WorkerLost once the worker's pipe is closed."""
-        assert self._process is not None and self._process.stdin is not None, "send before start"
+        assert self._to_worker is not None, "send before start"
         try:
-            await self._process.stdin.send_all(data)
+            await self._to_worker.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise WorkerLost(f"pid {self.pid}: pipe closed ({exc})") from None
 
     async def receive(self) -> list[Message]:
         """The frames of the next read, continued until they end on a frame boundary."""
-        assert self._process is not None and self._process.stdout is not None, "receive before start"
+        assert self._from_worker is not None, "receive before start"
         messages = list(self._received)
         self._received.clear()
         while not messages or self._decoder.pending:
-            data = await self._process.stdout.receive_some(1 << 16)
+            data = await self._from_worker.receive_some(1 << 16)
             if not data:
-                code = await self._process.wait()
-                raise WorkerLost(f"pid {self.pid} exited with code {code}")
+                raise WorkerLost(await self._lost())
             messages += self._decoder.feed(data)
         return messages
 

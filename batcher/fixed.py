@@ -110,7 +110,8 @@ class Batcher:
 
     def snapshot(self) -> Snapshot:
         """The pool's workers and the batcher's counters, copied for /readyz and /metrics."""
-        workers = tuple(WorkerStatus(w.slot, w.pid, w.state.value, w.restarts) for w in self.pool.workers())
+        workers = tuple(WorkerStatus(w.slot, w.pid, w.state.value, w.restarts, placement=w.placement)
+                        for w in self.pool.workers())
         stats, ready = self.stats, self.pool.ready
         up = [w for w in workers if w.up]
         if ready:

@@ -65,6 +65,10 @@ class CoreCollector(Collector):
         estimate = GaugeMetricFamily(
             "ferry_estimated_wait_seconds", "Estimated wait of a new request.", labels=["model", "tier"]
         )
+        placement = GaugeMetricFamily(
+            "ferry_worker_placement", "1 per worker slot, labelled with where its worker runs (local, or ray:node).",
+            labels=["model", "slot", "placement"],
+        )
         by_mode: dict[str, list[Exported]] = {}
         for backend in self.backends:
             snapshot = self.snapshots.get(backend.model)
@@ -82,7 +86,9 @@ class CoreCollector(Collector):
             for index, tier in enumerate(backend.tiers):
                 queued[unit].add_metric([model, tier], load.queued[index])
                 estimate.add_metric([model, tier], load.wait(index))
+            for worker in snapshot.status.workers:
+                placement.add_metric([model, str(worker.slot), worker.placement], 1)
         yield from (family for family, _ in counters)
-        yield from (wait, *queued.values(), estimate)
+        yield from (wait, *queued.values(), estimate, placement)
         for mode, exported in by_mode.items():
             yield from MODES[mode].families(exported)

@@ -17,7 +17,7 @@ from batcher import continuous, fixed_mode
 from batcher.backend import Backend
 from batcher.config import ModelConfig, QueueConfig
 from batcher.mode import Mode
-from batcher.process_worker import process_workers
+from batcher.placement import placed
 
 MODES: dict[str, Mode] = {
     "fixed": fixed_mode.MODE,
@@ -46,7 +46,7 @@ def spawn(model: ModelConfig) -> Callable[[int], Any]:
     mode's argv, each on its own device. Every backend's workers are made here, so where and
     how a worker runs is decided in this one place."""
     mode = mode_of(model)
-    return process_workers(mode.argv(model), model.workers, kind=mode.process)
+    return placed(model, mode.argv(model), mode.process)
 
 
 @contextlib.asynccontextmanager

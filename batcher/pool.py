@@ -89,6 +89,7 @@ class WorkerInfo:
     pid: int | None
     state: SlotState
     restarts: int
+    placement: str = "local"
 
 
 class _Slot:
@@ -166,7 +167,8 @@ class WorkerPool:
     def workers(self) -> list[WorkerInfo]:
         now = trio.current_time()
         return [WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None,
-                           self._state(slot, now), slot.supervisor.restarts) for slot in self._slots]
+                           self._state(slot, now), slot.supervisor.restarts,
+                           worker.placement if worker else "local") for slot in self._slots]
 
     def _state(self, slot: _Slot, now: float) -> SlotState:
         """A slot's state as reported: BUSY past :meth:`_paced` reads HUNG."""

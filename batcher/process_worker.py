@@ -38,7 +38,15 @@ from workers.protocol import (
 class PipeProcess:
     """One ``python -m workers`` process and the framed pipe to it: spawn, the ``ready`` frame,
     exit and kill. What flows after ``ready`` is the subclass's (a fixed-mode call at a time
-    here; an engine's stream of frames in :mod:`batcher.engine_worker`)."""
+    here; an engine's stream of frames in :mod:`batcher.engine_worker`).
+
+    The frames flow through ``_to_worker`` and ``_from_worker``, which :meth:`_launch` opens;
+    a worker placed elsewhere (:mod:`batcher.ray_placement`) opens them on a TCP connection
+    instead of pipes and overrides ``_launch``, ``_lost``, ``wait_exit`` and ``stop``, nothing
+    else. ``placement`` says where the worker runs, for ``/readyz`` and ``/metrics``.
+    """
+
+    placement = "local"
 
     def __init__(self, argv: Sequence[str], env: dict[str, str], max_frame: int = MAX_FRAME_BYTES) -> None:
         self.argv = [sys.executable, "-m", "workers", *argv]
@@ -49,16 +57,28 @@ class PipeProcess:
         self._decoder = FrameDecoder(max_frame)
         self._received: deque[Message] = deque()
         self._process: trio.Process | None = None
+        self._to_worker: trio.abc.SendStream | None = None
+        self._from_worker: trio.abc.ReceiveStream | None = None
 
     async def start(self) -> None:
-        self._process = await trio.lowlevel.open_process(
-            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env
-        )
-        self.pid = self._process.pid
+        await self._launch()
         ready = await self._receive()
         if not isinstance(ready, Ready):
             raise ProtocolError(f"expected ready as the first frame, got {ready.kind}")
         self.model = ready.model
+
+    async def _launch(self) -> None:
+        """Start the process and open the frame streams to it."""
+        self._process = await trio.lowlevel.open_process(
+            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env
+        )
+        self.pid = self._process.pid
+        self._to_worker, self._from_worker = self._process.stdin, self._process.stdout
+
+    async def _lost(self) -> str:
+        """Why the frames stopped (the log's, never a caller's): called once they have."""
+        assert self._process is not None
+        return f"pid {self.pid} exited with code {await self._process.wait()}"
 
     async def wait_exit(self) -> None:
         assert self._process is not None, "wait_exit before start"
@@ -76,12 +96,11 @@ class PipeProcess:
                 await stream.aclose()
 
     async def _receive(self) -> Message:
-        assert self._process is not None and self._process.stdout is not None
+        assert self._from_worker is not None, "receive before start"
         while not self._received:
-            data = await self._process.stdout.receive_some(1 << 16)
+            data = await self._from_worker.receive_some(1 << 16)
             if not data:
-                code = await self._process.wait()
-                raise WorkerLost(f"pid {self.pid} exited with code {code}")
+                raise WorkerLost(await self._lost())
             self._received.extend(self._decoder.feed(data))
         return self._received.popleft()
 
@@ -90,9 +109,9 @@ class ProcessWorker(PipeProcess):
     """A fixed-mode worker process: one ``run_batch`` call at a time."""
 
     async def call(self, request: RunBatch) -> Result | Error:
-        assert self._process is not None and self._process.stdin is not None, "call before start"
+        assert self._to_worker is not None, "call before start"
         try:
-            await self._process.stdin.send_all(encode(request, self._max_frame))
+            await self._to_worker.send_all(encode(request, self._max_frame))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise NotDelivered(f"pid {self.pid}: pipe closed ({exc})") from None
         try:

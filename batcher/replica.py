@@ -350,7 +350,8 @@ class Replica:
         pid = worker.pid if self.up and worker else None
         details = {"queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine}
         state = "up" if self.up else "starting"
-        return WorkerStatus(self.index, pid, state, self.supervisor.restarts, details)
+        placement = worker.placement if worker else "local"
+        return WorkerStatus(self.index, pid, state, self.supervisor.restarts, details, placement)
 
     def replica_stats(self) -> ReplicaStats:
         engine = self.stats.plus_counters(self.carried) if self.stats else self.carried

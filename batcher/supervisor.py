@@ -39,6 +39,7 @@ class Process(Protocol):
     """What supervision needs of a worker, real process or simulation, whatever it serves."""
 
     pid: int | None
+    placement: str  # where it runs: "local", or "ray:<address>:<node>" (batcher/ray_placement.py)
 
     async def start(self) -> None:
         """Spawn and wait for ``ready``; raise WorkerLost or ProtocolError if it never comes."""

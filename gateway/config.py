@@ -19,7 +19,7 @@ import math
 import os
 import tomllib
 
-from batcher.config import ModelConfig, QueueConfig, _require
+from batcher.config import ModelConfig, QueueConfig, RayConfig, _require
 from batcher.config_file import TierConfig, build_table, model_table
 
 DEFAULT_TOML = """\
@@ -229,6 +229,7 @@ class FerryConfig:
     safety: SafetyConfig = SafetyConfig()
     admin: AdminConfig = AdminConfig()
     aliases: tuple[AliasConfig, ...] = ()
+    ray: RayConfig = RayConfig()  # read at start: one process joins one Ray cluster
 
     def __post_init__(self) -> None:
         _require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
@@ -263,7 +264,7 @@ class FerryConfig:
 
 
 _SINGLE = {"server": ServerConfig, "limits": LimitsConfig, "state": StateConfig, "safety": SafetyConfig,
-           "admin": AdminConfig}
+           "admin": AdminConfig, "ray": RayConfig}
 _TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig, "aliases": AliasConfig}
 
 

@@ -131,10 +131,10 @@ def render_status(status: dict) -> str:
     if last:
         when = time.strftime("%H:%M:%S", time.localtime(last["at"]))
         lines.append(f"last reload at {when}: {'ok' if last['ok'] else 'refused'}: {last['message']}")
-    rows = [("VERSION", "STATE", "READY", "WORKERS", "IN FLIGHT", "QUEUED")]
+    rows = [("VERSION", "STATE", "READY", "WORKERS", "IN FLIGHT", "QUEUED", "PLACEMENT")]
     for v in status["versions"]:
         rows.append((v["name"], v["state"], "yes" if v["ready"] else "no", f"{v['workers_up']}/{v['workers']}",
-                     str(v["in_flight"]), _queued(v)))
+                     str(v["in_flight"]), _queued(v), ",".join(v.get("placements", ())) or "-"))
     lines += ["", *_table(rows), ""]
     rows = [("ALIAS", "VERSION", "WEIGHT", "IN FILE", "SET BY")]
     for alias in status["aliases"]:

@@ -339,6 +339,7 @@ class Rollout:
                 "reason": status.reason if status is not None else "not open",
                 "workers": len(status.workers) if status is not None else 0,
                 "workers_up": sum(w.up for w in status.workers) if status is not None else 0,
+                "placements": sorted({w.placement for w in status.workers}) if status is not None else [],
                 "in_flight": self.gateway.pins.count(name),
                 "queued": status.queued if status is not None else None,
                 "queued_unit": status.unit if status is not None else None,

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from batcher.fleet import Launch
+from batcher.ray_placement import use_cluster
 from gateway.admin import reload_on_signal, start_admin
 from gateway.api import ShuttingDown
 from gateway.app import GATEWAY, make_app
@@ -53,6 +54,7 @@ async def serve(
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    use_cluster(config.ray)  # joined when a `placement = "ray"` model first places a worker
     bridge = Bridge(launch, config.models, config.queue())
     try:
         try:

@@ -10,6 +10,7 @@ import pytest
 
 from batcher.sim.workers import SimulatedWorker, constant
 from experiments.redis_server import RedisServer
+from tests.ray_cluster import ray_cluster  # noqa: F401 - the session's Ray cluster, for tests/test_ray_*.py
 from workers.faults import FaultPlan
 
 

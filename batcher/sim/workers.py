@@ -67,6 +67,8 @@ class SimulatedWorker:
         self._exited = trio.Event()
         self._life = trio.CancelScope()  # the current call's; kill() cancels it
 
+    placement = "local"
+
     async def start(self) -> None:
         await trio.lowlevel.checkpoint()
 

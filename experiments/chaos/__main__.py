@@ -22,6 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent.parent))
 from experiments.chaos.checks import Verdict, judge  # noqa: E402
 from experiments.chaos.faults import Clock, Run  # noqa: E402
 from experiments.chaos.leaving import unreceived  # noqa: E402
+from experiments.chaos.ray_nodes import RayNodes  # noqa: E402
 from experiments.chaos.scenarios import (  # noqa: E402
     BY_NAME,
     KEYS,
@@ -45,22 +46,28 @@ SETTLE = 1.0  # seconds after the traffic before the leak check: queues drain, s
 async def run(scenario: Scenario, params: Params, workdir: pathlib.Path) -> Verdict:
     """One row: start the gateway (and its Redis), send the traffic beside the fault, judge
     every answer."""
-    redis = None
+    redis = ray = None
     if scenario.redis:
         redis = RedisServer(workdir / "redis")
         (workdir / "redis").mkdir(parents=True, exist_ok=True)
         redis.start()
     try:
-        return await _run(scenario, params, workdir, redis)
+        if scenario.ray:
+            ray = RayNodes(scenario.workers or params.workers)  # this thread: Ray's daemons die with theirs
+        return await _run(scenario, params, workdir, redis, ray)
     finally:
         if redis is not None:
             redis.stop()
+        if ray is not None:
+            ray.stop()
 
 
-async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis: RedisServer | None) -> Verdict:
+async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis: RedisServer | None,
+               ray: RayNodes | None) -> Verdict:
     began = time.monotonic()
     try:
-        server = await asyncio.to_thread(Server, scenario.toml(params, redis and redis.url), workdir)
+        toml = scenario.toml(params, redis and redis.url, ray and ray.address)
+        server = await asyncio.to_thread(Server, toml, workdir)
     except StartFailed as exc:
         verdict = Verdict(scenario.name)
         if not scenario.start_fails:
@@ -77,7 +84,7 @@ async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis:
     clock = Clock()
     plan = plan_for(scenario, params)
     traffic = asyncio.ensure_future(send(plan, server.url, KEYS, MODEL))
-    context = Run(server, clock, params.duration, params.seed, redis)
+    context = Run(server, clock, params.duration, params.seed, redis, ray)
     fault = asyncio.ensure_future(scenario.fault(context)) if scenario.fault else None
     shots = await traffic
     if fault is not None:

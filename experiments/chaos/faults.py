@@ -17,6 +17,7 @@ import random
 import signal
 import socket
 
+from experiments.chaos.ray_nodes import RayNodes
 from experiments.chaos.server import Server
 from experiments.redis_server import RedisServer
 
@@ -40,6 +41,7 @@ class Run:
     duration: float  # seconds of traffic
     seed: int = 0
     redis: RedisServer | None = None
+    ray: RayNodes | None = None
 
 
 def _kill(pid: int) -> bool:
@@ -71,6 +73,17 @@ async def kill_idle_fleet(run: Run, at: float) -> None:
     await asyncio.sleep(at)
     for pid in await _pids(run.server):
         _kill(pid)
+    run.clock.mark()
+
+
+async def lose_node(run: Run, at: float) -> None:
+    """Kill the raylet of the Ray node that holds the most workers: its actors die with it, and
+    every request with budget left must still be answered by the other node's workers."""
+    assert run.ray is not None, "a node loss needs a row with ray = True"
+    await asyncio.sleep(at)
+    models = (await asyncio.to_thread(run.server.get, "/readyz"))[1].get("models", {})
+    placements = [w.get("placement", "") for model in models.values() for w in model.get("workers", [])]
+    await asyncio.to_thread(run.ray.lose, placements)
     run.clock.mark()
 
 

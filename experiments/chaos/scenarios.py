@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from experiments.chaos import faults, leaving
 from experiments.chaos.checks import Rules
 from experiments.chaos.faults import Run
+from experiments.chaos.ray_nodes import SLOT
 from experiments.chaos.traffic import Plan, Shot
 
 PAID, FREE = "sk-chaos-paid-0001", "sk-chaos-free-0002"
@@ -107,9 +108,13 @@ class Scenario:
     model: Callable[[list[str], int], str] = fixed_model  # the model table: fixed, or continuous
     exit_code: int = 0  # what ``ferry serve`` must exit with at the end
     start_fails: bool = False  # the gateway must refuse to start, saying why
+    ray: bool = False  # the workers are Ray actors on a cluster of two worker nodes the row starts
 
-    def toml(self, params: Params, redis_url: str | None = None) -> str:
-        return config(self.model(list(self.worker), self.workers or params.workers), redis_url)
+    def toml(self, params: Params, redis_url: str | None = None, ray_address: str | None = None) -> str:
+        model = self.model(list(self.worker), self.workers or params.workers)
+        if ray_address is not None:
+            model += f'placement = "ray"\nresources = {{ {SLOT} = 1 }}\n\n[ray]\naddress = "{ray_address}"\n'
+        return config(model, redis_url)
 
 
 def _kill_every(run: Run) -> Awaitable[None]:
@@ -182,6 +187,10 @@ SCENARIOS = [
              worker=("smollm2-135m",), model=continuous_model, workers=2, fault=_kill_every,
              rules=Rules(statuses=frozenset({500, 529}), expected=None),
              plan={"stream_share": 0.5, "max_tokens": 32}),
+    Scenario("ray-actor-kills", "Ray placement: SIGKILL a random worker's actor every 2 s", fault=_kill_every,
+             ray=True),
+    Scenario("ray-node-loss", "Ray placement: the node holding most workers is lost (raylet killed)",
+             fault=_at(0.4, faults.lose_node), ray=True, rules=Rules(statuses=frozenset({500, 529}))),
     Scenario("redis-stop", "Redis stopped for a third of the run, then restarted (limits in Redis)",
              redis=True, fault=lambda run: _redis_out(run, freeze=False)),
     Scenario("redis-freeze", "Redis frozen (SIGSTOP) for a third of the run (limits in Redis)",
