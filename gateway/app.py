@@ -220,6 +220,7 @@ class Gateway:
     async def _write_whole(self, request: web.Request, entry: Entry, status: int, payload: bytes) -> web.StreamResponse:
         """Send a whole answer, then count it delivered: latency and usage end at the last byte."""
         response = web.Response(status=status, body=payload, content_type="application/json")
+        self.ledger.bill_ahead(entry, status, entry.owed)  # billed before the client can have it
         await response.prepare(request)
         await response.write_eof()
         entry.delivered(entry.owed)
@@ -256,6 +257,7 @@ class Gateway:
                     text = encoder.text(piece.text)  # before the stop: it opens what the stop closes
                     stop = encoder.stop(answer.stop_reason or "end_turn", answer.stop_sequence, answer.credited,
                                         answer.blocked is not None)
+                    self.ledger.bill_ahead(entry, 200, piece.tokens)  # billed before the client has it all
                     await stream.send(text + stop, end=True)
                     entry.status, entry.outcome = 200, Outcome.COMPLETED
                 elif piece.text:
