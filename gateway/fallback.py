@@ -16,14 +16,15 @@ Redis is back), and nobody is refused for an outage that is not theirs::
 **A busy gateway is not an outage.** At most :data:`REDIS_CONNECTIONS` calls are in flight at
 once (the client's pool holds that many); a call beyond them waits for one to end, and only a
 call that reached Redis and failed says Redis is down. A call that runs out of time on an event
-loop too busy to read its reply is not one: before it counts as failed, a thread asks Redis for
-a PING on a connection of its own, within the timeout; if Redis answers, the call is made once
-more (counted: ``ferry_limiter_late_total``; a charge made twice errs on the safe side). A
-frozen Redis answers neither, so it falls back within two timeouts. Every call in flight ends
-within those, so a waiter gets its connection, or sees the store go down, within
-``WAIT_FACTOR * timeout`` (5 s at least). One still waiting then (the gateway is too busy to run its calls)
-is refused with a 529 and counted (``ferry_limiter_busy_total``): it is not charged in a local
-bucket, which would let a busy gateway admit past the shared limit.
+loop too busy to read its reply is not one either: before it counts as failed, a thread asks
+Redis for a PING on a connection of its own, within ``CONFIRM_FACTOR`` timeouts that the kernel
+keeps, not the busy loop; while Redis answers, the call is made again (counted:
+``ferry_limiter_late_total``; a charge that Redis had taken before the reply was read is then
+taken twice, which errs on the safe side). A frozen Redis answers no PING, so it falls back
+within ``1 + CONFIRM_FACTOR`` timeouts. A charge that has neither its verdict nor a Redis
+outage within ``WAIT_FACTOR`` timeouts (5 s at least) is refused with a 529 and counted
+(``ferry_limiter_busy_total``): it is not charged in a local bucket, which would let a busy
+gateway admit past the shared limit. Refunds try for as long as Redis answers.
 
 A refund never holds up or fails the request it belongs to, and is never dropped. While Redis is
 up it is queued for its key, where refunds of the same key coalesce into one call, and sent in
@@ -60,9 +61,10 @@ BACKOFF_MAX = 5.0  # ...doubling up to this
 REDIS_CONNECTIONS = 32
 """Calls to Redis in flight at once, and the connections the client's pool holds: a charge and a
 refund take well under a millisecond each, so thousands of requests a second keep a few busy."""
-WAIT_FACTOR = 8
-"""A charge waits at most this many call timeouts for a connection, and :data:`MIN_WAIT` at
-least: each call in flight ends within three (a call, the thread's PING, the call again), so
+CONFIRM_FACTOR = 4  # the thread's PING may take this many timeouts: Redis too may wait for a CPU
+WAIT_FACTOR = 16
+"""A charge waits at most this many call timeouts for its verdict (a connection, tries, PINGs),
+and :data:`MIN_WAIT` at least: a call to a frozen Redis ends within ``1 + CONFIRM_FACTOR``, so
 only a gateway too busy to run its calls waits that long."""
 MIN_WAIT = 5.0  # seconds: hundreds of charges queued on a loaded machine still get theirs
 BUSY_RETRY_AFTER = 1.0  # seconds: the Retry-After of a charge refused because no connection came free
@@ -130,7 +132,8 @@ class FallbackLimiter:
         if pending is None:
             self.pending[key] = _Refund(limits, tokens, requests)
         else:
-            pending.limits, pending.tokens, pending.requests = limits, pending.tokens + tokens, pending.requests + requests
+            pending.limits = limits
+            pending.tokens, pending.requests = pending.tokens + tokens, pending.requests + requests
         self._send(key)
 
     async def aclose(self) -> None:
@@ -147,32 +150,39 @@ class FallbackLimiter:
             pass  # nothing left to tell a store that does not answer
 
     async def _call(self, call: Callable[[], Awaitable[T]], wait: float | None) -> T:
-        """``call`` on a free connection (waiting at most ``wait`` seconds for one), bounded by
-        the timeout. Raises :class:`_Down` if the store went down meanwhile, :class:`Shed` if
-        no connection came free in time, or what the call raised."""
+        """``call`` on a free connection, each try bounded by the timeout, tried again while a
+        thread's PING says Redis answers, for ``wait`` seconds at most (None: as long as it
+        answers). Raises :class:`_Down` if the store went down meanwhile, :class:`Shed` when
+        ``wait`` ran out, or what a try raised when Redis does not answer."""
+        loop = asyncio.get_running_loop()
+        deadline = None if wait is None else loop.time() + wait
         try:
-            async with asyncio.timeout(wait):
+            async with asyncio.timeout_at(deadline):
                 await self._connections.acquire()
         except TimeoutError:
-            if not self.up:
-                raise _Down from None
-            self.busy += 1
-            raise Shed("per-key limits: every connection to the limits store stayed busy; retry",
-                       BUSY_RETRY_AFTER) from None
+            raise self._busy() from None
         try:
-            if not self.up:
-                raise _Down
-            try:
-                async with asyncio.timeout(self.timeout):
-                    return await call()
-            except (TimeoutError, RedisTimeout):
-                if not await self._answers():
-                    raise
-            self.late += 1  # the reply came, but this loop was too busy to read it in time: again
-            async with asyncio.timeout(self.timeout):
-                return await call()
+            while True:
+                if not self.up:
+                    raise _Down
+                try:
+                    async with asyncio.timeout(self.timeout):
+                        return await call()
+                except (TimeoutError, RedisTimeout):
+                    if not await self._answers():
+                        raise
+                self.late += 1  # Redis answers: this loop was too busy to read the reply in time
+                if deadline is not None and loop.time() >= deadline:
+                    raise self._busy()
         finally:
             self._connections.release()
+
+    def _busy(self) -> Exception:
+        """What a charge that ran out of its wait raises: a 529, or local buckets if Redis went down."""
+        if not self.up:
+            return _Down()
+        self.busy += 1
+        return Shed("per-key limits: the limits store could not be reached in time; retry", BUSY_RETRY_AFTER)
 
     async def _answers(self) -> bool:
         """Whether Redis answers when asked away from this event loop (one question at a time)."""
@@ -193,7 +203,8 @@ class FallbackLimiter:
         while self.up and key in self.pending:
             refund = self.pending.pop(key)
             try:
-                await self._call(lambda: self.shared.refund(key, refund.limits, refund.tokens, refund.requests), None)
+                await self._call(lambda: self.shared.refund(key, refund.limits, refund.tokens, refund.requests),
+                                 None)
             except (_Down, *FAILURES) as exc:
                 later = self.pending.setdefault(key, _Refund(refund.limits, 0, 0))
                 later.tokens, later.requests = later.tokens + refund.tokens, later.requests + refund.requests
@@ -245,8 +256,8 @@ class LimiterCollector(Collector):
         up = GaugeMetricFamily("ferry_limiter_store_up", "1 while the shared limits store (Redis) answers, else 0.")
         up.add_metric([], 1 if limiter.up else 0)
         yield up
-        pending = GaugeMetricFamily("ferry_limiter_refunds_pending",
-                                    "Keys with refunds not yet in Redis (queued, or waiting for it to answer).")
+        pending = GaugeMetricFamily(
+            "ferry_limiter_refunds_pending", "Keys with refunds not yet in Redis (queued, or waiting for it).")
         pending.add_metric([], len(limiter.pending))
         yield pending
         for name, help_text, value in (

@@ -125,9 +125,9 @@ class Ledger:
         carry them (the answer's last) are written: once they are, the client is billed."""
         if entry.recorded:
             now = time.monotonic()
+            first = now if entry.first_token_at is None else entry.first_token_at
             answered = dataclasses.replace(entry, status=status, outcome=Outcome.COMPLETED,
-                                           output_tokens=entry.output_tokens + tokens,
-                                           first_token_at=now if entry.first_token_at is None else entry.first_token_at)
+                                           output_tokens=entry.output_tokens + tokens, first_token_at=first)
             entry.billed = _record(answered, now)
             self.usage.record(entry.billed)
 

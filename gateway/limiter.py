@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry as BlockingRetry
 
 from batcher.config_file import LimitsConfig
-from gateway.fallback import REDIS_CONNECTIONS, FallbackLimiter, LimiterCollector
+from gateway.fallback import CONFIRM_FACTOR, REDIS_CONNECTIONS, FallbackLimiter, LimiterCollector
 from gateway.ratelimit import Bucket, Limiter, Limits, Verdict, charge, full, refund
 
 Clock = Callable[[], float]
@@ -139,7 +139,8 @@ class RedisLimiter:
             return cls(aioredis.from_url(url, max_connections=REDIS_CONNECTIONS), **kwargs)
         client = aioredis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                    retry=Retry(NoBackoff(), 0), max_connections=REDIS_CONNECTIONS)
-        beside = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+        confirm = CONFIRM_FACTOR * timeout
+        beside = redis.Redis.from_url(url, socket_timeout=confirm, socket_connect_timeout=confirm,
                                       retry=BlockingRetry(NoBackoff(), 0))
         return cls(client, beside=beside, **kwargs)
 
@@ -147,8 +148,9 @@ class RedisLimiter:
         await self._client.ping()
 
     async def answers(self) -> bool:
-        """Whether Redis answers a PING within the timeout on a thread's own connection: a call
-        that timed out on a busy event loop may have had its reply waiting, unread."""
+        """Whether Redis answers a PING on a thread's own connection, within the timeouts the
+        kernel keeps: a call that timed out on a busy event loop may have had its reply waiting,
+        unread."""
         return self._beside is not None and await asyncio.to_thread(self._ping_beside)
 
     def _ping_beside(self) -> bool:
