@@ -4,6 +4,7 @@ and restarted: under the limiter itself, and under a real ``ferry serve`` taking
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import aiohttp
@@ -11,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from batcher.config_file import LimitsConfig
-from gateway.fallback import FallbackLimiter
+from gateway.fallback import REDIS_CONNECTIONS, FallbackLimiter
 from gateway.limiter import open_limiter
 from gateway.ratelimit import Limits
 from gateway.usage import read_usage
@@ -153,3 +154,36 @@ async def outage_under_load(gateway: Gateway, redis_server) -> list[tuple[int, s
         began = time.monotonic()
         results, _ = await asyncio.gather(asyncio.gather(*(one(i) for i in range(200))), faults())
         return results
+
+
+def test_outages_leave_no_descriptor_beyond_the_pool_and_closing_returns_them_all(redis_server):
+    """The chaos suite's Redis rows end with up to 32 more descriptors than they began with: the
+    pool's connections, opened by calls that ran at once and kept for reuse. Outage after outage
+    they stay within the pool (and the thread's one connection); closing the limiter closes them."""
+
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def scenario() -> list[int]:
+        limiter = open_limiter(LimitsConfig(store="redis", redis_url=redis_server.url, redis_timeout_ms=50))
+        plan = Limits(tokens_per_minute=10**9)
+        began = descriptors()
+        seen = []
+        try:
+            for _ in range(3):
+                for out, back in ((redis_server.freeze, redis_server.thaw), (redis_server.stop, redis_server.start)):
+                    await asyncio.gather(*(limiter.acquire("k", plan, 1) for _ in range(50)))  # warm: all at once
+                    await asyncio.to_thread(out)
+                    await asyncio.gather(*(limiter.acquire("k", plan, 1) for _ in range(50)))
+                    await asyncio.to_thread(back)
+                    await until_up(limiter)
+                    await asyncio.gather(*(limiter.acquire("k", plan, 1) for _ in range(50)))
+                    seen.append(descriptors() - began)
+        finally:
+            await limiter.aclose()
+        seen.append(descriptors() - began)
+        return seen
+
+    grown = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert max(grown) <= REDIS_CONNECTIONS + 1, grown
+    assert grown[-1] <= 0, grown  # closed: every connection given back
