@@ -102,13 +102,24 @@ async def kill_gateway(run: Run, at: float) -> None:
     run.clock.mark()
 
 
-async def watch_limits(run: Run, per_minute: int, tier: str) -> None:
+async def watch_limits(run: Run, per_minute: int, tier: str, settle: float = 1.0) -> None:
     """After the traffic, a healthy Redis must have kept the key's limit: ``tier``'s 200s within
     a full bucket plus its refill over the run, no charge in a local bucket, none refused for a
-    busy store, no refund left unsent."""
-    await asyncio.sleep(run.duration + 1.0)  # the last answers written, their refunds sent
-    bound = per_minute + per_minute / 60 * (run.duration + 1.0)
-    metrics = await asyncio.to_thread(run.server.metrics)
+    busy store, no refund left unsent. Read once the answers have stopped coming (an overloaded
+    run's last answers come late) and the refunds queue is empty, or after 30 s."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await asyncio.sleep(run.duration)
+    seen, metrics = -1.0, {}
+    while loop.time() < began + run.duration + 30:
+        metrics = await asyncio.to_thread(run.server.metrics)
+        answered = sum(v for (name, _), v in metrics.items() if name == "ferry_requests_total")
+        if answered == seen and metrics.get(("ferry_limiter_refunds_pending", ())) == 0:
+            break
+        seen = answered
+        await asyncio.sleep(settle)
+    took = loop.time() - began
+    bound = per_minute + per_minute / 60 * took
     admitted = sum(value for (name, labels), value in metrics.items()
                    if name == "ferry_requests_total" and ("tier", tier) in labels and ("status", "200") in labels)
     if admitted > bound:
@@ -118,8 +129,11 @@ async def watch_limits(run: Run, per_minute: int, tier: str) -> None:
         got = metrics.get((name, ()))
         if got != want:
             run.clock.problems.append(f"{name} is {got}, not {want}")
-    run.clock.notes.append(f"{tier} key: {admitted:.0f} admitted, bound {bound:.0f}; "
-                                    f"late calls made again: {metrics.get(('ferry_limiter_late_total', ()), 0):.0f}")
+    local, pending, late = (metrics.get((f"ferry_limiter_{name}", ()), 0)
+                            for name in ("fallbacks_total", "refunds_pending", "late_total"))
+    run.clock.notes.append(f"{tier} key: {admitted:.0f} admitted in {took:.1f} s, bound {bound:.0f}; "
+                           f"{local:.0f} charged locally, {pending:.0f} keys with refunds left; "
+                           f"calls made again after a late reply: {late:.0f}")
 
 
 async def redis_outage(run: Run, at: float, length: float, freeze: bool) -> None:
