@@ -126,10 +126,12 @@ tokens_per_minute = 10000000
     assert fallbacks >= 10  # at 40 requests/s, a second frozen and a second stopped
     lines = [line for line in gateway.log.read_text().splitlines() if " ferry.limiter " in line]
     said = [line.split(" WARNING ", 1)[1][:20] for line in lines]
-    # One line as Redis stops answering (the second outage's falls in the same 10 s as the first's:
-    # counted into the next, not written), one each time it answers again: twice, or once where a
-    # loaded machine stretched the probe's backoff past the second outage.
-    assert said in (["redis did not answer", *["redis answers again "] * again] for again in (1, 2)), lines
+    # One line as Redis stops answering (a later outage's falls in the same 10 s as the first's:
+    # counted into the next, not written), one each time it answers again: twice; once where a
+    # loaded machine stretched the probe's backoff past the second outage; three times where a
+    # Redis starved of CPU missed a PING's deadline once more.
+    assert said[:1] == ["redis did not answer"] and set(said[1:]) == {"redis answers again "}, lines
+    assert 1 <= len(said[1:]) <= 3, lines
 
 
 async def outage_under_load(gateway: Gateway, redis_server) -> list[tuple[int, str, float]]:
