@@ -7,10 +7,12 @@ import asyncio
 import time
 
 import aiohttp
+import pytest
 import redis.asyncio as aioredis
 
 from batcher.config_file import LimitsConfig
-from gateway.fallback import REDIS_CONNECTIONS, FallbackLimiter
+from batcher.types import Shed
+from gateway.fallback import MIN_WAIT, REDIS_CONNECTIONS, FallbackLimiter
 from gateway.limiter import open_limiter
 from gateway.ratelimit import Limits
 from tests.gateway_process import CONFIG, Gateway, message
@@ -95,3 +97,34 @@ async def requests_at_once(gateway: Gateway, count: int) -> list[int]:
                 return reply.status
 
         return await asyncio.gather(*(one(i) for i in range(count)))
+
+
+def test_a_redis_that_answers_pings_but_takes_no_charge_gets_a_529_never_a_local_charge(redis_url):
+    """CLIENT PAUSE WRITE: Redis answers every PING, but holds every script that writes. That is
+    not an outage, so nothing may be charged in a local bucket: the charge waits its bound, then
+    is refused with a 529; a refund made meanwhile lands once Redis takes writes again."""
+
+    async def paused() -> None:
+        limiter = open_limiter(LimitsConfig(store="redis", redis_url=redis_url, redis_timeout_ms=50))
+        assert isinstance(limiter, FallbackLimiter)
+        plan = Limits(tokens_per_minute=1000)
+        admin = aioredis.from_url(redis_url)
+        try:
+            assert (await limiter.acquire("paused", plan, 400)).admitted
+            await admin.execute_command("CLIENT", "PAUSE", int((MIN_WAIT + 2) * 1000), "WRITE")
+            await limiter.refund("paused", plan, 300)
+            began = time.monotonic()
+            with pytest.raises(Shed):
+                await limiter.acquire("paused", plan, 100)
+            assert MIN_WAIT <= time.monotonic() - began < MIN_WAIT + 1
+            assert (limiter.up, limiter.fallbacks, limiter.busy) == (True, 0, 1) and limiter.late >= 1
+            await admin.execute_command("CLIENT", "UNPAUSE")
+            while float((await bucket(redis_url, "paused"))[b"l1"]) < 900:  # 600 left, 300 back
+                await asyncio.sleep(0.01)
+            assert limiter.fallbacks == 0 and not limiter.pending
+        finally:
+            await admin.execute_command("CLIENT", "UNPAUSE")
+            await admin.aclose()
+            await limiter.aclose()
+
+    asyncio.run(asyncio.wait_for(paused(), 30))
