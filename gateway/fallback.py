@@ -116,7 +116,7 @@ class FallbackLimiter:
         if self.up:
             try:
                 return await self._call(lambda: self.shared.acquire(key, limits, tokens, requests),
-                                        max(WAIT_FACTOR * self.timeout, MIN_WAIT))
+                                        self._wait())
             except _Down:
                 pass
             except FAILURES as exc:
@@ -137,9 +137,14 @@ class FallbackLimiter:
         self._send(key)
 
     async def aclose(self) -> None:
-        """Let the refunds in flight finish (each call is bounded), stop probing, close the client."""
+        """Let the refunds in flight finish (as long as a charge may wait: a refund tries again
+        while Redis answers PINGs), stop probing, close the client."""
         if self._senders:
-            await asyncio.wait(set(self._senders.values()))
+            _, unsent = await asyncio.wait(set(self._senders.values()), timeout=self._wait())
+            for task in unsent:
+                task.cancel()
+            if unsent:
+                await asyncio.wait(unsent)
         if self._probe is not None:
             self._probe.cancel()
             await asyncio.wait({self._probe})
@@ -176,6 +181,10 @@ class FallbackLimiter:
                     raise self._busy()
         finally:
             self._connections.release()
+
+    def _wait(self) -> float:
+        """How long a charge may wait for its verdict."""
+        return max(WAIT_FACTOR * self.timeout, MIN_WAIT)
 
     def _busy(self) -> Exception:
         """What a charge that ran out of its wait raises: a 529, or local buckets if Redis went down."""
