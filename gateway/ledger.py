@@ -6,7 +6,15 @@ Per request (docs/admission.md), in the gateway's asyncio thread:
                   over the limit  -> RateLimited (429, Retry-After when it would fit)
                   can never fit   -> InvalidRequest (400: bigger than a minute of the plan)
     ... the request runs; after each write the handler notes the tokens it delivered ...
-    close(...)  refund what was not used, write one usage record, observe the metrics
+    bill_ahead(...) just before the answer's last bytes: its usage record, journaled
+    close(...)  refund what was not used, write the usage record (or correct the one written
+                  ahead, if the last bytes never left), observe the metrics
+
+The record of an answered request is written ahead of the answer's last bytes, into a journal
+that outlives the process (:mod:`gateway.journal`): a client that has its answer is billed,
+even if the gateway is killed the next instant. ``close`` writes nothing more when the request
+ended as billed ahead (the common case: one record per request), and replaces the record when
+it did not (the client left while the last bytes were being written).
 
 Only tokens actually delivered are billed and kept charged: tokens count once the bytes that
 carry them are written to the client, an answer cut short refunds its unused ``max_tokens``,
@@ -78,6 +86,7 @@ class Entry:
     stop_reason: str | None = None
     owed: int = 0  # output tokens in a whole answer not yet written
     recorded: bool = True  # False: an idempotent repeat (replayed or refused) ran nothing, so nothing is recorded
+    billed: UsageRecord | None = None  # the record written ahead of the last bytes, if any
 
     def delivered(self, tokens: int, now: float | None = None) -> None:
         """Note output tokens just written to the client (the first write marks the first token)."""
@@ -111,6 +120,17 @@ class Ledger:
         raise RateLimited(f"this key's per-minute limit is used up; retry in {verdict.retry_after:.3f}s",
                           verdict.retry_after)
 
+    def bill_ahead(self, entry: Entry, status: int, tokens: int) -> None:
+        """Record the request as answered with ``tokens`` more delivered, before the bytes that
+        carry them (the answer's last) are written: once they are, the client is billed."""
+        if entry.recorded:
+            now = time.monotonic()
+            first = now if entry.first_token_at is None else entry.first_token_at
+            answered = dataclasses.replace(entry, status=status, outcome=Outcome.COMPLETED,
+                                           output_tokens=entry.output_tokens + tokens, first_token_at=first)
+            entry.billed = _record(answered, now)
+            self.usage.record(entry.billed)
+
     async def close(self, entry: Entry) -> None:
         """Refund the unused part, record usage, observe the request's metrics; call once."""
         now, status = time.monotonic(), entry.status
@@ -122,10 +142,10 @@ class Ledger:
                 await self.limiter.refund(entry.key_id, entry.limits, unused)
         total = now - entry.started
         ttft = None if entry.first_token_at is None else entry.first_token_at - entry.started
-        self.usage.record(UsageRecord(
-            entry.request_id, time.time(), entry.tenant, entry.key_id, entry.model, entry.input_tokens,
-            entry.output_tokens, ttft, total, status, entry.stop_reason, entry.outcome.value,
-        ))
+        billed = entry.billed
+        if billed is None or (billed.status, billed.outcome, billed.output_tokens) != (
+                status, entry.outcome.value, entry.output_tokens):
+            self.usage.record(_record(entry, now), replace=billed is not None)
         key = (entry.model, entry.tier, status, entry.outcome)
         series = self._series.get(key)
         if series is None:
@@ -151,3 +171,12 @@ class Ledger:
             metrics.time_per_output_token.labels(model, tier),
             metrics.admission_rejects.labels(model, tier, reason) if reason else None,
         )
+
+
+def _record(entry: Entry, now: float) -> UsageRecord:
+    """The usage record of ``entry`` as it stands at ``now`` (time.monotonic())."""
+    ttft = None if entry.first_token_at is None else entry.first_token_at - entry.started
+    return UsageRecord(
+        entry.request_id, time.time(), entry.tenant, entry.key_id, entry.model, entry.input_tokens,
+        entry.output_tokens, ttft, now - entry.started, entry.status, entry.stop_reason, entry.outcome.value,
+    )

@@ -12,33 +12,25 @@ this gateway's own buckets while Redis does not answer.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import time
 from collections.abc import Callable
-from typing import Protocol
 
+import redis
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry as BlockingRetry
 
 from gateway.config import LimitsConfig
-from gateway.fallback import FallbackLimiter, LimiterCollector
-from gateway.ratelimit import Bucket, Limits, Verdict, charge, full, refund
+from gateway.fallback import CONFIRM_FACTOR, REDIS_CONNECTIONS, FallbackLimiter, LimiterCollector
+from gateway.ratelimit import Bucket, Limiter, Limits, Verdict, charge, full, refund
 
 Clock = Callable[[], float]
-
-
-class Limiter(Protocol):
-    async def acquire(self, key: str, limits: Limits, tokens: float, requests: float = 1) -> Verdict:
-        """Charge a request's worst-case cost, all or nothing."""
-
-    async def refund(self, key: str, limits: Limits, tokens: float, requests: float = 0) -> None:
-        """Give back what a request did not use."""
-
-    async def aclose(self) -> None:
-        """Let go of connections and return leased budget (the gateway is stopping)."""
 
 
 def open_limiter(config: LimitsConfig, registry: CollectorRegistry | None = None) -> Limiter:
@@ -123,18 +115,15 @@ return string.format('%.17g', wait)
 """
 
 
-REDIS_CONNECTIONS = 32
-"""Connections a gateway keeps to Redis at most: a charge and a refund take well under a
-millisecond each, so 1,600 requests/s keep a handful busy."""
-
-
 class RedisLimiter:
     """Buckets in Redis, one hash per API key, charged by one atomic script: shared by gateways."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str = "ferry:limit:", clock: Clock | None = None) -> None:
+    def __init__(self, client: aioredis.Redis, prefix: str = "ferry:limit:", clock: Clock | None = None,
+                 beside: redis.Redis | None = None) -> None:
         self._client = client
         self._prefix = prefix
         self._clock = clock
+        self._beside = beside  # a blocking client on the same server, for answers()
         self._script = client.register_script(_SCRIPT)
 
     @classmethod
@@ -142,17 +131,33 @@ class RedisLimiter:
         """A limiter on the Redis at ``url``; with a ``timeout``, each socket connect and read is
         bounded by it and redis-py retries nothing (the caller decides what a failure means).
 
-        The pool holds at most :data:`REDIS_CONNECTIONS`: calls stuck on a frozen Redis would
-        otherwise each leave a connection open (the chaos suite saw 44 at 200 requests/s), and
-        a call beyond the bound fails at once, like a timeout, into the local buckets."""
+        The pool holds at most :data:`~gateway.fallback.REDIS_CONNECTIONS`, as many as the
+        :class:`~gateway.fallback.FallbackLimiter` lets run at once, so the pool never runs dry
+        under it: a call beyond them waits there for a call in flight to end (a busy gateway),
+        which tells it apart from a Redis that does not answer."""
         if timeout is None:
             return cls(aioredis.from_url(url, max_connections=REDIS_CONNECTIONS), **kwargs)
         client = aioredis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                    retry=Retry(NoBackoff(), 0), max_connections=REDIS_CONNECTIONS)
-        return cls(client, **kwargs)
+        confirm = CONFIRM_FACTOR * timeout
+        beside = redis.Redis.from_url(url, socket_timeout=confirm, socket_connect_timeout=confirm,
+                                      retry=BlockingRetry(NoBackoff(), 0))
+        return cls(client, beside=beside, **kwargs)
 
     async def ping(self) -> None:
         await self._client.ping()
+
+    async def answers(self) -> bool:
+        """Whether Redis answers a PING on a thread's own connection, within the timeouts the
+        kernel keeps: a call that timed out on a busy event loop may have had its reply waiting,
+        unread."""
+        return self._beside is not None and await asyncio.to_thread(self._ping_beside)
+
+    def _ping_beside(self) -> bool:
+        try:
+            return bool(self._beside.ping())  # type: ignore[union-attr]
+        except (RedisError, OSError):
+            return False
 
     async def _run(self, key: str, limits: Limits, tokens: float, requests: float, mode: str) -> float:
         capacities = [-1 if math.isinf(c) else c for c in limits.capacities]
@@ -170,6 +175,8 @@ class RedisLimiter:
         await self._run(key, limits, tokens, requests, "refund")
 
     async def aclose(self) -> None:
+        if self._beside is not None:
+            self._beside.close()
         await self._client.aclose()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Protocol
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,3 +103,16 @@ def charge(
 def refund(bucket: Bucket, capacity: float, amount: float, now: float) -> Bucket:
     """Give back part of a charge that was not used; the bucket never overflows its capacity."""
     return Bucket(min(capacity, level_at(bucket, capacity, now) + amount), now)
+
+
+class Limiter(Protocol):
+    """A store of buckets (in memory, in Redis, leased, or Redis with a local fallback)."""
+
+    async def acquire(self, key: str, limits: Limits, tokens: float, requests: float = 1) -> Verdict:
+        """Charge a request's worst-case cost, all or nothing."""
+
+    async def refund(self, key: str, limits: Limits, tokens: float, requests: float = 0) -> None:
+        """Give back what a request did not use."""
+
+    async def aclose(self) -> None:
+        """Let go of connections and return leased budget (the gateway is stopping)."""

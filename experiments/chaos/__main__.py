@@ -37,7 +37,7 @@ from experiments.chaos.scenarios import (  # noqa: E402
 from experiments.chaos.server import Server, StartFailed  # noqa: E402
 from experiments.chaos.traffic import send  # noqa: E402
 from experiments.redis_server import RedisServer  # noqa: E402
-from gateway.limiter import REDIS_CONNECTIONS  # noqa: E402
+from gateway.fallback import REDIS_CONNECTIONS  # noqa: E402
 
 REPORT = pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "RELIABILITY.md"
 SETTLE = 1.0  # seconds after the traffic before the leak check: queues drain, sockets close
@@ -95,10 +95,11 @@ async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis:
     queued = _queued(server) if alive else 0
     code = await asyncio.to_thread(server.stop)
     rules = scenario.rules
-    if scenario.name == "sigterm" and clock.times:
+    if scenario.closes and clock.times:
         rules = dataclasses.replace(rules, closed_after=clock.times[0])
     usage = server.usage()
     verdict = judge(scenario.name, shots, usage, rules, clock.times, clock.problems)
+    verdict.notes.extend(clock.notes)
     if overloaded := _overloaded(usage):
         verdict.notes.append(f"529s by tier and outcome: {overloaded}")
     if left := unreceived(shots, usage):

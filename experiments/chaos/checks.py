@@ -47,6 +47,7 @@ class Rules:
     closed_after: float | None = None  # loop time the gateway began to shut down: a request it had
     # not read by then may be refused or have its connection closed (a usage record shows any it had)
     answer_within: Callable[[Shot], float] | None = None  # the latest any answer may come, per request
+    cut_streams: bool = False  # the gateway is killed at closed_after: a stream still open is cut short
 
 
 @dataclasses.dataclass(slots=True)
@@ -97,6 +98,9 @@ def judge(name: str, shots: list[Shot], usage: Iterable[UsageRecord], rules: Rul
                 verdict.lost += 1
                 verdict.violate(f"request {shot.index} got no answer ({shot.failure})")
             continue
+        if rules.cut_streams and _cut(shot, rules):
+            verdict.documented["stream cut by the kill"] += 1  # not answered: neither billed nor owed
+            continue
         _judge_answer(shot, rules, verdict)
         _judge_usage(shot, records.get(shot.request_id or "", []), verdict)
         if rules.answer_within is not None and shot.latency is not None and shot.latency > rules.answer_within(shot):
@@ -111,6 +115,13 @@ def judge(name: str, shots: list[Shot], usage: Iterable[UsageRecord], rules: Rul
     verdict.p99_ms = float(np.percentile(latencies, 99) * 1000) if latencies else float("nan")
     verdict.recovery_s = recovery(shots, fault_times)
     return verdict
+
+
+def _cut(shot: Shot, rules: Rules) -> bool:
+    """A stream open when the gateway was killed, that never got its closing events."""
+    names = [name for name, _ in shot.events if name != "ping"]
+    ended = names[-1:] == ["error"] or names[-3:] == STREAM_CLOSE
+    return shot.stream and not ended and (shot.finished or 0.0) >= (rules.closed_after or 0.0)
 
 
 def _judge_answer(shot: Shot, rules: Rules, verdict: Verdict) -> None:

@@ -29,6 +29,7 @@ class Clock:
     def __init__(self) -> None:
         self.times: list[float] = []
         self.problems: list[str] = []
+        self.notes: list[str] = []  # what a watch measured: the row's notes
 
     def mark(self) -> None:
         self.times.append(asyncio.get_running_loop().time())
@@ -104,6 +105,48 @@ async def terminate_gateway(run: Run, at: float) -> None:
     await asyncio.sleep(at)
     run.server.send_signal(signal.SIGTERM)
     run.clock.mark()
+
+
+async def kill_gateway(run: Run, at: float) -> None:
+    """SIGKILL the gateway under load: no drain, no flush. Every answer a client got must still
+    have its usage row (written ahead of the answer's last bytes)."""
+    await asyncio.sleep(at)
+    run.server.send_signal(signal.SIGKILL)
+    run.clock.mark()
+
+
+async def watch_limits(run: Run, per_minute: int, tier: str, settle: float = 1.0) -> None:
+    """After the traffic, a healthy Redis must have kept the key's limit: ``tier``'s 200s within
+    a full bucket plus its refill over the run, no charge in a local bucket, none refused for a
+    busy store, no refund left unsent. Read once the answers have stopped coming (an overloaded
+    run's last answers come late) and the refunds queue is empty, or after 30 s."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await asyncio.sleep(run.duration)
+    seen, metrics = -1.0, {}
+    while loop.time() < began + run.duration + 30:
+        metrics = await asyncio.to_thread(run.server.metrics)
+        answered = sum(v for (name, _), v in metrics.items() if name == "ferry_requests_total")
+        if answered == seen and metrics.get(("ferry_limiter_refunds_pending", ())) == 0:
+            break
+        seen = answered
+        await asyncio.sleep(settle)
+    took = loop.time() - began
+    bound = per_minute + per_minute / 60 * took
+    admitted = sum(value for (name, labels), value in metrics.items()
+                   if name == "ferry_requests_total" and ("tier", tier) in labels and ("status", "200") in labels)
+    if admitted > bound:
+        run.clock.problems.append(f"{admitted:.0f} requests of the {tier} key admitted, over its bound {bound:.0f}")
+    for name, want in (("ferry_limiter_fallbacks_total", 0), ("ferry_limiter_busy_total", 0),
+                       ("ferry_limiter_refunds_pending", 0), ("ferry_limiter_store_up", 1)):
+        got = metrics.get((name, ()))
+        if got != want:
+            run.clock.problems.append(f"{name} is {got}, not {want}")
+    local, pending, late = (metrics.get((f"ferry_limiter_{name}", ()), 0)
+                            for name in ("fallbacks_total", "refunds_pending", "late_total"))
+    run.clock.notes.append(f"{tier} key: {admitted:.0f} admitted in {took:.1f} s, bound {bound:.0f}; "
+                           f"{local:.0f} charged locally, {pending:.0f} keys with refunds left; "
+                           f"calls made again after a late reply: {late:.0f}")
 
 
 async def redis_outage(run: Run, at: float, length: float, freeze: bool) -> None:

@@ -63,11 +63,13 @@ stats_timeout_ms = 2000
 """
 
 
-def config(model: str, redis_url: str | None = None) -> str:
+def config(model: str, redis_url: str | None = None, paid_per_minute: int | None = None) -> str:
     """The row's ``ferry serve`` config around its model table; with ``redis_url`` its keys'
-    limits live in Redis (generous limits: the row checks they keep working, not that they bite)."""
+    limits live in Redis (generous limits: the row checks they keep working, not that they bite),
+    and ``paid_per_minute`` limits the paid key's requests a minute (a limit that bites)."""
     limits = "" if redis_url is None else f'\n[limits]\nstore = "redis"\nredis_url = "{redis_url}"\n'
     per_key = "" if redis_url is None else "\ntokens_per_minute = 100000000"
+    paid = per_key if paid_per_minute is None else f"{per_key}\nrequests_per_minute = {paid_per_minute}"
     return limits + f"""
 [server]
 host = "127.0.0.1"
@@ -84,7 +86,7 @@ wait_budget_ms = {FREE_BUDGET * 1000:.0f}
 [[keys]]
 key = "{PAID}"
 tenant = "chaos"
-tier = "paid"{per_key}
+tier = "paid"{paid}
 [[keys]]
 key = "{FREE}"
 tenant = "chaos"
@@ -109,12 +111,14 @@ class Scenario:
     exit_code: int = 0  # what ``ferry serve`` must exit with at the end
     start_fails: bool = False  # the gateway must refuse to start, saying why
     ray: bool = False  # the workers are Ray actors on a cluster of two worker nodes the row starts
+    closes: bool = False  # the fault ends the gateway: a request not answered by then may go unanswered
+    paid_per_minute: int | None = None  # the paid key's requests a minute, when the row limits it
 
     def toml(self, params: Params, redis_url: str | None = None, ray_address: str | None = None) -> str:
         model = self.model(list(self.worker), self.workers or params.workers)
         if ray_address is not None:
             model += f'placement = "ray"\nresources = {{ {SLOT} = 1 }}\n\n[ray]\naddress = "{ray_address}"\n'
-        return config(model, redis_url)
+        return config(model, redis_url, self.paid_per_minute)
 
 
 def _kill_every(run: Run) -> Awaitable[None]:
@@ -148,6 +152,7 @@ def _redis_out(run: Run, freeze: bool) -> Awaitable[None]:
 
 
 SLEEP = ("sleep", "--latency-ms", "200")
+PAID_PER_MINUTE = 600  # bites within seconds at any rate the row runs (half of its requests paid)
 FLEET_DOWN = Rules(statuses=frozenset({500, 529}), expected=None, answer_within=_budget_plus_hang)
 
 SCENARIOS = [
@@ -172,7 +177,9 @@ SCENARIOS = [
     Scenario("crash-at-start-up", "the workers cannot start", worker=("sleep", "--latency-ms", "-1"),
              start_fails=True),
     Scenario("sigterm", "SIGTERM the gateway under load", fault=_at(0.5, faults.terminate_gateway),
-             rules=Rules(statuses=frozenset({500, 503, 529}))),
+             rules=Rules(statuses=frozenset({500, 503, 529})), closes=True),
+    Scenario("gateway-sigkill", "SIGKILL the gateway under load: every answer a client got is billed",
+             fault=_at(0.5, faults.kill_gateway), closes=True, exit_code=-9, rules=Rules(cut_streams=True)),
     Scenario("disconnects", "30 % of clients leave mid-queue or mid-stream", plan={"give_up_share": 0.3}),
     Scenario("whole-disconnects", "100 clients/s beside the traffic leave as their whole answers are written",
              fault=lambda run: leaving.leave_as_answered(run, KEYS, MODEL, rate=100.0, window=(0.15, 0.5))),
@@ -195,6 +202,9 @@ SCENARIOS = [
              redis=True, fault=lambda run: _redis_out(run, freeze=False)),
     Scenario("redis-freeze", "Redis frozen (SIGSTOP) for a third of the run (limits in Redis)",
              redis=True, fault=lambda run: _redis_out(run, freeze=True)),
+    Scenario("redis-busy", f"Redis healthy, the paid key limited to {PAID_PER_MINUTE} requests a minute",
+             redis=True, paid_per_minute=PAID_PER_MINUTE, rules=Rules(statuses=frozenset({429, 529})),
+             fault=lambda run: faults.watch_limits(run, PAID_PER_MINUTE, "paid")),
 ]
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 

@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 
-from gateway.usage import UsageRecord, read_usage
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.usage import UsageLog, UsageRecord, read_usage
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
@@ -58,6 +60,12 @@ class Server:
         finally:
             connection.close()
 
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        """Every sample of /metrics, by name and its sorted (label, value) pairs."""
+        text = self.get("/metrics")[1]["raw"]
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples}
+
     def ready(self) -> bool:
         try:
             return self.get("/readyz")[0] == 200
@@ -88,8 +96,13 @@ class Server:
         }
 
     def usage(self) -> list[UsageRecord]:
+        """The usage table as the gateway's next start finds it: with the rows a killed gateway
+        had only journaled (opening the log writes them in, as that start would)."""
         path = self.state / "usage.sqlite"
-        return read_usage(str(path)) if path.exists() else []
+        if not path.exists():
+            return []
+        UsageLog(str(path)).close()
+        return read_usage(str(path))
 
     def send_signal(self, signum: int) -> None:
         if self.process.poll() is None:
