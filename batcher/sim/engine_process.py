@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
 import trio
 
 from batcher.config import ContinuousModelConfig
@@ -52,7 +53,9 @@ class EngineSpec:
     vocab: int | None = None
 
     @classmethod
-    def of(cls, model: ContinuousModelConfig, cost: CostModel | None = None, eos_prob: float = 0.0) -> EngineSpec:
+    def of(
+        cls, model: ContinuousModelConfig, cost: CostModel | None = None, eos_prob: float = 0.0
+    ) -> EngineSpec:
         """The engines a worker process would run for ``model`` (its ``simulated`` preset's
         prices unless ``cost`` is given), sized by its ``num_blocks`` or ``kv_memory_gb``."""
         cost = PRESETS[model.simulated or "llama-70b"] if cost is None else cost
@@ -86,6 +89,7 @@ class SimulatedEngine:
         self._outbox: list[Message] = []
         self._step: tuple[float, list[Message]] | None = None  # a step run, its time not yet passed
         self._next_stats = 0.0
+        self.reported_at = 0.0  # when it last sent stats (the pool kills an engine silent too long)
         self._held_until = -math.inf
         self._exited = trio.Event()
         self._reading = trio.CancelScope()
@@ -93,7 +97,8 @@ class SimulatedEngine:
     async def start(self) -> None:
         await trio.lowlevel.checkpoint()
         self.first_stats = self._stats()
-        self._next_stats = trio.current_time() + STATS_INTERVAL
+        self.reported_at = trio.current_time()
+        self._next_stats = self.reported_at + STATS_INTERVAL
 
     async def send(self, data: bytes) -> None:
         """Frames for the engine's next turn; raises WorkerLost once it has exited."""
@@ -170,7 +175,7 @@ class SimulatedEngine:
         now = trio.current_time()
         if now >= self._next_stats:
             self._outbox.append(self._stats())
-            self._next_stats = now + STATS_INTERVAL
+            self.reported_at, self._next_stats = now, now + STATS_INTERVAL
 
     def _stats(self) -> Stats:
         return Stats(**dataclasses.asdict(self.engine.stats()))
