@@ -61,8 +61,12 @@ class Client:
 
 @contextlib.asynccontextmanager
 async def engines(workers: int = 2, eos_prob: float = 0.0, queue: QueueConfig = QUEUE, **settings):
-    config = ContinuousModelConfig(name="sim@1", simulated="llama-70b", workers=workers,
-                                   **{"num_blocks": 64, "max_batch_tokens": 64, "max_seqs": 16, **settings})
+    config = ContinuousModelConfig(
+        name="sim@1",
+        simulated="llama-70b",
+        workers=workers,
+        **{"num_blocks": 64, "max_batch_tokens": 64, "max_seqs": 16, **settings},
+    )
     spawn = SimulatedEngines(EngineSpec.of(config, eos_prob=eos_prob))
     async with open_engine_pool(config, queue, spawn, ByteTokenizer()) as pool:
         yield pool, spawn
@@ -102,7 +106,8 @@ async def test_a_lone_stream_gets_each_token_when_its_engine_step_ends(autojump_
 
 
 async def test_a_job_whose_deadline_passes_in_the_queue_gets_529_at_its_deadline_and_never_reaches_an_engine(
-        autojump_clock):
+    autojump_clock,
+):
     async with engines(workers=1, max_seqs=1) as (pool, spawn):
         first, late = Client(), Client()
         running = pool.submit(job(1, 400, stream=True), first)
@@ -158,11 +163,13 @@ async def test_a_request_that_could_never_fit_one_replicas_cache_is_refused_nami
         assert isinstance(failed.error, TooLarge) and not failed.retryable
         assert str(failed.error) == (
             "prompt is too long for this model's KV cache: 1000 prompt tokens + max_tokens 100 need 69 "
-            "blocks of 16 tokens; one replica holds 64 (1024 tokens)")
+            "blocks of 16 tokens; one replica holds 64 (1024 tokens)"
+        )
 
 
 async def test_a_killed_engine_ends_its_streams_that_sent_text_and_reruns_the_rest_unseen_elsewhere(
-        autojump_clock):
+    autojump_clock,
+):
     async with engines(workers=2) as (pool, spawn):
         streams = [Client() for _ in range(4)]
         wholes = [Client() for _ in range(4)]
@@ -193,7 +200,8 @@ async def test_a_killed_engine_ends_its_streams_that_sent_text_and_reruns_the_re
 
 
 async def test_a_silent_engine_is_killed_at_the_stats_timeout_and_its_whole_answers_complete_elsewhere(
-        autojump_clock):
+    autojump_clock,
+):
     async with engines(workers=2, stats_timeout_ms=500) as (pool, spawn):
         clients = [Client(), Client()]
         for i, client in enumerate(clients):

@@ -29,8 +29,9 @@ from tests.test_worker_processes import wait_for
 
 @contextlib.asynccontextmanager
 async def engines(workers: int = 2):
-    config = ContinuousModelConfig(name="sim@1", simulated="llama-70b", workers=workers, num_blocks=64,
-                                   max_batch_tokens=64, max_seqs=16)
+    config = ContinuousModelConfig(
+        name="sim@1", simulated="llama-70b", workers=workers, num_blocks=64, max_batch_tokens=64, max_seqs=16
+    )
     spawn = process_workers(config.engine_argv(), workers, kind=EngineProcess)
     async with open_engine_pool(config, QUEUE, spawn, ByteTokenizer()) as pool:
         yield pool
@@ -91,9 +92,14 @@ def test_the_tokens_of_one_engine_step_cross_to_the_http_side_in_one_hop(tmp_pat
     async def body():
         others = {"sim@1": lambda: engines(workers=1)}
         async with in_process(ScriptedBackend(), IN_PROCESS, str(tmp_path), others) as (client, bridge):
+
             async def one(index: int) -> list:
-                request = {"model": "sim@1", "max_tokens": 30, "stream": True,
-                           "messages": [{"role": "user", "content": f"stream {index}"}]}
+                request = {
+                    "model": "sim@1",
+                    "max_tokens": 30,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": f"stream {index}"}],
+                }
                 response = await client.post("/v1/messages", json=request, headers={"x-api-key": KEY})
                 return sse(await response.read())
 
@@ -104,7 +110,9 @@ def test_the_tokens_of_one_engine_step_cross_to_the_http_side_in_one_hop(tmp_pat
             return streams, hops, snapshot.stats.step_tokens.count
 
     streams, hops, steps = run(body)
-    texts = ["".join(d["delta"]["text"] for name, d in events if name == "content_block_delta")
-             for events in streams]
+    texts = [
+        "".join(d["delta"]["text"] for name, d in events if name == "content_block_delta")
+        for events in streams
+    ]
     assert all(len(text) == 30 for text in texts)
     assert 30 <= steps and hops <= steps + 16  # 480 tokens crossed in about a hop per step, not 480 hops

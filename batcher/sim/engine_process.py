@@ -59,17 +59,30 @@ class EngineSpec:
         """The engines a worker process would run for ``model`` (its ``simulated`` preset's
         prices unless ``cost`` is given), sized by its ``num_blocks`` or ``kv_memory_gb``."""
         cost = PRESETS[model.simulated or "llama-70b"] if cost is None else cost
-        runner = SimulatedRunner(cost, block_size=model.block_size, num_blocks=model.num_blocks or None,
-                                 kv_memory_gb=model.kv_memory_gb or None)
-        engine = EngineConfig(block_size=model.block_size, num_blocks=runner.num_blocks,
-                              max_batch_tokens=model.max_batch_tokens, max_seqs=model.max_seqs,
-                              model_version=model.name)
+        runner = SimulatedRunner(
+            cost,
+            block_size=model.block_size,
+            num_blocks=model.num_blocks or None,
+            kv_memory_gb=model.kv_memory_gb or None,
+        )
+        engine = EngineConfig(
+            block_size=model.block_size,
+            num_blocks=runner.num_blocks,
+            max_batch_tokens=model.max_batch_tokens,
+            max_seqs=model.max_seqs,
+            model_version=model.name,
+        )
         return cls(cost, engine, eos_prob, 128 if model.tokenizer == "bytes" else None)
 
     def runner(self) -> SimulatedRunner:
         config = self.engine
-        return SimulatedRunner(self.cost, block_size=config.block_size, num_blocks=config.num_blocks,
-                               eos_prob=self.eos_prob, vocab=self.vocab)
+        return SimulatedRunner(
+            self.cost,
+            block_size=config.block_size,
+            num_blocks=config.num_blocks,
+            eos_prob=self.eos_prob,
+            vocab=self.vocab,
+        )
 
 
 class SimulatedEngine:
@@ -199,4 +212,3 @@ class SimulatedEngines:
     def current(self, slot: int) -> SimulatedEngine:
         """The engine started last in ``slot``."""
         return self.spawned[slot][-1]
-
