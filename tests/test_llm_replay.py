@@ -3,6 +3,8 @@ of requests and KV blocks, conversations that grow turn by turn, and the trace f
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -101,3 +103,49 @@ def test_length_distributions_parse_and_draw_within_their_bounds():
     )
     with pytest.raises(ValueError, match="lengths: expected N"):
         Lengths.parse("lognormal:x")
+
+
+def test_ferry_simulate_continuous_replays_a_chat_trace_and_writes_json(tmp_path, capsys):
+    from gateway.cli import main
+
+    trace = tmp_path / "chat.csv"
+    chat(rate=5, seconds=4).write(str(trace))
+    out = tmp_path / "run.json"
+    argv = [
+        "simulate",
+        "--mode",
+        "continuous",
+        "--model",
+        "llama-8b",
+        "--trace",
+        str(trace),
+        "--prefix-tokens",
+        "64",
+        "--workers",
+        "2",
+        "--quiet",
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "2 replicas of llama-8b on 1 x H100 SXM" in printed and "TTFT p50/p95/p99 ms" in printed
+    report = json.loads(out.read_text())
+    assert sum(report["by_tier"][t]["requests"] for t in ("paid", "free")) == len(chat(rate=5, seconds=4))
+    assert len(report["replicas"]) == 2 and report["steps"] > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--shape", "1,2,3"], "--shape: expected 7 positive integers"),
+        (["--prompt", "gaussian:1:2"], "lengths: expected fixed, uniform or lognormal"),
+        (["--gpus", "0"], "--gpus: expected 1..64"),
+        (["--wait-budget-ms", "1000"], "wait_budgets"),
+    ],
+)
+def test_ferry_simulate_continuous_refuses_bad_flags_by_name(flags, message, capsys):
+    from gateway.cli import main
+
+    assert main(["simulate", "--mode", "continuous", "--duration", "1", "--quiet", *flags]) == 2
+    assert message in capsys.readouterr().err

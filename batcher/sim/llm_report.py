@@ -103,8 +103,8 @@ class ContinuousReport:
     def table(self) -> str:
         ms = 1000.0
         lines = [
-            f"{'tier':<8}{'requests':>9}{'finished':>9}{'shed':>7}{'expired':>8}{'failed':>7}"
-            f"   TTFT p50/p95/p99 ms        TPOT p50/p95/p99 ms"
+            f"{'tier':<8}{'requests':>9}{'finished':>9}{'shed':>7}{'expired':>8}{'failed':>7}   "
+            + "TTFT p50/p95/p99 ms        TPOT p50/p95/p99 ms"
         ]
         for name, tier in self.by_tier.items():
             e = tier.ended

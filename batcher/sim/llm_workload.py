@@ -54,15 +54,14 @@ class Lengths:
     def parse(cls, text: str) -> Lengths:
         """``300`` (fixed), ``uniform:100:500`` or ``lognormal:300:1500``."""
         kind, _, rest = text.partition(":")
+        low, _, high = rest.partition(":")
         try:
-            if not rest:
-                return cls("fixed", int(kind), int(kind))
-            low, _, high = rest.partition(":")
-            return cls(kind, int(low), int(high))
+            bounds = (int(kind),) * 2 if not rest else (int(low), int(high))
         except ValueError:
             raise ValueError(
                 f"lengths: expected N, uniform:LOW:HIGH or lognormal:MEDIAN:P95, got {text!r}"
             ) from None
+        return cls("fixed" if not rest else kind, *bounds)
 
     def draw(self, count: int, rng: np.random.Generator) -> np.ndarray:
         if self.kind == "fixed":
