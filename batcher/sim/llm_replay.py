@@ -156,7 +156,12 @@ class Replayed:
 
 
 async def _drive(
-    pool: EnginePool, workload: Workload, prompts: Prompts, outcomes: Outcomes, done: trio.Event
+    pool: EnginePool,
+    workload: Workload,
+    prompts: Prompts,
+    outcomes: Outcomes,
+    done: trio.Event,
+    prefix_cache: bool,
 ) -> None:
     """Send each request at its time, a conversation's turn only once the previous has ended;
     set ``done`` once every request has ended."""
@@ -173,13 +178,8 @@ async def _drive(
             open_turns.add(conversation)
         answers[index] = []
         outcomes.sent[index] = trio.current_time()
-        job = Job(
-            "",
-            prompts.prompt(index),
-            int(workload.answer[index]),
-            workload.tiers[workload.tier[index]],
-            stream=True,
-        )
+        tier, tenant = workload.tiers[workload.tier[index]], "" if prefix_cache else str(index)
+        job = Job("", prompts.prompt(index), int(workload.answer[index]), tier, tenant, stream=True)
         pool.submit(job, lambda event: on_event(index, event))
 
     def on_event(index: int, event: object) -> None:
@@ -258,8 +258,11 @@ def replay(
     seed: int = 0,
     sample_every: float = 1.0,
     progress: Callable[[Progress], None] | None = None,
+    prefix_cache: bool = True,
 ) -> Replayed:
-    """Run ``workload`` to its end in virtual time (see the module doc)."""
+    """Run ``workload`` to its end in virtual time (see the module doc). ``prefix_cache=False``
+    gives every request a tenant of its own, which salts its blocks' hashes: no prompt hits
+    another's blocks, the cache is off as far as the traffic can tell."""
     if not len(workload):
         raise ValueError("replay: the workload has no request")
     if tuple(queue.tiers) != workload.tiers:
@@ -283,7 +286,7 @@ def replay(
                 nursery.start_soon(
                     _sample, spawn, model.workers, sample_every, kv_use, None if progress is None else tell
                 )
-                nursery.start_soon(_drive, pool, workload, prompts, outcomes, done)
+                nursery.start_soon(_drive, pool, workload, prompts, outcomes, done, prefix_cache)
                 await done.wait()
                 nursery.cancel_scope.cancel()
             return trio.current_time() - start, sum(pool.snapshot().stats.shed.values())
