@@ -15,10 +15,8 @@ the step budget is 200 + chunk tokens; "whole" is a budget that holds the whole 
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-
 from experiments.common import write
-from experiments.llm_common import Replica
+from experiments.llm_common import Replica, two_scales
 
 DECODERS, CONTEXT, LONG = 200, 2_000, 50_000
 CHUNKS = (256, 512, 1_024, 2_048, 4_096, 8_192, 16_384, LONG)
@@ -64,16 +62,17 @@ def main() -> None:
         "KV for few prompt tokens. Agrees with the claim: the decoders' worst TPOT falls about in proportion to "
         "the chunk, and the long request pays a TTFT that grows as chunks shrink, which this table prices."
     )
-    figure, left = plt.subplots(figsize=(7, 4))
-    labels = [str(r["chunk"]) for r in rows]
-    left.bar(labels, [r["worst TPOT ms"] for r in rows], color="tab:blue")
-    left.set_yscale("log")
-    left.set_xlabel("prefill chunk (tokens a step)")
-    left.set_ylabel("decoders' worst time per token, ms (log)", color="tab:blue")
-    right = left.twinx()
-    right.plot(labels, [r["long TTFT s"] for r in rows], "s--", color="tab:red")
-    right.set_ylabel("the long prompt's TTFT, s", color="tab:red")
-    left.set_title("A 50,000-token prompt joins 200 decoding sequences (70B, 8 x H100)")
+    figure = two_scales(
+        [str(r["chunk"]) for r in rows],
+        [r["worst TPOT ms"] for r in rows],
+        [r["long TTFT s"] for r in rows],
+        xlabel="prefill chunk (tokens a step)",
+        left_label="decoders' worst time per token, ms (log)",
+        right_label="the long prompt's TTFT, s",
+        title="A 50,000-token prompt joins 200 decoding sequences (70B, 8 x H100)",
+        bars=True,
+        log=True,
+    )
     write("llm_chunked_prefill", rows, figure, summary, "python -m experiments.llm_chunked_prefill")
 
 

@@ -9,6 +9,7 @@ experiments that need the pool and the router replay workloads through
 
 from __future__ import annotations
 
+from experiments.common import plt  # pyplot with the files-only backend
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS, CostModel
 from workers.engine.engine import Engine, StepOutput
@@ -54,3 +55,32 @@ class Replica:
     def decoding(self) -> bool:
         """Every sequence has its prompt computed (the next step is decodes only)."""
         return all(s.num_computed >= s.num_prompt for s in self.engine.scheduler.sequences.values())
+
+
+def two_scales(
+    x: list,
+    left: list,
+    right: list,
+    *,
+    xlabel: str,
+    left_label: str,
+    right_label: str,
+    title: str,
+    bars: bool = False,
+    log: bool = False,
+) -> plt.Figure:
+    """One figure, two y axes: ``left`` (bars, or a line) in blue and ``right`` (a line) in red."""
+    figure, axis = plt.subplots(figsize=(7, 4))
+    if bars:
+        axis.bar(x, left, color="tab:blue")
+    else:
+        axis.plot(x, left, "o-", color="tab:blue")
+    if log:
+        axis.set_yscale("log")
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(left_label, color="tab:blue")
+    other = axis.twinx()
+    other.plot(x, right, "s--", color="tab:red")
+    other.set_ylabel(right_label, color="tab:red")
+    axis.set_title(title)
+    return figure

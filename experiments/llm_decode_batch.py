@@ -15,10 +15,8 @@ really schedules (one token per running sequence, contexts growing by one a step
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-
 from experiments.common import write
-from experiments.llm_common import Replica
+from experiments.llm_common import Replica, two_scales
 
 CONTEXT = 2_000
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256)
@@ -63,15 +61,15 @@ def main() -> None:
         "step the arithmetic does not count (both are bandwidth upper bounds; a real engine loses some to "
         "scheduling, sampling and the all-reduce between GPUs)."
     )
-    figure, left = plt.subplots(figsize=(7, 4))
-    batches = [r["batch"] for r in rows]
-    left.plot(batches, [r["step ms"] for r in rows], "o-", color="tab:blue")
-    left.set_xlabel("sequences in the batch (contexts of 2,000 tokens)")
-    left.set_ylabel("decode step, ms", color="tab:blue")
-    right = left.twinx()
-    right.plot(batches, [r["tok/s replica"] for r in rows], "s--", color="tab:red")
-    right.set_ylabel("replica tokens/s", color="tab:red")
-    left.set_title("70B on 8 x H100: a decode step against batch size")
+    figure = two_scales(
+        [r["batch"] for r in rows],
+        [r["step ms"] for r in rows],
+        [r["tok/s replica"] for r in rows],
+        xlabel="sequences in the batch (contexts of 2,000 tokens)",
+        left_label="decode step, ms",
+        right_label="replica tokens/s",
+        title="70B on 8 x H100: a decode step against batch size",
+    )
     write("llm_decode_batch", rows, figure, summary, "python -m experiments.llm_decode_batch")
 
 

@@ -18,7 +18,6 @@ where the history of a conversation between its turns is evicted: the hit rate u
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 
 from batcher.config import ContinuousModelConfig, QueueConfig
@@ -28,7 +27,7 @@ from batcher.sim.llm_replay import FINISHED, replay
 from batcher.sim.llm_report import ContinuousReport
 from batcher.sim.llm_workload import Lengths, Workload
 from experiments.common import write
-from experiments.llm_common import KV_BLOCKS_70B, Replica
+from experiments.llm_common import KV_BLOCKS_70B, Replica, two_scales
 
 NEW, ANSWER, TURNS = 300, 450, 12
 HISTORY = (TURNS - 1) * (NEW + ANSWER)  # 8,250 tokens before the 12th turn's new ones
@@ -108,15 +107,16 @@ def main() -> None:
         f"{on['prefill tokens']:,}. Agrees. Under KV pressure the hit rate falls as the histories of "
         f"conversations between turns are evicted: {pressure}."
     )
-    figure, left = plt.subplots(figsize=(7, 4))
-    labels = [f"{r['prefix cache']}\n{r['KV blocks per replica']:,}" for r in rows]
-    left.bar(labels, [r["TTFT p50 ms"] for r in rows], color="tab:blue")
-    left.set_ylabel("TTFT p50, ms", color="tab:blue")
-    left.set_xlabel("prefix cache, KV blocks per replica")
-    right = left.twinx()
-    right.plot(labels, [r["hit %"] for r in rows], "s--", color="tab:red")
-    right.set_ylabel("prefix hit rate, %", color="tab:red")
-    left.set_title("Chat of 12 turns on two 70B replicas: prefix caching")
+    figure = two_scales(
+        [f"{r['prefix cache']}\n{r['KV blocks per replica']:,}" for r in rows],
+        [r["TTFT p50 ms"] for r in rows],
+        [r["hit %"] for r in rows],
+        xlabel="prefix cache, KV blocks per replica",
+        left_label="TTFT p50, ms",
+        right_label="prefix hit rate, %",
+        title="Chat of 12 turns on two 70B replicas: prefix caching",
+        bars=True,
+    )
     write("llm_prefix_chat", rows, figure, summary, "python -m experiments.llm_prefix_chat")
 
 

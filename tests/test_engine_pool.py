@@ -167,35 +167,48 @@ async def test_a_request_that_could_never_fit_one_replicas_cache_is_refused_nami
         )
 
 
+def place_streams_and_wholes(pool) -> tuple[list[Client], list[Client]]:
+    """Four streams and four whole answers, alternating between two replicas."""
+    streams = [Client() for _ in range(4)]
+    wholes = [Client() for _ in range(4)]
+    placed = [pool.submit(job(i, 600, stream=True), c) for i, c in enumerate(streams)]
+    placed += [pool.submit(job(10 + i, 120, stream=False), c) for i, c in enumerate(wholes)]
+    assert [t.replica for t in placed] == [0, 1, 0, 1, 0, 1, 0, 1]  # least queued tokens
+    return streams, wholes
+
+
+async def check_replica_0_lost(pool, streams: list[Client], wholes: list[Client]) -> None:
+    """Replica 0 died under :func:`place_streams_and_wholes`: its streams that showed text end
+    with an error saying what they had, and the whole answers all complete, unseen, as they
+    would have alone."""
+    for client in streams + wholes:
+        await client.done.wait()
+    for lost in streams[0::2]:
+        failed = lost.events[-1]
+        assert isinstance(failed, Failed) and isinstance(failed.error, ReplicaLost) and failed.retryable
+        assert failed.tokens_sent == lost.delivered == len(lost.text.encode()) > 0
+    for kept in streams[1::2]:
+        assert isinstance(kept.events[-1], Finished) and kept.delivered == 600
+    for index, whole in enumerate(wholes):  # replica 0's on replica 1
+        assert [type(e) for e in whole.events] == [Started, Delta, Finished]
+        solo = Client()
+        pool.submit(job(10 + index, 120, stream=False), solo)
+        await solo.done.wait()
+        assert whole.text == solo.text and len(whole.text) == 120
+    stats = pool.snapshot().stats
+    assert (stats.retries, stats.interrupted, stats.restarts) == (2, 2, 1)
+
+
 async def test_a_killed_engine_ends_its_streams_that_sent_text_and_reruns_the_rest_unseen_elsewhere(
     autojump_clock,
 ):
     async with engines(workers=2) as (pool, spawn):
-        streams = [Client() for _ in range(4)]
-        wholes = [Client() for _ in range(4)]
-        placed = [pool.submit(job(i, 600, stream=True), c) for i, c in enumerate(streams)]
-        placed += [pool.submit(job(10 + i, 120, stream=False), c) for i, c in enumerate(wholes)]
-        assert [t.replica for t in placed] == [0, 1, 0, 1, 0, 1, 0, 1]  # least queued tokens
+        streams, wholes = place_streams_and_wholes(pool)
         await trio.sleep(0.05)
         killed_at = trio.current_time()
         spawn.current(0).kill()
-        for client in streams + wholes:
-            await client.done.wait()
-        for lost in streams[0::2]:  # replica 0's streams: an error at once, saying what they had
-            failed = lost.events[-1]
-            assert isinstance(failed, Failed) and isinstance(failed.error, ReplicaLost) and failed.retryable
-            assert failed.tokens_sent == lost.delivered == len(lost.text.encode()) > 0
-            assert lost.ended == killed_at
-        for kept in streams[1::2]:
-            assert isinstance(kept.events[-1], Finished) and kept.delivered == 600
-        for index, whole in enumerate(wholes):  # all complete, replica 0's on replica 1
-            assert [type(e) for e in whole.events] == [Started, Delta, Finished]
-            solo = Client()
-            pool.submit(job(10 + index, 120, stream=False), solo)
-            await solo.done.wait()
-            assert whole.text == solo.text and len(whole.text) == 120
-        stats = pool.snapshot().stats
-        assert (stats.retries, stats.interrupted, stats.restarts) == (2, 2, 1)
+        await check_replica_0_lost(pool, streams, wholes)
+        assert all(lost.ended == killed_at for lost in streams[0::2])  # told at once
         assert len(spawn.spawned[0]) == 2 and len(spawn.spawned[1]) == 1
 
 

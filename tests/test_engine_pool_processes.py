@@ -15,15 +15,13 @@ import signal
 
 import trio
 
-from batcher.backend import Delta, Failed, Finished, Started
 from batcher.config import ContinuousModelConfig
 from batcher.continuous import open_engine_pool
 from batcher.engine_worker import EngineProcess
 from batcher.process_worker import process_workers
-from batcher.types import ReplicaLost
 from gateway.tokenizer import ByteTokenizer
 from tests.harness import KEY, ScriptedBackend, in_process, run, sse
-from tests.test_engine_pool import QUEUE, Client, job
+from tests.test_engine_pool import QUEUE, check_replica_0_lost, place_streams_and_wholes
 from tests.test_worker_processes import wait_for
 
 
@@ -43,30 +41,11 @@ def pids(pool) -> list[int]:
 
 async def test_a_killed_engine_ends_its_streams_that_sent_text_and_reruns_the_rest_unseen_elsewhere():
     async with engines(workers=2) as pool:
-        streams = [Client() for _ in range(4)]
-        wholes = [Client() for _ in range(4)]
-        placed = [pool.submit(job(i, 600, stream=True), c) for i, c in enumerate(streams)]
-        placed += [pool.submit(job(10 + i, 120, stream=False), c) for i, c in enumerate(wholes)]
-        assert [t.replica for t in placed] == [0, 1, 0, 1, 0, 1, 0, 1]  # least queued tokens
+        streams, wholes = place_streams_and_wholes(pool)
         await wait_for(lambda: all(c.delivered for c in streams))
         os.kill(pids(pool)[0], signal.SIGKILL)
         with trio.fail_after(30):
-            for client in streams + wholes:
-                await client.done.wait()
-        for lost in streams[0::2]:  # replica 0's streams: an error saying what they had
-            failed = lost.events[-1]
-            assert isinstance(failed, Failed) and isinstance(failed.error, ReplicaLost) and failed.retryable
-            assert failed.tokens_sent == lost.delivered == len(lost.text.encode()) > 0
-        for kept in streams[1::2]:
-            assert isinstance(kept.events[-1], Finished) and kept.delivered == 600
-        for index, whole in enumerate(wholes):  # all complete, replica 0's on replica 1
-            assert [type(e) for e in whole.events] == [Started, Delta, Finished]
-            alone = Client()
-            pool.submit(job(10 + index, 120, stream=False), alone)
-            await alone.done.wait()
-            assert whole.text == alone.text and len(whole.text) == 120
-        stats = pool.snapshot().stats
-        assert (stats.retries, stats.interrupted, stats.restarts) == (2, 2, 1)
+            await check_replica_0_lost(pool, streams, wholes)
 
 
 IN_PROCESS = """

@@ -31,6 +31,7 @@ from batcher.config import ContinuousModelConfig, QueueConfig
 from batcher.continuous import EnginePool, open_engine_pool
 from batcher.sim.engine_process import EngineSpec, SimulatedEngines
 from batcher.sim.llm_workload import Workload
+from batcher.sim.progress import Progress
 from batcher.types import Expired, Shed
 
 FIRST_ID = 0x10000  # ids as characters from here: past the surrogates for any vocabulary below 1 M
@@ -128,17 +129,6 @@ class Prompts:
     def _draw(self, kind: int, key: int, count: int) -> tuple[int, ...]:
         rng = np.random.default_rng((self._seed, kind, key))
         return tuple(rng.integers(3, self._vocab, count).tolist())  # 0..2: special ids
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Progress:
-    """Where a long replay stands (handed to the ``progress`` callback)."""
-
-    virtual_seconds: float
-    trace_seconds: float
-    ended: int
-    total: int
-    cpu_seconds: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,9 +23,10 @@ import sys
 from batcher.config import ContinuousModelConfig, QueueConfig
 from batcher.sim.arrivals import bursty, poisson
 from batcher.sim.engine_process import EngineSpec
-from batcher.sim.llm_replay import Progress, replay
+from batcher.sim.llm_replay import replay
 from batcher.sim.llm_report import ContinuousReport
 from batcher.sim.llm_workload import Lengths, Workload
+from batcher.sim.progress import Progress, print_progress
 from workers.engine.cost_model import (
     A100,
     H100,
@@ -146,16 +147,6 @@ def workload_from_args(args: argparse.Namespace, tiers: tuple[str, ...]) -> Work
         prefixes=args.prefixes,
         prefix_tokens=args.prefix_tokens,
         seed=args.seed,
-    )
-
-
-def print_progress(state: Progress) -> None:
-    rate = state.ended / state.cpu_seconds if state.cpu_seconds > 0 else 0.0
-    print(
-        f"  {state.virtual_seconds:,.0f} of {state.trace_seconds:,.0f} virtual s, {state.ended:,} of "
-        f"{state.total:,} requests ended, {rate:,.0f} per CPU s",
-        file=sys.stderr,
-        flush=True,
     )
 
 

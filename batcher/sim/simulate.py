@@ -37,6 +37,7 @@ from batcher.fixed import open_batcher
 from batcher.policy import POLICIES, make_policy
 from batcher.sim import llm_simulate
 from batcher.sim.arrivals import Trace, bursty, poisson
+from batcher.sim.progress import Progress, print_progress
 from batcher.sim.replay import Replay, ReplayBatcher
 from batcher.sim.report import Recorder, Report, Samples
 from batcher.sim.workers import SimulatedWorker, linear
@@ -108,17 +109,6 @@ class Simulation:
             "wall_seconds": self.wall_seconds,
             "requests_per_cpu_second": self.requests_per_cpu_second,
         }
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Progress:
-    """Where a long run stands, handed to the ``progress`` callback every so many virtual seconds."""
-
-    virtual_seconds: float
-    trace_seconds: float
-    ended: int
-    total: int
-    cpu_seconds: float
 
 
 class _Fleet:
@@ -193,18 +183,6 @@ async def _tell_progress(
         await trio.sleep(every)
         now = trio.current_time() - start
         progress(Progress(now, span, recorder.ended, total, time.process_time() - cpu))
-
-
-def print_progress(state: Progress) -> None:
-    """A one-line progress report on stderr (``ferry simulate`` uses it on long runs)."""
-    share = state.ended / state.total
-    rate = state.ended / state.cpu_seconds if state.cpu_seconds > 0 else 0.0
-    print(
-        f"  {state.virtual_seconds:,.0f} of {state.trace_seconds:,.0f} virtual s, "
-        f"{state.ended:,} of {state.total:,} requests ended ({share:.0%}), {rate:,.0f} per CPU s",
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
