@@ -49,14 +49,6 @@ def test_an_overloaded_chat_replay_ends_every_request_exactly_once_and_frees_eve
     assert sum(r["prefix_hits"] for r in run.replicas) > 0
 
 
-def test_the_same_seed_replays_the_same_run():
-    workload = chat(rate=20, seconds=3)
-    queue = QueueConfig(wait_budgets=(5.0, 1.0))
-    first, second = (replay(workload, MODEL, queue, EngineSpec.of(MODEL)) for _ in range(2))
-    assert np.array_equal(first.outcomes.end, second.outcomes.end, equal_nan=True)
-    assert first.replicas == second.replicas
-
-
 def test_a_conversations_next_prompt_is_its_history_then_its_new_tokens():
     workload = Workload(
         np.array([0.0, 1.0, 2.0]),
