@@ -199,9 +199,11 @@ async def _drive(
         with trio.move_on_at(due):
             await wake[0].wait()
         wake[0] = trio.Event()
-        for index in sorted(ready):  # not in the order trio happened to run their ends
-            send(index)
-        ready.clear()
+        while ready:  # a turn shed at once readies the next turn of its conversation
+            turns = sorted(ready)  # not in the order trio happened to run their ends
+            ready.clear()
+            for index in turns:
+                send(index)
         now = trio.current_time()
         while following < len(workload) and start + workload.times[following] <= now:
             conversation = int(workload.conversation[following])
@@ -254,10 +256,13 @@ def replay(
     sample_every: float = 1.0,
     progress: Callable[[Progress], None] | None = None,
     prefix_cache: bool = True,
+    drain: float = 3600.0,
 ) -> Replayed:
     """Run ``workload`` to its end in virtual time (see the module doc). ``prefix_cache=False``
     gives every request a tenant of its own, which salts its blocks' hashes: no prompt hits
-    another's blocks, the cache is off as far as the traffic can tell."""
+    another's blocks, the cache is off as far as the traffic can tell. A run with requests still
+    open ``drain`` virtual seconds after the last arrival stops with RuntimeError: the pool's
+    deadlines end every request, so that is a bug, not a long run."""
     if not len(workload):
         raise ValueError("replay: the workload has no request")
     if tuple(queue.tiers) != workload.tiers:
@@ -282,11 +287,17 @@ def replay(
                     _sample, spawn, model.workers, sample_every, kv_use, None if progress is None else tell
                 )
                 nursery.start_soon(_drive, pool, workload, prompts, outcomes, done, prefix_cache)
-                await done.wait()
+                with trio.move_on_at(start + span + drain):
+                    await done.wait()
                 nursery.cancel_scope.cancel()
             return trio.current_time() - start, sum(pool.snapshot().stats.shed.values())
 
     virtual, shed = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    if outcomes.ended < len(workload):
+        raise RuntimeError(
+            f"replay: {len(workload) - outcomes.ended} requests had not ended {drain:g} virtual s "
+            "after the last arrival"
+        )
     kv = np.asarray(kv_use) if kv_use else np.zeros((0, model.workers))
     used = [spawn.current(slot).engine.scheduler.blocks.num_used for slot in range(model.workers)]
     return Replayed(
