@@ -51,15 +51,21 @@ def main() -> None:
     whole, small = rows[-1], next(r for r in rows if r["chunk"] == 512)
     tiny = rows[0]
     summary = (
-        f"200 sequences decode at ~{small['decode step before ms']} ms a step (a little more with small budgets: "
-        f"their setup took longer, so their contexts grew); a {LONG:,}-token prompt arrives. Whole, its prefill is "
-        f"one step of {whole['worst TPOT ms']:,} ms and every stream freezes that long (the claim: hundreds of "
+        f"200 sequences decode at ~{small['decode step before ms']} ms a step (a little more with small "
+        "budgets: "
+        f"their setup took longer, so their contexts grew); a {LONG:,}-token prompt arrives. Whole, its "
+        "prefill is "
+        f"one step of {whole['worst TPOT ms']:,} ms and every stream freezes that long (the claim: "
+        "hundreds of "
         "milliseconds; it is more here because the attention of 50,000 tokens over one another adds to the "
-        f"2 x 70 B FLOPs a token). Chunked at 512, no step is longer than {small['worst TPOT ms']} ms, and the long "
+        f"2 x 70 B FLOPs a token). Chunked at 512, no step is longer than {small['worst TPOT ms']} ms, and "
+        "the long "
         f"request's first token comes after {small['long TTFT s']} s instead of {whole['long TTFT s']} s "
         f"(+{small['long TTFT s'] / whole['long TTFT s'] - 1:.0%}); at {tiny['chunk']}, "
-        f"+{tiny['long TTFT s'] / whole['long TTFT s'] - 1:.0%}: every step re-reads the weights and 200 contexts of "
-        "KV for few prompt tokens. Agrees with the claim: the decoders' worst TPOT falls about in proportion to "
+        f"+{tiny['long TTFT s'] / whole['long TTFT s'] - 1:.0%}: every step re-reads the weights and 200 "
+        "contexts of "
+        "KV for few prompt tokens. Agrees with the claim: the decoders' worst TPOT falls about in "
+        "proportion to "
         "the chunk, and the long request pays a TTFT that grows as chunks shrink, which this table prices."
     )
     figure = two_scales(

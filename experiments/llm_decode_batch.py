@@ -53,11 +53,15 @@ def main() -> None:
         )
     one, full = rows[0], rows[-1]
     summary = (
-        f"Decode step of 70B on 8 x H100 at contexts of ~{CONTEXT:,} tokens, the production scheduler over the cost "
+        f"Decode step of 70B on 8 x H100 at contexts of ~{CONTEXT:,} tokens, the production scheduler over "
+        "the cost "
         f"model. Batch 1: {one['step ms']} ms, {one['tok/s replica']} tokens/s (the claim: ~5.2 ms, ~190). "
-        f"Batch 256: {full['step ms']} ms, {full['tok/s per user']} tokens/s per user and {full['tok/s replica']:,} "
-        f"for the replica (the claim: ~11.5 ms, ~87 and ~22,000): {full['tok/s replica'] / one['tok/s replica']:.0f} "
-        f"times the throughput for {full['step ms'] / one['step ms']:.1f} times the step. Agrees: the engine adds no "
+        f"Batch 256: {full['step ms']} ms, {full['tok/s per user']} tokens/s per user and "
+        f"{full['tok/s replica']:,} "
+        "for the replica (the claim: ~11.5 ms, ~87 and ~22,000): "
+        f"{full['tok/s replica'] / one['tok/s replica']:.0f} "
+        f"times the throughput for {full['step ms'] / one['step ms']:.1f} times the step. Agrees: the "
+        "engine adds no "
         "step the arithmetic does not count (both are bandwidth upper bounds; a real engine loses some to "
         "scheduling, sampling and the all-reduce between GPUs)."
     )

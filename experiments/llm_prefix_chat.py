@@ -98,12 +98,16 @@ def main() -> None:
     off, on = rows[0], rows[1]
     pressure = ", ".join(f"{r['hit %']:.0f}% at {r['KV blocks per replica']:,} blocks" for r in rows[2:])
     summary = (
-        f"The 12th turn alone ({HISTORY + NEW:,} prompt tokens, {NEW} new): first token after {cold * 1000:,.0f} ms "
-        f"without the cache, {warm * 1000:,.1f} ms with it (the claim: ~0.3 s at 500 TFLOP/s a GPU, ~10 ms; here "
-        f"the cost model's 989 TFLOP/s and the attention over the history give these). Through the router and pool "
+        f"The 12th turn alone ({HISTORY + NEW:,} prompt tokens, {NEW} new): first token after "
+        f"{cold * 1000:,.0f} ms "
+        f"without the cache, {warm * 1000:,.1f} ms with it (the claim: ~0.3 s at 500 TFLOP/s a GPU, ~10 "
+        "ms; here "
+        "the cost model's 989 TFLOP/s and the attention over the history give these). Through the router "
+        "and pool "
         f"at {RATE:g} turns/s on two replicas: TTFT p50 {off['TTFT p50 ms']} ms without the cache, "
         f"{on['TTFT p50 ms']} ms with it (p95 {off['TTFT p95 ms']} against {on['TTFT p95 ms']}), hit rate "
-        f"{on['hit %']:.0f}%; the prompt tokens the replicas prefilled fall from {off['prefill tokens']:,} to "
+        f"{on['hit %']:.0f}%; the prompt tokens the replicas prefilled fall from {off['prefill tokens']:,} "
+        "to "
         f"{on['prefill tokens']:,}. Agrees. Under KV pressure the hit rate falls as the histories of "
         f"conversations between turns are evicted: {pressure}."
     )
