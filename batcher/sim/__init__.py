@@ -1,7 +1,10 @@
-"""Virtual-time replay of the production scheduler (no branch for it there): arrivals, load drivers, trace
-replay, simulated workers, reports and ``ferry simulate``.
+"""Virtual-time replay of the production scheduler (no branch for it there): arrivals, load drivers,
+trace replay, simulated workers and engines, reports and ``ferry simulate``.
 
 Nothing in the production core imports this package: it drives the real
 :class:`~batcher.fixed.Batcher` and :class:`~batcher.pool.WorkerPool` from the outside, with
-in-process :class:`~batcher.sim.workers.SimulatedWorker`\\ s under ``trio.testing.MockClock``.
+in-process :class:`~batcher.sim.workers.SimulatedWorker`\\ s, and the real
+:class:`~batcher.continuous.EnginePool` with in-process
+:class:`~batcher.sim.engine_process.SimulatedEngine`\\ s (the real engine scheduler over priced
+steps), all under ``trio.testing.MockClock``.
 """

@@ -35,7 +35,9 @@ import trio.testing
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import open_batcher
 from batcher.policy import POLICIES, make_policy
+from batcher.sim import llm_simulate
 from batcher.sim.arrivals import Trace, bursty, poisson
+from batcher.sim.progress import Progress, print_progress
 from batcher.sim.replay import Replay, ReplayBatcher
 from batcher.sim.report import Recorder, Report, Samples
 from batcher.sim.workers import SimulatedWorker, linear
@@ -107,17 +109,6 @@ class Simulation:
             "wall_seconds": self.wall_seconds,
             "requests_per_cpu_second": self.requests_per_cpu_second,
         }
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Progress:
-    """Where a long run stands, handed to the ``progress`` callback every so many virtual seconds."""
-
-    virtual_seconds: float
-    trace_seconds: float
-    ended: int
-    total: int
-    cpu_seconds: float
 
 
 class _SeededSpawner:
@@ -195,22 +186,12 @@ async def _tell_progress(
         progress(Progress(now, span, recorder.ended, total, time.process_time() - cpu))
 
 
-def print_progress(state: Progress) -> None:
-    """A one-line progress report on stderr (``ferry simulate`` uses it on long runs)."""
-    share = state.ended / state.total
-    rate = state.ended / state.cpu_seconds if state.cpu_seconds > 0 else 0.0
-    print(
-        f"  {state.virtual_seconds:,.0f} of {state.trace_seconds:,.0f} virtual s, "
-        f"{state.ended:,} of {state.total:,} requests ended ({share:.0%}), {rate:,.0f} per CPU s",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``ferry simulate``."""
+    """The flags of ``ferry simulate``: the fixed mode's, then the continuous mode's."""
+    parser.add_argument("--mode", choices=["fixed", "continuous"], default="fixed",
+                        help="fixed batches (default) or continuous LLM engines")
     arrivals = parser.add_argument_group("arrivals (Poisson unless --burst or --trace)")
-    arrivals.add_argument("--rate", type=float, default=2000.0, help="requests per second (default 2000)")
+    arrivals.add_argument("--rate", type=float, help="requests per second (default 2000; continuous: 20)")
     arrivals.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals (default 60)")
     arrivals.add_argument("--burst", metavar="PEAK,ON,OFF", help="on/off: OFF s at --rate, then ON s at PEAK/s, ...")
     arrivals.add_argument("--trace", metavar="CSV", help="replay timestamp,tier[,deadline] rows")
@@ -220,7 +201,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     policy.add_argument("--policy", default="size_or_timeout", choices=sorted(POLICIES))
     policy.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="policy parameter, repeatable")
     fleet = parser.add_argument_group("workers")
-    fleet.add_argument("--workers", type=int, default=8)
+    fleet.add_argument("--workers", type=int, help="workers (default 8), or continuous replicas (default 2)")
     fleet.add_argument("--service-ms", type=float, default=200.0, help="fixed cost of a call (default 200)")
     fleet.add_argument("--per-input-ms", type=float, default=0.0, help="added cost per input in the batch")
     fleet.add_argument("--jitter", type=float, default=0.0, help="each call x U(1-J, 1+J)")
@@ -231,6 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the run as JSON")
     parser.add_argument("--progress-every", type=float, default=300.0, metavar="S", help="virtual seconds between progress lines")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    llm_simulate.add_arguments(parser)
 
 
 def _param(text: str) -> tuple[str, Any]:
@@ -248,6 +230,7 @@ def _param(text: str) -> tuple[str, Any]:
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The scenario the flags of :func:`add_arguments` describe; ValueError names a bad flag."""
     queue = QueueConfig()
+    rate = 2000.0 if args.rate is None else args.rate
     shares = {"paid": args.paid_share, "free": 1.0 - args.paid_share}
     budget = None if args.deadline_ms is None else args.deadline_ms / 1000
     if args.trace:
@@ -257,9 +240,9 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
             peak, on, off = (float(part) for part in args.burst.split(","))
         except ValueError:
             raise ValueError(f"--burst: expected PEAK,ON,OFF, got {args.burst!r}") from None
-        trace = Trace.of(bursty(args.rate, peak, on, off, args.duration, args.seed), shares, args.seed, budget)
+        trace = Trace.of(bursty(rate, peak, on, off, args.duration, args.seed), shares, args.seed, budget)
     else:
-        trace = Trace.of(poisson(args.rate, args.duration, args.seed), shares, args.seed, budget)
+        trace = Trace.of(poisson(rate, args.duration, args.seed), shares, args.seed, budget)
     params = dict(_param(text) for text in args.param)
     if args.policy == "slack_driven":  # unless told otherwise, it plans with the simulated call's cost
         params.setdefault("service_time", (args.service_ms + args.per_input_ms * params.get("max_batch", 50)) / 1000)
@@ -267,7 +250,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         trace,
         policy=args.policy,
         params=params,
-        workers=args.workers,
+        workers=8 if args.workers is None else args.workers,
         service=Service(args.service_ms / 1000, args.per_input_ms / 1000, args.jitter),
         faults=FaultPlan(crash_prob=args.crash_prob, hang_prob=args.hang_prob, seed=args.seed),
         queue=queue,
@@ -279,6 +262,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
 
 def main(args: argparse.Namespace) -> int:
     """``ferry simulate``: run one scenario, print its table, optionally write JSON."""
+    if args.mode == "continuous":
+        return llm_simulate.main(args)
     try:
         scenario = scenario_from_args(args)
         make_policy(scenario.policy, **scenario.params)

@@ -105,6 +105,8 @@ class CostModel:
 
 
 H100 = Hardware("H100 SXM", bandwidth=3.35e12, flops=989e12)
+H200 = Hardware("H200 SXM", bandwidth=4.8e12, flops=989e12)
+A100 = Hardware("A100 SXM 80GB", bandwidth=2.039e12, flops=312e12)
 
 LLAMA_70B = ModelShape(
     "llama-70b",
@@ -117,6 +119,10 @@ LLAMA_70B = ModelShape(
     vocab=128256,
     stated_params=70_000_000_000,
 )  # the shape of Llama 3 70B, priced as a round 70B, 16-bit
+
+LLAMA_8B = ModelShape(
+    "llama-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, vocab=128256
+)  # Llama 3 8B: 8.03 B parameters, 128 KiB of KV a token
 
 SMOLLM2_135M = ModelShape(
     "smollm2-135m",

@@ -169,18 +169,27 @@ def handle(engine: Engine, message: Message) -> None:
         raise ProtocolError(f"add {message.rid} refused: {exc}") from None
 
 
-def step_frames(output: StepOutput) -> list[bytes]:
+def step_messages(output: StepOutput) -> list[Tokens | SequenceFinished]:
     """A step's frames: every new token, then every sequence that ended (its last token first).
 
     A stop token (end-of-sequence, or one of the request's stop ids) is not sent: it is not text,
     and ``finished`` counts it in the usage. Leaving it out here, where the step is known, keeps
-    the pool from having to tell a stop id from text by where a frame falls in what it read.
+    the pool from having to tell a stop id from text by where a frame falls in what it read. The
+    simulated engine process of ``batcher.sim`` hands these same messages to the pool unencoded.
     """
     stopped = {done.rid for done in output.finished if done.reason in STOPS}
-    frames = [encode(Tokens(rid=rid, ids=[token])) for rid, token in output.tokens.items() if rid not in stopped]
+    messages: list[Tokens | SequenceFinished] = [
+        Tokens(rid=rid, ids=[token]) for rid, token in output.tokens.items() if rid not in stopped
+    ]
     for done in output.finished:
         usage = Usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
-        frames.append(encode(SequenceFinished(rid=done.rid, reason=done.reason.value, usage=usage)))
+        messages.append(SequenceFinished(rid=done.rid, reason=done.reason.value, usage=usage))
+    return messages
+
+
+def step_frames(output: StepOutput) -> list[bytes]:
+    """:func:`step_messages` encoded; a sequence too long for the cache is explained on stderr."""
+    for done in output.finished:
         if done.detail:
             print(f"engine worker: rid {done.rid} {done.reason.value}: {done.detail}", file=sys.stderr)
-    return frames
+    return [encode(message) for message in step_messages(output)]

@@ -1,0 +1,102 @@
+"""Experiment: the fleet of 70B replicas (8 x H100 each) for 500 requests/s of 1,500 prompt and
+300 answer tokens, TTFT p95 under 1 s and TPOT p95 under 50 ms, against the arithmetic estimate.
+
+The estimate: decode needs 500 x 300 = 150,000 tokens/s; at a benchmarked 9,000 tokens/s a
+replica within the TPOT target that is ~17 replicas, 136 GPUs. Prefill needs 500 x 1,500 =
+750,000 tokens/s, 2 x 70 B FLOPs each, ~1.05 x 10^17 FLOP/s: at 50 % of an H100's 989 TFLOP/s,
+~212 GPUs. Together ~350 GPUs, ~456 with 30 % headroom for bursts and failures.
+
+Here one replica (prefill and decode together, chunked, the production scheduler and pool over
+the cost model) is driven at rising Poisson rates; the highest rate that meets both targets is
+its capacity, and the fleet is 500 over that (the router spreads arrivals over identical
+replicas, and a pool of them does at least as well as each alone at its share).
+
+    python -m experiments.llm_fleet
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from batcher.config import ContinuousModelConfig, QueueConfig
+from batcher.sim.arrivals import poisson
+from batcher.sim.engine_process import EngineSpec
+from batcher.sim.llm_replay import FINISHED, replay
+from batcher.sim.llm_workload import Lengths, Workload
+from experiments.common import write
+from experiments.llm_common import KV_BLOCKS_70B, two_scales
+
+RATES = (16, 20, 24, 28, 32, 36)
+SECONDS, LOAD, TTFT, TPOT = 30.0, 500, 1.0, 0.050
+
+
+def run(rate: float) -> dict:
+    model = ContinuousModelConfig(
+        name="sim@1",
+        simulated="llama-70b",
+        workers=1,
+        num_blocks=KV_BLOCKS_70B,
+        max_batch_tokens=2048,
+        max_seqs=256,
+    )
+    workload = Workload.synthetic(
+        poisson(rate, SECONDS, 5),
+        {"paid": 1.0},
+        Lengths("fixed", 1500, 1500),
+        Lengths("fixed", 300, 300),
+        seed=5,
+    )
+    result = replay(workload, model, QueueConfig(tiers=("paid",), wait_budgets=(60.0,)), EngineSpec.of(model))
+    out = result.outcomes
+    done = out.outcome == FINISHED
+    ttft = (out.first - out.sent)[done]
+    tpot = ((out.end - out.first) / (out.tokens - 1))[done]
+    p95 = float(np.percentile(ttft, 95)), float(np.percentile(tpot, 95))
+    return {
+        "req/s": rate,
+        "TTFT p95 ms": round(p95[0] * 1000, 1),
+        "TPOT p95 ms": round(p95[1] * 1000, 1),
+        "meets both": p95[0] < TTFT and p95[1] < TPOT,
+        "tok/s": round(result.replicas[0]["generated_tokens"] / result.virtual_seconds),
+        "CPU s": round(result.cpu_seconds, 1),
+    }
+
+
+def main() -> None:
+    rows = [run(rate) for rate in RATES]
+    meeting = [r["req/s"] for r in rows if r["meets both"]]
+    capacity = max(meeting) if meeting else float("nan")
+    replicas = math.ceil(LOAD / capacity) if meeting else 0
+    top = max(rows, key=lambda r: r["tok/s"])
+    prefill = capacity * 1500 * 2 * 70e9 / (8 * 989e12)  # share of a replica's peak FLOP/s its prefill takes
+    summary = (
+        f"One replica meets TTFT p95 < 1 s and TPOT p95 < 50 ms up to {capacity} req/s of the rates tried, "
+        "so "
+        f"{LOAD} req/s takes {replicas} replicas, {8 * replicas} GPUs ({math.ceil(1.3 * replicas) * 8} "
+        "with 30 % "
+        f"headroom), against the estimate's ~350 (456). A saturated replica makes ~{top['tok/s']:,} "
+        "tokens/s, close "
+        "to the 9,000 the estimate assumes for decode, but what saturates it is prefill: at "
+        f"{capacity} req/s the prompts alone take {prefill:.0%} of its peak FLOP/s. The estimate prices "
+        "prefill at "
+        "50 % of peak on GPUs of their own (212), twice what the cost model's roofline needs, and adds "
+        "separate "
+        "decode GPUs (136), while a colocated replica runs its decodes inside the same compute-bound steps. "
+        "Disagrees, as a roofline must: plan with measured speeds (a cost model fitted to the real engine)."
+    )
+    figure = two_scales(
+        [r["req/s"] for r in rows],
+        [r["TTFT p95 ms"] for r in rows],
+        [r["TPOT p95 ms"] for r in rows],
+        xlabel="requests/s on one 70B replica",
+        left_label="TTFT p95, ms",
+        right_label="TPOT p95, ms",
+        title="One 70B replica, 1,500 prompt + 300 answer tokens",
+    )
+    write("llm_fleet", rows, figure, summary, "python -m experiments.llm_fleet")
+
+
+if __name__ == "__main__":
+    main()
