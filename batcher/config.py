@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 
 from batcher.policy import POLICIES, Policy, make_policy
 
@@ -103,11 +104,21 @@ class ModelConfig:
     context_window: int = 8192
     tokenizer: str = "bytes"
     chat_template: str = "labelled"
+    python: str = ""  # the interpreter its workers run under (a virtualenv's); '' is the gateway's own
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "name", "a model name", self.name)
         _require(1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window)
+        if self.python:
+            path = os.path.expanduser(self.python)
+            _require(os.path.isfile(path) and os.access(path, os.X_OK), "python",
+                     f"an executable Python interpreter for model {self.name!r}'s workers", self.python)
         self._check_files()
+
+    @property
+    def interpreter(self) -> str:
+        """The Python its worker processes run: :attr:`python`, else the gateway's own."""
+        return os.path.expanduser(self.python) if self.python else sys.executable
 
     def _check_files(self) -> None:
         """The tokenizer and template files named exist (a continuous model converted at start
@@ -160,6 +171,9 @@ CONVERTED = ("smollm2-135m",)
 """Model names ``ferry serve`` converts once from an installed GGUF (workers/engine/convert.py)."""
 SIMULATED = ("llama-70b", "smollm2-135m")  # workers/engine/cost_model.py: PRESETS
 DTYPES = ("float32", "bfloat16")
+ENGINES = ("ferry", "vllm")
+"""Who runs a continuous model's steps: ferry's own engine, or vLLM's (``workers/vllm_engine.py``,
+under an interpreter that has vLLM: its own virtualenv, named by ``python``)."""
 
 
 def converted_dir(name: str) -> str:
@@ -197,6 +211,7 @@ class ContinuousModelConfig(ModelConfig):
     stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
     max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
     temperature: float = 1.0  # of a request that names none (the Messages API's default); 0: greedy
+    engine: str = "ferry"  # a name in ENGINES
 
     def __post_init__(self) -> None:
         _require(bool(self.model) != bool(self.simulated), "model", "a model (or simulated), not both",
@@ -226,6 +241,8 @@ class ContinuousModelConfig(ModelConfig):
         _require(self.affinity_bound >= 0, "affinity_bound", "tokens >= 0", self.affinity_bound)
         _require(0 < self.stats_timeout_ms < math.inf, "stats_timeout_ms", "milliseconds > 0", self.stats_timeout_ms)
         _require(0.0 <= self.temperature <= 1.0, "temperature", "a number in 0..1", self.temperature)
+        _require(self.engine in ENGINES, "engine", f"one of {list(ENGINES)}", self.engine)
+        _require(self.engine == "ferry" or not self.simulated, "engine", "'ferry' for a simulated model", self.engine)
         self.pool()  # checks workers and max_attempts with the pool's own rules
 
     @property
@@ -258,7 +275,10 @@ class ContinuousModelConfig(ModelConfig):
             if self.tokenizer == "bytes":
                 argv += ["--sim-vocab", "128"]  # ASCII: one character a token
         else:
-            argv = ["engine", "--model", self.model_dir, "--dtype", self.dtype]
+            kind = "engine" if self.engine == "ferry" else "vllm-engine"
+            argv = [kind, "--model", self.model_dir, "--dtype", self.dtype]
+            if self.engine == "vllm":
+                argv += ["--max-model-len", str(self.context_window)]
         argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),
                  "--max-seqs", str(self.max_seqs), "--model-version", self.name]
         if self.num_blocks:

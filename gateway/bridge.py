@@ -45,7 +45,7 @@ import trio
 from batcher.backend import TERMINAL_EVENTS, Backend, Event, Failed, Job, Snapshot
 from batcher.config import ContinuousModelConfig, FixedModelConfig, ModelConfig, QueueConfig
 from batcher.continuous import open_engine_pool
-from batcher.engine_worker import EngineProcess, convert_once
+from batcher.engine_worker import EngineProcess, check_interpreter, convert_once
 from batcher.fixed import open_batcher
 from batcher.fleet import Fleet, Launch
 from batcher.process_worker import process_workers
@@ -381,7 +381,7 @@ def open_backend(model: ModelConfig, queue: QueueConfig) -> AbstractAsyncContext
         return _open_engines(model, queue)
     if not isinstance(model, FixedModelConfig):
         raise ValueError(f"model {model.name!r}: mode {model.mode!r} has no backend yet")
-    spawn = process_workers(model.worker, model.workers)
+    spawn = process_workers(model.worker, model.workers, python=model.interpreter)
     tokens = make_tokenizer(model.tokenizer).count
     return open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokens)
 
@@ -389,6 +389,7 @@ def open_backend(model: ModelConfig, queue: QueueConfig) -> AbstractAsyncContext
 @contextlib.asynccontextmanager
 async def _open_engines(model: ContinuousModelConfig, queue: QueueConfig) -> AsyncIterator[Backend]:
     await convert_once(model)  # before the tokenizer is read: the conversion writes it
-    spawn = process_workers(model.engine_argv(), model.workers, kind=EngineProcess)
+    await check_interpreter(model)
+    spawn = process_workers(model.engine_argv(), model.workers, kind=EngineProcess, python=model.interpreter)
     async with open_engine_pool(model, queue, spawn, make_tokenizer(model.tokenizer)) as pool:
         yield pool
