@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/ferry serve
 
-# pytest exits 5 when it collects no test: that is not a failure of the suite.
-test: $(STAMP)
+# pytest exits 5 when it collects no test: that is not a failure of the suite. vLLM's virtualenv is
+# built first, so that the tests of `engine = "vllm"` (tests/test_vllm_engine.py) run rather than skip.
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest; status=$$?; [ $$status -eq 5 ] && exit 0; exit $$status
 
 # vLLM's engine for models with `engine = "vllm"`, in its own virtualenv: it pins versions that

@@ -175,6 +175,9 @@ class VllmEngine:
 
     def stats(self) -> EngineStats:
         fields, usage = read_metrics(self.engine.get_metrics())
+        if not self.live:  # vLLM's gauges are from its last step; an abort since then freed what it held
+            fields.update(running=0, waiting=0)
+            usage = 0.0
         used = min(self.total_blocks, round(usage * self.total_blocks))
         queued = sum(s.prompt_tokens * (s.shown == 0) + s.max_tokens - 1 - s.shown for s in self.live.values())
         return EngineStats(step=self.steps, queued_tokens=max(0, queued), free_blocks=self.total_blocks - used,
