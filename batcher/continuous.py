@@ -14,9 +14,12 @@ One replica per GPU, each an engine worker (``python -m workers engine``) kept a
 **Queues on the gateway side.** Each replica has tier queues in the pool (paid first, FIFO, with
 the fixed mode's aging); its engine gets a job only while it has room for it now: fewer than
 ``max_seqs`` sequences, less than :data:`PREFILL_STEPS` steps' token budget of prompt not yet
-prefilled, and free KV blocks by its last report. So a job waits in the pool, where its deadline (its tier's wait
-budget, or the job's own) can still pass: it then gets 529 :class:`~batcher.types.Expired`
-before it has cost a prefill. Once sent, a job runs to its end.
+prefilled, and free KV blocks by its last report. So a job waits in the pool. **Admission fails
+fast**: the tier's wait budget is judged at arrival, where a job the estimate says cannot start
+within it gets 529 with its Retry-After at once; an admitted job then waits until it starts,
+never failing for having waited its budget (only a job's own deadline, or the queue's 30 s
+backstop, can pass in the queue: 529 :class:`~batcher.types.Expired` before it has cost a
+prefill). Once sent, a job runs to its end.
 
 **Routing** happens at arrival (:mod:`batcher.router`): the load of a replica is the tokens it
 still owes its jobs, queued here or running there; the prefix is the request's block hashes.
@@ -84,6 +87,7 @@ class EnginePool:
         self.router = Router([0] * config.workers, config.affinity_bound)
         self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
         self._queued = [0] * len(queue.tiers)  # tokens waiting in the replicas' tier queues, by tier
+        self._prompts = [0] * len(queue.tiers)  # the prompt tokens of those: prefilled before they start
         self._rids = itertools.count(1)
         self._ids = itertools.count(1)
         self._wakeup = trio.Event()
@@ -94,7 +98,7 @@ class EnginePool:
         """Route and queue a job, or fail it at once: too large (400) or shed (529)."""
         now = trio.current_time()
         tier = len(self.queue_config.tiers) - 1 if job.tier is None else self.queue_config.tier_index(job.tier)
-        wait = job.deadline if job.deadline is not None else self.queue_config.deadline(tier)
+        wait = job.deadline if job.deadline is not None else self._patience(tier)
         hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
         ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
         error = self._too_large(job)
@@ -128,10 +132,17 @@ class EnginePool:
             r.owe(ticket, 0)
 
     def load(self) -> TokenLoad:
-        """Queued tokens per tier against the fleet's measured rate (DESIGN §8)."""
-        rate = sum(r.computed.value for r in self._replicas if r.up)
+        """When a queued job would start: the prompt tokens queued per tier, less what the engines
+        take at once (a job is sent while its engine has seats, KV and under
+        :data:`PREFILL_STEPS` steps of prompt), against the rate at which they prefill: each
+        engine's measured token rate, less the share of its step budget its decodes take."""
+        config, up = self.config, [r for r in self._replicas if r.up]
+        rate = sum(r.computed.value * max(0.0, 1.0 - (r.stats.running if r.stats else 0) / config.max_batch_tokens)
+                   for r in up)
+        room = sum(max(0, PREFILL_STEPS * config.max_batch_tokens - r.prefilling) for r in up
+                   if len(r.live) < config.max_seqs and r.free_blocks > 0)
         arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
-        return TokenLoad(tuple(self._queued), rate, arrivals)
+        return TokenLoad(tuple(self._prompts), rate, arrivals, room, sum(r.prefilling for r in up))
 
     def snapshot(self) -> Snapshot:
         """Each replica's engine as last reported, the pool's counters, the load."""
@@ -162,6 +173,16 @@ class EnginePool:
 
     # --- placement ----------------------------------------------------------------------
 
+    def _patience(self, tier: int) -> float:
+        """How long a job of ``tier`` (with no deadline of its own) may wait in the pool. With
+        admission on, its tier's budget is judged once, at arrival: a job the estimate says will
+        start within it is admitted and then waits until it starts, up to the queue's timeout
+        (the backstop for an estimate gone wrong, an engine that slowed down), rather than fail
+        after waiting its whole budget; the rest are shed at once, with their Retry-After."""
+        if self.admission is None:
+            return self.queue_config.deadline(tier)
+        return max(self.queue_config.deadline(tier), self.queue_config.queue_timeout)
+
     def _too_large(self, job: Job) -> TooLarge | None:
         bs = self.config.block_size
         needed = cdiv(len(job.prompt_tokens) + job.max_tokens, bs)
@@ -190,6 +211,7 @@ class EnginePool:
         r.waiting[request.id] = ticket
         r.queue.push(request)
         self._queued[ticket.tier] += ticket.cost
+        self._prompts[ticket.tier] += ticket.cost - ticket.job.max_tokens
         r.owe(ticket, ticket.cost)
         self._changed()
 
@@ -203,6 +225,7 @@ class EnginePool:
         """``ticket`` leaves ``r``'s queues, owing ``owed`` there (its cost once sent)."""
         del r.waiting[ticket.request.id]  # type: ignore[union-attr]
         self._queued[ticket.tier] -= ticket.cost
+        self._prompts[ticket.tier] -= ticket.cost - ticket.job.max_tokens
         r.owe(ticket, owed)
         ticket.request = None
 

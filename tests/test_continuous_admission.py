@@ -1,0 +1,149 @@
+"""Continuous admission fails fast: a burst that one engine cannot start within the tier's budget
+is shed at arrival with a Retry-After, and every request admitted starts and finishes; none fails
+after waiting its whole budget (what the embedded default did to 13-19 of 32 requests).
+
+Logic, in virtual time (MockClock): the pool, its router, admission and dispatch are the real
+ones, and so is ferry's engine core (scheduler, block manager, its frames); what runs in process
+instead of a worker is only the forward pass, whose step takes what SmolLM2 in bfloat16 took on
+this 2-core CPU (about 50 ms a step plus 1.5 ms a token), slept on the virtual clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import trio
+
+from batcher.backend import Delta, Failed, Finished, Job, Started
+from batcher.config import ContinuousModelConfig, QueueConfig
+from batcher.continuous import open_engine_pool
+from batcher.types import Expired, Shed
+from gateway.tokenizer import ByteTokenizer
+from workers.engine.config import EngineConfig
+from workers.engine.cost_model import PRESETS
+from workers.engine.engine import Engine
+from workers.engine.serve import handle, step_frames
+from workers.engine.simulated import SimulatedRunner
+from workers.protocol import FrameDecoder, Stats, encode
+
+STEP_SECONDS, TOKEN_SECONDS = 0.05, 0.0015
+
+
+class InProcessEngine:
+    """The pool's side of an engine worker (what :class:`~batcher.engine_worker.EngineProcess`
+    offers), over ferry's engine in this process: frames in and out as bytes, a step at a time,
+    each step slept on trio's clock, a ``stats`` frame with each read and every 200 ms idle."""
+
+    def __init__(self, config: ContinuousModelConfig) -> None:
+        runner = SimulatedRunner(PRESETS["smollm2-135m"], num_blocks=config.num_blocks, vocab=128)
+        self.engine = Engine(runner, EngineConfig(block_size=16, num_blocks=config.num_blocks,
+                                                  max_batch_tokens=config.max_batch_tokens,
+                                                  max_seqs=config.max_seqs, model_version=config.name),
+                             clock=trio.current_time)
+        self.pid, self.model = 1, config.name
+        self._decoder, self._decoded = FrameDecoder(), FrameDecoder()
+        self._arrived = trio.Event()
+
+    def _stats(self) -> Stats:
+        return Stats(**dataclasses.asdict(self.engine.stats()))
+
+    async def start(self) -> None:
+        self.first_stats = self._stats()
+
+    async def send(self, data: bytes) -> None:
+        for message in self._decoder.feed(data):
+            handle(self.engine, message)
+        self._arrived.set()
+
+    async def receive(self) -> list:
+        if not self.engine.has_work:
+            with trio.move_on_after(0.2):
+                await self._arrived.wait()
+            self._arrived = trio.Event()
+        frames = []
+        if self.engine.has_work:
+            output = self.engine.step()
+            await trio.sleep(STEP_SECONDS + TOKEN_SECONDS * output.scheduled_tokens)
+            frames = step_frames(output)
+        return self._decoded.feed(b"".join([*frames, encode(self._stats())]))
+
+    async def wait_exit(self) -> None:
+        await trio.sleep_forever()
+
+    async def stop(self) -> None:
+        pass
+
+
+class Client:
+    """One request's caller: its events, and the virtual time of each."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.done = trio.Event()
+
+    def __call__(self, event) -> None:
+        self.events.append((trio.current_time(), event))
+        if isinstance(event, Finished | Failed):
+            self.done.set()
+
+    def first(self, kind: type) -> float:
+        return next(at for at, event in self.events if isinstance(event, kind))
+
+
+def burst(n: int, offset: int = 0) -> list[Job]:
+    """``n`` chat requests as the HTTP benchmark sends them: a quarter of them long documents."""
+    jobs = []
+    for i in range(n):
+        words = 600 if i % 4 == 0 else 40
+        prompt = bytes((offset + i * 7 + k) % 90 + 32 for k in range(words))
+        jobs.append(Job(prompt.decode(), tuple(prompt), 128, "paid", "acme", stream=True))
+    return jobs
+
+
+async def serve_burst(pool, jobs: list[Job]) -> tuple[list[Client], float]:
+    clients = [Client() for _ in jobs]
+    arrival = trio.current_time()
+    for job, client in zip(jobs, clients):
+        pool.submit(job, client)
+    for client in clients:
+        await client.done.wait()
+    return clients, arrival
+
+
+def model(max_batch_tokens: int) -> ContinuousModelConfig:
+    return ContinuousModelConfig(name="cpu@1", simulated="smollm2-135m", num_blocks=4096,
+                                 max_batch_tokens=max_batch_tokens, max_seqs=256)
+
+
+@pytest.mark.parametrize("max_batch_tokens", [256, 2048])
+async def test_no_request_of_a_burst_fails_after_waiting_its_whole_budget(max_batch_tokens, autojump_clock):
+    config = model(max_batch_tokens)
+    async with open_engine_pool(config, QueueConfig(wait_budgets=(1.0,), tiers=("paid",)),
+                                lambda slot: InProcessEngine(config), ByteTokenizer()) as pool:
+        for round_ in range(3):  # cold (nothing measured: all admitted), then warm: the estimate decides
+            clients, arrival = await serve_burst(pool, burst(32, offset=round_))
+            for client in clients:
+                (at, last) = client.events[-1]
+                if isinstance(last, Failed):
+                    assert isinstance(last.error, Shed) and not isinstance(last.error, Expired), last
+                    assert at == arrival and len(client.events) == 1  # shed at arrival, nothing else
+                    assert 0 < last.error.retry_after < math.inf
+                else:
+                    assert isinstance(last, Finished) and client.first(Started) >= arrival
+                    assert sum(e.tokens for _, e in client.events if isinstance(e, Delta)) == 128
+            assert pool.snapshot().stats.expired == 0
+
+
+async def test_a_warm_burst_beyond_the_budget_is_shed_at_arrival_and_the_admitted_start_within_it(autojump_clock):
+    config = model(256)
+    async with open_engine_pool(config, QueueConfig(wait_budgets=(1.0,), tiers=("paid",)),
+                                lambda slot: InProcessEngine(config), ByteTokenizer()) as pool:
+        await serve_burst(pool, burst(32))  # the rate is measured from here on
+        clients, arrival = await serve_burst(pool, burst(96, offset=1))
+        shed = [c for c in clients if isinstance(c.events[-1][1], Failed)]
+        served = [c for c in clients if c not in shed]
+        assert shed and served and all(c.events[0][0] == arrival for c in shed)
+        assert all(next(e.queued for _, e in c.events if isinstance(e, Started)) <= 1.0 for c in served)
+
