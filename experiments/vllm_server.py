@@ -39,6 +39,7 @@ class VllmOpenAIServer:
         self.argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                      "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "bfloat16",
                      "--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(max_batch_tokens),
+                     "--max-num-seqs", "256",
                      "--enable-prefix-caching"] + (["--enforce-eager"] if eager else [])
         self.env = {**os.environ, **VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_memory_gb)}
         self.log = log
