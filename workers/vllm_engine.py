@@ -13,8 +13,8 @@ The frames are ferry's engine's (``workers/protocol.py``, ``workers/engine/serve
     add {rid, ...}   -> LLMEngine.add_request(str(rid), prompt ids, SamplingParams); a prompt vLLM
                         refuses (longer than max_model_len) finishes at once as too_long
     abort {rid}      -> abort_request; finished {aborted} at once (vLLM reports nothing for it)
-    each step        -> tokens {rid, ids}: the ids new since the last step (vLLM's are cumulative),
-                        then finished; an ended-by-stop token (EOS or a stop id) is not sent, and
+    each step        -> tokens {rid, ids}: the step's new id (vLLM asked for deltas, ids only: the
+                        gateway detokenizes), then finished; an ended-by-stop token (EOS or a stop id) is not sent, and
                         counted in the usage, as ferry's engine does
     every ~200 ms    -> stats, from vLLM's own scheduler stats (``get_metrics``)
 
@@ -104,8 +104,8 @@ class VllmEngine:
     (``add``, ``abort``, ``step``, ``stats``, ``has_work``), so that ferry's worker loop
     (:func:`workers.engine.serve.run`) serves it frame for frame as it serves its own engine."""
 
-    def __init__(self, engine: Any, sampling: Callable[..., Any], block_size: int, salt: str) -> None:
-        self.engine, self._sampling, self.salt = engine, sampling, salt
+    def __init__(self, engine: Any, sampling: Callable[..., Any], delta: object, block_size: int, salt: str) -> None:
+        self.engine, self._sampling, self._delta, self.salt = engine, sampling, delta, salt
         cache = engine.vllm_config.cache_config
         self.total_blocks = cache.num_gpu_blocks * cache.block_size // block_size
         tokenizer = engine.get_tokenizer()
@@ -123,10 +123,10 @@ class VllmEngine:
         """Queue ``rid`` in vLLM; one it refuses (longer than its max_model_len) ends as too_long."""
         if rid is None or rid in self.live or not prompt_ids:
             raise ValueError(f"rid {rid}: a new rid and a prompt are needed")
-        params = self._sampling(
+        params = self._sampling(  # ids only, each step's new ones: the gateway detokenizes
             max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k, seed=sampling.seed, stop_token_ids=list(sampling.stop_token_ids),
-            ignore_eos=sampling.ignore_eos,
+            ignore_eos=sampling.ignore_eos, detokenize=False, output_kind=self._delta,
         )
         prompt = {"prompt_token_ids": list(prompt_ids), "cache_salt": f"{self.salt}\0{tenant}"}
         try:
@@ -148,7 +148,7 @@ class VllmEngine:
         return True
 
     def step(self) -> StepOutput:
-        """One vLLM step: each sequence's new token (vLLM's ids are cumulative), what ended."""
+        """One vLLM step: each sequence's new token, and what ended."""
         tokens: dict[int, int] = {}
         finished, self._ended = self._ended, []
         outputs = self.engine.step() if self.live else []
@@ -159,16 +159,16 @@ class VllmEngine:
                 continue
             seq.cached = output.num_cached_tokens or seq.cached
             completion = output.outputs[0]
-            ids = completion.token_ids
-            if len(ids) > seq.shown + 1:
-                raise RuntimeError(f"rid {rid}: {len(ids) - seq.shown} tokens in one step (speculative decoding?)")
-            if len(ids) > seq.shown:
-                tokens[rid] = ids[-1]
-                seq.shown = len(ids)
+            new = completion.token_ids  # this step's ids only (RequestOutputKind.DELTA)
+            if len(new) > 1:
+                raise RuntimeError(f"rid {rid}: {len(new)} tokens in one step (speculative decoding?)")
+            if new:
+                tokens[rid] = new[-1]
+                seq.shown += 1
             if output.finished:
                 del self.live[rid]
                 reason = self._reason(completion.finish_reason, completion.stop_reason)
-                if reason in STOPS and (not ids or ids[-1] not in seq.stop_ids):
+                if reason in STOPS and (not new or new[-1] not in seq.stop_ids):
                     seq.shown += 1  # vLLM left the stop id out: ferry's usage counts it all the same
                 finished.append(Finished(rid, reason, seq.prompt_tokens, seq.cached, seq.shown))
         return StepOutput(tokens, finished, [], len(tokens), self.stats())
@@ -198,6 +198,7 @@ def load_engine(args: argparse.Namespace) -> VllmEngine:
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     from vllm import SamplingParams as VllmSampling
+    from vllm.sampling_params import RequestOutputKind
     from vllm.engine.arg_utils import EngineArgs
     from vllm.engine.llm_engine import LLMEngine
 
@@ -215,7 +216,7 @@ def load_engine(args: argparse.Namespace) -> VllmEngine:
         engine_args.num_gpu_blocks_override = -(-args.num_blocks * args.block_size // vllm_block)
     engine = LLMEngine.from_engine_args(engine_args)
     name = os.path.basename(os.path.normpath(args.model))
-    return VllmEngine(engine, VllmSampling, args.block_size, args.model_version or name)
+    return VllmEngine(engine, VllmSampling, RequestOutputKind.DELTA, args.block_size, args.model_version or name)
 
 
 def serve(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> int:
