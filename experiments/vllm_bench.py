@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import dataclasses
 import json
 import pathlib
@@ -100,6 +101,7 @@ dir = "{state}"
 @dataclasses.dataclass
 class Sample:
     status: int
+    error: str = ""  # a refusal's message
     ttft: float = 0.0
     tpot: float = 0.0
     tokens: int = 0
@@ -115,8 +117,7 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, key: str, ch
     async with session.post(url + "/v1/chat/completions", json=body,
                             headers={"Authorization": f"Bearer {key}"}) as response:
         if response.status != 200:
-            await response.read()
-            return Sample(response.status)
+            return Sample(response.status, (await response.text())[:200])
         async for line in response.content:
             if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
@@ -152,7 +153,10 @@ async def level(url: str, model: str, key: str, chats: list, clients: int, per_c
     def pct(values, q):
         return round(float(np.percentile(values, q)) * 1000) if values else None
 
-    return {"clients": clients, "answered": len(ok), "refused": len(samples) - len(ok),
+    refused = [s for s in samples if s not in ok]
+    return {"clients": clients, "answered": len(ok), "refused": len(refused),
+            "statuses": dict(collections.Counter(s.status for s in samples)),
+            "first_refusal": refused[0].error if refused else "",
             "tok_s": round(tokens / wall, 1), "ttft_p50_ms": pct([s.ttft for s in ok], 50),
             "ttft_p95_ms": pct([s.ttft for s in ok], 95), "tpot_p50_ms": pct([s.tpot for s in ok], 50),
             "tpot_p95_ms": pct([s.tpot for s in ok], 95),
