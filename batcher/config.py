@@ -242,7 +242,8 @@ class ContinuousModelConfig(ModelConfig):
         _require(0 < self.stats_timeout_ms < math.inf, "stats_timeout_ms", "milliseconds > 0", self.stats_timeout_ms)
         _require(0.0 <= self.temperature <= 1.0, "temperature", "a number in 0..1", self.temperature)
         _require(self.engine in ENGINES, "engine", f"one of {list(ENGINES)}", self.engine)
-        _require(self.engine == "ferry" or not self.simulated, "engine", "'ferry' for a simulated model", self.engine)
+        _require(self.engine == "ferry" or not self.simulated, "engine", "'ferry' for a simulated model",
+                 self.engine)
         self.pool()  # checks workers and max_attempts with the pool's own rules
 
     @property

@@ -137,8 +137,8 @@ class EnginePool:
         :data:`PREFILL_STEPS` steps of prompt), against the rate at which they prefill: each
         engine's measured token rate, less the share of its step budget its decodes take."""
         config, up = self.config, [r for r in self._replicas if r.up]
-        rate = sum(r.computed.value * max(0.0, 1.0 - (r.stats.running if r.stats else 0) / config.max_batch_tokens)
-                   for r in up)
+        decoding = [(r.stats.running if r.stats else 0) / config.max_batch_tokens for r in up]
+        rate = sum(r.computed.value * max(0.0, 1.0 - share) for r, share in zip(up, decoding))
         room = sum(max(0, PREFILL_STEPS * config.max_batch_tokens - r.prefilling) for r in up
                    if len(r.live) < config.max_seqs and r.free_blocks > 0)
         arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()

@@ -84,10 +84,11 @@ async def check_interpreter(model: ContinuousModelConfig) -> None:
     needed = ENGINE_MODULES[model.engine]
     if model.simulated or (model.interpreter == sys.executable and model.engine == "ferry"):
         return
-    probe = f"import importlib.util, sys, workers.protocol; sys.exit(importlib.util.find_spec({needed!r}) is None)"
+    probe = f"import importlib.util as u, sys, workers.protocol; sys.exit(u.find_spec({needed!r}) is None)"
     env = {**os.environ, **interpreter_env(model.interpreter)}
     result = await trio.run_process([model.interpreter, "-c", probe], check=False, env=env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if result.returncode != 0:
-        raise RuntimeError(f"models: {model.name!r}: {model.interpreter} cannot run its {model.engine} engine "
-                           f"(it needs ferry's workers package and {needed}; `make vllm-env` builds one for vllm)")
+        raise RuntimeError(
+            f"models: {model.name!r}: {model.interpreter} cannot run its {model.engine} engine "
+            f"(it needs ferry's workers package and {needed}; `make vllm-env` builds one for vllm)")

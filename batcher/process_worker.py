@@ -42,7 +42,8 @@ class PipeProcess:
     here; an engine's stream of frames in :mod:`batcher.engine_worker`)."""
 
     def __init__(
-        self, argv: Sequence[str], env: dict[str, str], max_frame: int = MAX_FRAME_BYTES, python: str = sys.executable
+        self, argv: Sequence[str], env: dict[str, str], max_frame: int = MAX_FRAME_BYTES,
+        python: str = sys.executable,
     ) -> None:
         self.argv = [python, "-m", "workers", *argv]
         self.pid: int | None = None
@@ -150,7 +151,8 @@ def process_workers(
 
     def spawn(slot: int) -> P:
         starts[slot] += 1
-        env = {**os.environ, **extra, "CUDA_VISIBLE_DEVICES": devices[slot], INSTANCE_ENV: f"{slot}:{starts[slot]}"}
+        env = {**os.environ, **extra, "CUDA_VISIBLE_DEVICES": devices[slot],
+               INSTANCE_ENV: f"{slot}:{starts[slot]}"}
         return kind(argv, env, max_frame, python)
 
     return spawn

@@ -107,7 +107,8 @@ class Sample:
     tokens: int = 0
 
 
-async def one(session: aiohttp.ClientSession, url: str, model: str, key: str, chat: list, max_tokens: int) -> Sample:
+async def one(session: aiohttp.ClientSession, url: str, model: str, key: str, chat: list,
+              max_tokens: int) -> Sample:
     """One streamed chat completion: when its first text came, how fast the rest, how many tokens."""
     body = {"model": model, "messages": chat, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -194,10 +195,11 @@ async def main(args: argparse.Namespace) -> list[dict]:
             with tempfile.TemporaryDirectory(prefix=f"bench-{server.replace('+', '-')}-") as scratch:
                 url, model, key, pid, stop = start(server, model_dir, pathlib.Path(scratch))
                 try:
-                    await level(url, model, key, chats, 1, 1, 8, pid)  # warm-up: first-call costs out of the rows
+                    await level(url, model, key, chats, 1, 1, 8, pid)  # warm-up: first-call costs not in rows
                     for clients in args.levels:
-                        row = {"round": round_, "server": server,
-                               **await level(url, model, key, chats, clients, args.per_client, args.max_tokens, pid)}
+                        measured = await level(url, model, key, chats, clients, args.per_client,
+                                               args.max_tokens, pid)
+                        row = {"round": round_, "server": server, **measured}
                         print(json.dumps(row), flush=True)
                         rows.append(row)
                 finally:
@@ -211,7 +213,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients")
     parser.add_argument("--per-client", type=int, default=2, help="requests each client sends per level")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=1, help="rounds over the servers, alternating their order")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over the servers, in alternating order")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
     if any(s in ("ferry+vllm", "vllm") for s in args.servers) and not vllm_installed():

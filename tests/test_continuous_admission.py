@@ -136,7 +136,7 @@ async def test_no_request_of_a_burst_fails_after_waiting_its_whole_budget(max_ba
             assert pool.snapshot().stats.expired == 0
 
 
-async def test_a_warm_burst_beyond_the_budget_is_shed_at_arrival_and_the_admitted_start_within_it(autojump_clock):
+async def test_a_warm_burst_beyond_the_budget_is_shed_at_arrival_and_the_admitted_start_in_it(autojump_clock):
     config = model(256)
     async with open_engine_pool(config, QueueConfig(wait_budgets=(1.0,), tiers=("paid",)),
                                 lambda slot: InProcessEngine(config), ByteTokenizer()) as pool:

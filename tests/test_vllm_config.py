@@ -28,26 +28,27 @@ model = "{model}"
 def test_an_interpreter_that_is_not_there_is_refused_naming_the_model_and_the_field(tiny_checkpoint):
     with pytest.raises(ValueError) as refused:
         parse_config(MODEL.format(model=tiny_checkpoint, extra='python = "/no/such/python"'), "ferry.toml")
-    assert str(refused.value) == ("ferry.toml: models[0].python: expected an executable Python interpreter for "
-                                  "model 'chat@1''s workers, got '/no/such/python'")
+    assert str(refused.value) == ("ferry.toml: models[0].python: expected an executable Python interpreter"
+                                  " for model 'chat@1''s workers, got '/no/such/python'")
 
 
 def test_an_unknown_engine_and_a_simulated_vllm_are_refused(tiny_checkpoint):
-    with pytest.raises(ValueError, match=r"models\[0\]\.engine: expected one of \['ferry', 'vllm'\], got 'tgi'"):
+    unknown = r"models\[0\]\.engine: expected one of \['ferry', 'vllm'\], got 'tgi'"
+    with pytest.raises(ValueError, match=unknown):
         parse_config(MODEL.format(model=tiny_checkpoint, extra='engine = "tgi"'), "ferry.toml")
     with pytest.raises(ValueError, match="engine: expected 'ferry' for a simulated model"):
         ContinuousModelConfig(name="sim@1", simulated="llama-70b", engine="vllm")
 
 
-async def test_a_vllm_model_under_an_interpreter_without_vllm_fails_to_start_saying_which_and_why(tiny_checkpoint):
-    config = ContinuousModelConfig(name="chat@1", model=str(tiny_checkpoint), engine="vllm")  # the gateway's python
+async def test_a_vllm_model_under_a_python_without_vllm_fails_to_start_saying_which_and_why(tiny_checkpoint):
+    config = ContinuousModelConfig(name="chat@1", model=str(tiny_checkpoint), engine="vllm")
     with pytest.raises(RuntimeError) as refused:
         await check_interpreter(config)
     assert "'chat@1'" in str(refused.value) and "cannot run its vllm engine" in str(refused.value)
     assert "make vllm-env" in str(refused.value)
 
 
-@pytest.mark.skipif(not vllm_installed(), reason="vLLM's virtualenv .venv-vllm is not built (`make vllm-env`)")
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM's virtualenv .venv-vllm is not built (make vllm-env)")
 async def test_a_worker_runs_under_the_interpreter_its_model_names():
     config = ContinuousModelConfig(name="chat@1", simulated="llama-70b", python=str(VLLM_PYTHON))
     worker = process_workers(["echo"], 1, python=config.interpreter)(0)

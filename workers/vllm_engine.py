@@ -14,8 +14,8 @@ The frames are ferry's engine's (``workers/protocol.py``, ``workers/engine/serve
                         refuses (longer than max_model_len) finishes at once as too_long
     abort {rid}      -> abort_request; finished {aborted} at once (vLLM reports nothing for it)
     each step        -> tokens {rid, ids}: the step's new id (vLLM asked for deltas, ids only: the
-                        gateway detokenizes), then finished; an ended-by-stop token (EOS or a stop id) is not sent, and
-                        counted in the usage, as ferry's engine does
+                        gateway detokenizes), then finished; a stop token (EOS or a stop id)
+                        is not sent, and counted in the usage, as ferry's engine does
     every ~200 ms    -> stats, from vLLM's own scheduler stats (``get_metrics``)
 
 Blocks in ``stats`` are counted in ``--block-size`` tokens, ferry's unit (the pool sizes requests
@@ -53,14 +53,14 @@ def add_vllm_arguments(kinds: argparse._SubParsersAction) -> None:
     engine.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     engine.add_argument("--block-size", type=int, default=16, help="tokens per block in stats (ferry's unit)")
     size = engine.add_mutually_exclusive_group()
-    size.add_argument("--num-blocks", type=int, help="KV cache in --block-size blocks (default: vLLM's choice)")
+    size.add_argument("--num-blocks", type=int, help="KV cache in --block-size blocks (default: vLLM's)")
     size.add_argument("--kv-memory-gb", type=float, help="KV cache size in GiB, instead of --num-blocks")
     engine.add_argument("--max-batch-tokens", type=int, default=512, help="token budget of a step")
     engine.add_argument("--max-seqs", type=int, default=256, help="running sequences at most")
-    engine.add_argument("--max-model-len", type=int, default=None, help="longest sequence (default: the model's)")
+    engine.add_argument("--max-model-len", type=int, default=None, help="longest sequence (default: model's)")
     engine.add_argument("--model-version", default="", help="prefix cache salt (default: the model's name)")
     engine.add_argument("--device", default=None, help="accepted for symmetry; vLLM's build decides")
-    engine.add_argument("--compile", action="store_true", help="torch.compile the model (slow start, faster steps)")
+    engine.add_argument("--compile", action="store_true", help="torch.compile (slow start, faster steps)")
 
 
 @dataclasses.dataclass(slots=True)
@@ -104,7 +104,8 @@ class VllmEngine:
     (``add``, ``abort``, ``step``, ``stats``, ``has_work``), so that ferry's worker loop
     (:func:`workers.engine.serve.run`) serves it frame for frame as it serves its own engine."""
 
-    def __init__(self, engine: Any, sampling: Callable[..., Any], delta: object, block_size: int, salt: str) -> None:
+    def __init__(self, engine: Any, sampling: Callable[..., Any], delta: object, block_size: int,
+                 salt: str) -> None:
         self.engine, self._sampling, self._delta, self.salt = engine, sampling, delta, salt
         cache = engine.vllm_config.cache_config
         self.total_blocks = cache.num_gpu_blocks * cache.block_size // block_size
@@ -179,8 +180,10 @@ class VllmEngine:
             fields.update(running=0, waiting=0)
             usage = 0.0
         used = min(self.total_blocks, round(usage * self.total_blocks))
-        queued = sum(s.prompt_tokens * (s.shown == 0) + s.max_tokens - 1 - s.shown for s in self.live.values())
-        return EngineStats(step=self.steps, queued_tokens=max(0, queued), free_blocks=self.total_blocks - used,
+        queued = sum(s.prompt_tokens * (s.shown == 0) + s.max_tokens - 1 - s.shown
+                     for s in self.live.values())
+        free = self.total_blocks - used
+        return EngineStats(step=self.steps, queued_tokens=max(0, queued), free_blocks=free,
                            used_blocks=used, total_blocks=self.total_blocks, cached_blocks=0, **fields)
 
     @staticmethod
@@ -216,7 +219,8 @@ def load_engine(args: argparse.Namespace) -> VllmEngine:
         engine_args.num_gpu_blocks_override = -(-args.num_blocks * args.block_size // vllm_block)
     engine = LLMEngine.from_engine_args(engine_args)
     name = os.path.basename(os.path.normpath(args.model))
-    return VllmEngine(engine, VllmSampling, RequestOutputKind.DELTA, args.block_size, args.model_version or name)
+    salt = args.model_version or name
+    return VllmEngine(engine, VllmSampling, RequestOutputKind.DELTA, args.block_size, salt)
 
 
 def serve(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> int:
