@@ -118,7 +118,7 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, key: str, ch
     async with session.post(url + "/v1/chat/completions", json=body,
                             headers={"Authorization": f"Bearer {key}"}) as response:
         if response.status != 200:
-            return Sample(response.status, (await response.text())[:200])
+            return Sample(response.status, error=(await response.text())[:200])
         async for line in response.content:
             if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
@@ -130,7 +130,7 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, key: str, ch
                 first = first or last
     if first is None:
         return Sample(200, tokens=tokens)
-    return Sample(200, first - started, (last - first) / max(1, tokens - 1), tokens)
+    return Sample(200, ttft=first - started, tpot=(last - first) / max(1, tokens - 1), tokens=tokens)
 
 
 async def level(url: str, model: str, key: str, chats: list, clients: int, per_client: int, max_tokens: int,
