@@ -30,7 +30,9 @@ DEFAULT_TOML = """\
 # seconds, hence the long stats timeout. A step of 2,048 tokens (not 256) prefills a burst's
 # prompts in a few steps (+25 % tokens/s with 32 at once), so that 32 requests at once all start
 # within the paid budget; 1 GiB of KV (~46,000 tokens) holds 32 answers with long prompts. A
-# request the estimate says cannot start within its budget is refused at arrival.
+# request the estimate says cannot start within its budget is refused at arrival. On 2 cores
+# shared with other work such a step took over 30 s (the engine was killed as silent), hence a
+# stats timeout of 2 minutes.
 [server]
 host = "127.0.0.1"
 port = 8080
@@ -72,7 +74,7 @@ workers = 1
 kv_memory_gb = 1.0
 max_batch_tokens = 2048
 dtype = "bfloat16"
-stats_timeout_ms = 30000
+stats_timeout_ms = 120000
 temperature = 0.0
 """
 

@@ -123,6 +123,8 @@ async def one(session: aiohttp.ClientSession, url: str, model: str, key: str, ch
             if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
                 continue
             chunk = json.loads(line[6:])
+            if "error" in chunk:  # the stream failed after its headers
+                return Sample(200, error=chunk["error"].get("message", "")[:200])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             if any(choice.get("delta", {}).get("content") for choice in chunk.get("choices", [])):
