@@ -44,6 +44,9 @@ ENVIRONMENT = {
     "VLLM_NO_USAGE_STATS": "1",
     "HF_HUB_OFFLINE": "1",  # a local model directory; never the network
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",  # no HTTP frontend here to keep a core for
+    # In process, vLLM takes this process for a frontend and cuts torch to one thread unless told
+    # how many: the engine gets the cores this process may run on.
+    "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
 }
 
 
