@@ -124,7 +124,7 @@ def test_a_greedy_answer_is_the_one_vllms_own_openai_server_gives(gateway, smoll
     assert ours["choices"][0]["message"]["content"] == theirs["choices"][0]["message"]["content"]
     counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # the same chat template rendering too
     assert {k: ours["usage"][k] for k in counts} == {k: theirs["usage"][k] for k in counts}
-    assert ours["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"] == "stop"
+    assert ours["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"]
 
 
 def test_a_stream_arrives_token_by_token_and_says_what_the_whole_answer_says(gateway):
