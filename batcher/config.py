@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 
 from batcher.policy import POLICIES, Policy, make_policy
 
@@ -129,6 +130,7 @@ class ModelConfig:
     num_gpus: float | None = None
     resources: dict[str, float] = dataclasses.field(default_factory=dict)
     accelerator_type: str = ""
+    python: str = ""  # the interpreter its workers run under (a virtualenv's); '' is the gateway's own
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "name", "a model name", self.name)
@@ -137,7 +139,16 @@ class ModelConfig:
         _require(self.num_gpus is None or 0 <= self.num_gpus <= 1024, "num_gpus", "0..1024", self.num_gpus)
         _require(all(0 <= v < math.inf for v in self.resources.values()), "resources", "amounts >= 0",
                  self.resources)
+        if self.python:
+            path = os.path.expanduser(self.python)
+            _require(os.path.isfile(path) and os.access(path, os.X_OK), "python",
+                     f"an executable Python interpreter for model {self.name!r}'s workers", self.python)
         self._check_files()
+
+    @property
+    def interpreter(self) -> str:
+        """The Python its worker processes run: :attr:`python`, else the gateway's own."""
+        return os.path.expanduser(self.python) if self.python else sys.executable
 
     def _check_files(self) -> None:
         """The tokenizer and template files named exist (a continuous model converted at start
@@ -190,6 +201,9 @@ CONVERTED = ("smollm2-135m",)
 """Model names ``ferry serve`` converts once from an installed GGUF (workers/convert.py)."""
 SIMULATED = ("llama-70b", "smollm2-135m")  # workers/engine/cost_model.py: PRESETS
 DTYPES = ("float32", "bfloat16")
+ENGINES = ("ferry", "vllm")
+"""Who runs a continuous model's steps: ferry's own engine, or vLLM's (``workers/vllm_engine.py``,
+under an interpreter that has vLLM: its own virtualenv, named by ``python``)."""
 
 
 def converted_dir(name: str) -> str:
@@ -227,6 +241,7 @@ class ContinuousModelConfig(ModelConfig):
     stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
     max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
     temperature: float = 1.0  # of a request that names none (the Messages API's default); 0: greedy
+    engine: str = "ferry"  # a name in ENGINES
 
     def __post_init__(self) -> None:
         _require(bool(self.model) != bool(self.simulated), "model", "a model (or simulated), not both",
@@ -256,6 +271,9 @@ class ContinuousModelConfig(ModelConfig):
         _require(self.affinity_bound >= 0, "affinity_bound", "tokens >= 0", self.affinity_bound)
         _require(0 < self.stats_timeout_ms < math.inf, "stats_timeout_ms", "milliseconds > 0", self.stats_timeout_ms)
         _require(0.0 <= self.temperature <= 1.0, "temperature", "a number in 0..1", self.temperature)
+        _require(self.engine in ENGINES, "engine", f"one of {list(ENGINES)}", self.engine)
+        _require(self.engine == "ferry" or not self.simulated, "engine", "'ferry' for a simulated model",
+                 self.engine)
         self.pool()  # checks workers and max_attempts with the pool's own rules
 
     @property
@@ -288,7 +306,10 @@ class ContinuousModelConfig(ModelConfig):
             if self.tokenizer == "bytes":
                 argv += ["--sim-vocab", "128"]  # ASCII: one character a token
         else:
-            argv = ["engine", "--model", self.model_dir, "--dtype", self.dtype]
+            kind = "engine" if self.engine == "ferry" else "vllm-engine"
+            argv = [kind, "--model", self.model_dir, "--dtype", self.dtype]
+            if self.engine == "vllm":
+                argv += ["--max-model-len", str(self.context_window)]
         argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),
                  "--max-seqs", str(self.max_seqs), "--model-version", self.name]
         if self.num_blocks:

@@ -14,9 +14,12 @@ One replica per GPU, each an engine worker (``python -m workers engine``) kept a
 **Queues on the gateway side.** Each replica has tier queues in the pool (paid first, FIFO, with
 the fixed mode's aging); its engine gets a job only while it has room for it now: fewer than
 ``max_seqs`` sequences, less than :data:`PREFILL_STEPS` steps' token budget of prompt not yet
-prefilled, and free KV blocks by its last report. So a job waits in the pool, where its deadline (its tier's wait
-budget, or the job's own) can still pass: it then gets 529 :class:`~batcher.types.Expired`
-before it has cost a prefill. Once sent, a job runs to its end.
+prefilled, and free KV blocks by its last report. So a job waits in the pool. **Admission fails
+fast**: the tier's wait budget is judged at arrival, where a job the estimate says cannot start
+within it gets 529 with its Retry-After at once; an admitted job then waits until it starts,
+never failing for having waited its budget (only a job's own deadline, or the queue's 30 s
+backstop, can pass in the queue: 529 :class:`~batcher.types.Expired` before it has cost a
+prefill). Once sent, a job runs to its end.
 
 **Routing** happens at arrival (:mod:`batcher.router`): the load of a replica is the tokens it
 still owes its jobs, queued here or running there; the prefix is the request's block hashes.
@@ -46,7 +49,7 @@ from batcher.admission import AdmissionControl
 from batcher.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
 from batcher.config import ContinuousModelConfig, QueueConfig
 from batcher.engine_metrics import ContinuousStats, engine_families
-from batcher.engine_worker import EngineProcess, convert_once
+from batcher.engine_worker import EngineProcess, prepare_engines
 from batcher.mode import Mode
 from batcher.replica import Replica, Stage, Ticket
 from batcher.router import Router
@@ -86,6 +89,7 @@ class EnginePool:
         self.router = Router([0] * config.workers, config.affinity_bound)
         self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
         self._queued = [0] * len(queue.tiers)  # tokens waiting in the replicas' tier queues, by tier
+        self._prompts = [0] * len(queue.tiers)  # the prompt tokens of those: prefilled before they start
         self._rids = itertools.count(1)
         self._wakeup = trio.Event()
 
@@ -95,7 +99,7 @@ class EnginePool:
         """Route and queue a job, or fail it at once: too large (400) or shed (529)."""
         now = trio.current_time()
         tier = len(self.queue_config.tiers) - 1 if job.tier is None else self.queue_config.tier_index(job.tier)
-        wait = job.deadline if job.deadline is not None else self.queue_config.deadline(tier)
+        wait = job.deadline if job.deadline is not None else self._patience(tier)
         hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
         ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
         error = self._too_large(job)
@@ -122,15 +126,22 @@ class EnginePool:
         if state is Stage.QUEUED or state is Stage.RERUN:
             r.leave(ticket)
             if state is Stage.QUEUED:
-                self._queued[ticket.tier] -= ticket.cost
+                self._count(ticket, -1)
         else:
             r.end(ticket)
 
     def load(self) -> TokenLoad:
-        """Queued tokens per tier against the fleet's measured rate, for overload admission."""
-        rate = sum(r.computed.value for r in self._replicas if r.up)
+        """When a queued job would start: the prompt tokens queued per tier, less what the engines
+        take at once (a job is sent while its engine has seats, KV and under
+        :data:`PREFILL_STEPS` steps of prompt), against the rate at which they prefill: each
+        engine's measured token rate, less the share of its step budget its decodes take."""
+        config, up = self.config, [r for r in self._replicas if r.up]
+        decoding = [(r.stats.running if r.stats else 0) / config.max_batch_tokens for r in up]
+        rate = sum(r.computed.value * max(0.0, 1.0 - share) for r, share in zip(up, decoding))
+        room = sum(max(0, PREFILL_STEPS * config.max_batch_tokens - r.prefilling) for r in up
+                   if len(r.live) < config.max_seqs and r.free_blocks > 0)
         arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
-        return TokenLoad(tuple(self._queued), rate, arrivals)
+        return TokenLoad(tuple(self._prompts), rate, arrivals, room, sum(r.prefilling for r in up))
 
     def snapshot(self) -> Snapshot:
         """Each replica's engine as last reported, the pool's counters, the load in tokens."""
@@ -160,6 +171,16 @@ class EnginePool:
 
     # --- placement ----------------------------------------------------------------------
 
+    def _patience(self, tier: int) -> float:
+        """How long a job of ``tier`` (with no deadline of its own) may wait in the pool. With
+        admission on, its tier's budget is judged once, at arrival: a job the estimate says will
+        start within it is admitted and then waits until it starts, up to the queue's timeout
+        (the backstop for an estimate gone wrong, an engine that slowed down), rather than fail
+        after waiting its whole budget; the rest are shed at once, with their Retry-After."""
+        if self.admission is None:
+            return self.queue_config.deadline(tier)
+        return max(self.queue_config.deadline(tier), self.queue_config.queue_timeout)
+
     def _too_large(self, job: Job) -> TooLarge | None:
         bs = self.config.block_size
         needed = cdiv(len(job.prompt_tokens) + job.max_tokens, bs)
@@ -183,12 +204,18 @@ class EnginePool:
 
     def _enqueue(self, r: Replica, ticket: Ticket) -> None:
         r.enqueue(ticket)
-        self._queued[ticket.tier] += ticket.cost
+        self._count(ticket, +1)
         self._changed()
 
     def _rerun(self, ticket: Ticket) -> None:
         """Queue a ticket lost with its engine at the front of another replica's work."""
         self._route(ticket).queue_rerun(ticket)
+
+    def _count(self, ticket: Ticket, sign: int) -> None:
+        """``ticket`` joins (+1) or leaves (-1) the tier queues' counts: its tokens (what the
+        queues owe) and its prompt's (what must be prefilled before it starts)."""
+        self._queued[ticket.tier] += sign * ticket.cost
+        self._prompts[ticket.tier] += sign * (ticket.cost - ticket.job.max_tokens)
 
     def _changed(self) -> None:
         self._wakeup.set()
@@ -215,7 +242,7 @@ class EnginePool:
         load = self.load() if expired else None
         for ticket in expired:
             retry_after = self.admission.retry_after(load, ticket.tier, now) if self.admission else 1.0
-            self._queued[ticket.tier] -= ticket.cost
+            self._count(ticket, -1)
             self.stats.expired += 1
             error = Expired(f"not started within {now - ticket.arrival:.3f}s of arrival", retry_after)
             ticket.out.fail(error, retryable=True)
@@ -232,7 +259,7 @@ class EnginePool:
             if ticket is None:
                 return
             if ticket.state is Stage.PREFILLING:  # taken from the queues (a re-run's tokens were never there)
-                self._queued[ticket.tier] -= ticket.cost
+                self._count(ticket, -1)
             job, sampling = ticket.job, ticket.job.sampling
             if not ticket.attempts:
                 self.stats.queue_wait[ticket.tier].observe(now - ticket.arrival)
@@ -260,7 +287,7 @@ class EnginePool:
         lost = r.down()
         reruns, queued = r.evacuate(now)  # placed again elsewhere below
         for ticket in queued:
-            self._queued[ticket.tier] -= ticket.cost
+            self._count(ticket, -1)
         for ticket in lost:
             if ticket.ended:
                 continue
@@ -299,4 +326,4 @@ async def open_engine_pool(
 
 
 MODE = Mode(ContinuousModelConfig, argv=ContinuousModelConfig.engine_argv, process=EngineProcess,
-            open=open_engine_pool, prepare=convert_once, families=engine_families)
+            open=open_engine_pool, prepare=prepare_engines, families=engine_families)

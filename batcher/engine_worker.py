@@ -15,12 +15,14 @@ so the pool knows each replica's KV cache size before it routes anything there.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import trio
 
 from batcher.config import ContinuousModelConfig
-from batcher.process_worker import PipeProcess
+from batcher.process_worker import PipeProcess, interpreter_env
 from workers.protocol import EngineStats, Message, ProtocolError, WorkerLost
 
 
@@ -69,3 +71,33 @@ async def convert_once(model: ContinuousModelConfig) -> None:
     if result.returncode != 0:
         raise ValueError(f"model: converting {model.model!r} failed (exit {result.returncode}); "
                          "see the gateway's output")
+
+
+ENGINE_MODULES = {"ferry": "torch", "vllm": "vllm"}
+"""The module an engine's interpreter must be able to import, besides ferry's ``workers``."""
+
+
+async def check_interpreter(model: ContinuousModelConfig) -> None:
+    """Refuse to start a model whose interpreter cannot run its engine workers (no vLLM in it,
+    or no ``workers`` on its path), with one line naming the model, rather than an engine that
+    dies at every restart. Only where it is not the gateway's own interpreter running ferry's
+    engine (that one imports ``workers`` already). ``ValueError`` naming the field if it cannot."""
+    needed = ENGINE_MODULES[model.engine]
+    if model.simulated or (model.interpreter == sys.executable and model.engine == "ferry"):
+        return
+    probe = f"import importlib.util as u, sys, workers.protocol; sys.exit(u.find_spec({needed!r}) is None)"
+    env = {**os.environ, **interpreter_env(model.interpreter)}
+    result = await trio.run_process([model.interpreter, "-c", probe], check=False, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise ValueError(
+            f"python: {model.interpreter} cannot run the {model.engine} engine of {model.name!r} "
+            f"(it needs ferry's workers package and {needed}; `make vllm-env` builds one for vllm)")
+
+
+async def prepare_engines(model: ContinuousModelConfig) -> None:
+    """The continuous mode's preparation, at start-up and at a reload alike: the model converted
+    if it must be (before its tokenizer is read: the conversion writes it), then its workers'
+    interpreter checked."""
+    await convert_once(model)
+    await check_interpreter(model)

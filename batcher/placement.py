@@ -21,4 +21,4 @@ def placed(model: ModelConfig, argv: Sequence[str], kind: type[P]) -> Callable[[
     model says: its own processes here (``local``), or Ray actors on a cluster (``ray``)."""
     if model.placement == "ray":
         return ray_workers(model, argv, kind)  # type: ignore[return-value]
-    return process_workers(argv, model.workers, kind=kind)
+    return process_workers(argv, model.workers, kind=kind, python=model.interpreter)

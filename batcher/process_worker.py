@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import trio
 
+import workers as workers_package
 from workers.faults import INSTANCE_ENV
 from workers.protocol import (
     MAX_FRAME_BYTES,
@@ -48,8 +49,11 @@ class PipeProcess:
 
     placement = "local"
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str], max_frame: int = MAX_FRAME_BYTES) -> None:
-        self.argv = [sys.executable, "-m", "workers", *argv]
+    def __init__(
+        self, argv: Sequence[str], env: dict[str, str], max_frame: int = MAX_FRAME_BYTES,
+        python: str = sys.executable,
+    ) -> None:
+        self.argv = [python, "-m", "workers", *argv]
         self.pid: int | None = None
         self.model: str | None = None
         self._env = env
@@ -143,18 +147,31 @@ def worker_devices(workers: int, visible: str | None = None) -> list[str]:
     return [devices[index % len(devices)] for index in range(workers)]
 
 
+def interpreter_env(python: str) -> dict[str, str]:
+    """What a worker under ``python`` needs in its environment beyond the gateway's: another
+    interpreter (a virtualenv of its own) finds this ``workers`` package on its path."""
+    if python == sys.executable:
+        return {}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(workers_package.__file__)))
+    return {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+
+
 def process_workers(
-    argv: Sequence[str], workers: int, max_frame: int = MAX_FRAME_BYTES, kind: type[P] = ProcessWorker
+    argv: Sequence[str], workers: int, max_frame: int = MAX_FRAME_BYTES, kind: type[P] = ProcessWorker,
+    python: str = sys.executable,
 ) -> Callable[[int], P]:
     """A :data:`Spawn` that starts ``python -m workers *argv`` on each slot's own device, and
     names each start (``SLOT:START``, counted from 1 per slot) in its environment; ``kind`` is
-    the pool's side of the process (an engine's: :class:`batcher.engine_worker.EngineProcess`)."""
+    the pool's side of the process (an engine's: :class:`batcher.engine_worker.EngineProcess`),
+    ``python`` the interpreter it runs under."""
     devices = worker_devices(workers)
     starts: Counter[int] = Counter()
+    extra = interpreter_env(python)
 
     def spawn(slot: int) -> P:
         starts[slot] += 1
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices[slot], INSTANCE_ENV: f"{slot}:{starts[slot]}"}
-        return kind(argv, env, max_frame)
+        env = {**os.environ, **extra, "CUDA_VISIBLE_DEVICES": devices[slot],
+               INSTANCE_ENV: f"{slot}:{starts[slot]}"}
+        return kind(argv, env, max_frame, python)
 
     return spawn

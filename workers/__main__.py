@@ -23,6 +23,7 @@ from workers.engine.serve import add_engine_arguments, engine_main
 from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
 from workers.models import Model, add_model_arguments, load_model
 from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, encode
+from workers.vllm_engine import add_vllm_arguments, vllm_main
 
 CRASH_EXIT_CODE = 3
 
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in kinds.choices.values():
         add_fault_arguments(sub)
     add_engine_arguments(kinds)  # continuous mode: its own loop (workers/engine/serve.py)
+    add_vllm_arguments(kinds)  # the same frames over vLLM's engine (workers/vllm_engine.py)
     return parser
 
 
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     exit_with_parent()
     if args.kind == "engine":
         return engine_main(args, protocol_in, protocol_out)
+    if args.kind == "vllm-engine":
+        return vllm_main(args, protocol_in, protocol_out)
     injector = FaultInjector(plan_from_args(args), instance_from_env())
     model = load_model(args)
     with os.fdopen(protocol_out, "wb") as out:

@@ -1,0 +1,230 @@
+"""Side by side on SmolLM2-135M-Instruct (bfloat16): ferry's own engine, ferry scheduling vLLM's
+engine (``engine = "vllm"``), and vLLM's own OpenAI server, one server at a time, alternating
+round by round, the same prompts through each server's ``/v1/chat/completions``.
+
+Each level of concurrency N runs N closed-loop clients, each sending ``--per-client`` streamed
+greedy chat requests (``max_tokens`` answer tokens, a quarter of the prompts 300-450-word
+documents, the rest short questions; ``stream_options.include_usage`` for the token count). A
+row: answered (HTTP 200) and refused requests, output tokens per second over the level's wall
+time, TTFT and TPOT (time per output token after the first) p50/p95, and the CPU seconds of the
+serving front process per 1,000 output tokens (ferry's gateway, without its engine workers;
+vLLM's API server process, whose engine core runs in a child). ``default`` is ``ferry serve``'s
+embedded default (its demo key and wait budgets), to see what a burst does to it.
+
+Loopback only. vLLM's side needs ``make vllm-env``; both vLLM runs are eager (no torch.compile),
+so that they start in seconds and compare like with like::
+
+    .venv/bin/python experiments/vllm_bench.py --levels 1 8 32 --per-client 2 --rounds 1
+    .venv/bin/python experiments/vllm_bench.py --servers default --levels 32 --per-client 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import json
+import pathlib
+import random
+import sys
+import tempfile
+import time
+
+import aiohttp
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from gateway.config import DEFAULT_TOML  # noqa: E402
+from experiments.http_load import process_cpu, start_gateway  # noqa: E402
+from experiments.vllm_server import VLLM_PYTHON, VllmOpenAIServer, vllm_installed  # noqa: E402
+from workers.convert import ensure_converted  # noqa: E402
+
+KEY = "sk-bench-0001"
+SERVERS = ("ferry", "ferry+vllm", "vllm", "default")
+WORDS = ("river ledger harbour engine signal quiet amber window orchard copper lantern meadow "
+         "station ribbon falcon marble season thunder garden pocket").split()
+QUESTIONS = ["What is the capital of France?", "Name three colours of the rainbow.",
+             "How do bees make honey?", "Why is the sky blue?", "Give me a tip for sleeping well.",
+             "What is a prime number?", "Describe a cat in one sentence.", "How far is the Moon?"]
+
+
+def prompts(count: int, seed: int = 0) -> list[list[dict]]:
+    """``count`` chat conversations, the same for every server: every fourth a document to sum up."""
+    rng = random.Random(seed)
+    chats = []
+    for i in range(count):
+        if i % 4 == 0:
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(300, 450)))
+            content = f"Summarise this document in a few sentences:\n\n{text}"
+        else:
+            content = QUESTIONS[i % len(QUESTIONS)] + f" (question {i})"
+        chats.append([{"role": "user", "content": content}])
+    return chats
+
+
+def ferry_config(model_dir: str, engine: str, state: str) -> str:
+    """A ferry configuration for the comparison: one SmolLM2 engine, budgets nobody waits past."""
+    python = f'python = "{VLLM_PYTHON}"\n' if engine == "vllm" else ""
+    return f"""
+[server]
+port = 0
+
+[[tiers]]
+name = "paid"
+wait_budget_ms = 600000
+
+[[keys]]
+key = "{KEY}"
+tenant = "bench"
+tier = "paid"
+
+[[models]]
+name = "smollm2@1"
+mode = "continuous"
+engine = "{engine}"
+{python}model = "{model_dir}"
+dtype = "bfloat16"
+workers = 1
+kv_memory_gb = 1.0
+max_batch_tokens = 2048
+context_window = 2048
+stats_timeout_ms = 60000
+temperature = 0.0
+
+[state]
+dir = "{state}"
+"""
+
+
+@dataclasses.dataclass
+class Sample:
+    status: int
+    error: str = ""  # a refusal's message
+    ttft: float = 0.0
+    tpot: float = 0.0
+    tokens: int = 0
+
+
+async def one(session: aiohttp.ClientSession, url: str, model: str, key: str, chat: list,
+              max_tokens: int) -> Sample:
+    """One streamed chat completion: when its first text came, how fast the rest, how many tokens."""
+    body = {"model": model, "messages": chat, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    started = time.monotonic()
+    first = last = None
+    tokens = 0
+    async with session.post(url + "/v1/chat/completions", json=body,
+                            headers={"Authorization": f"Bearer {key}"}) as response:
+        if response.status != 200:
+            return Sample(response.status, error=(await response.text())[:200])
+        async for line in response.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:  # the stream failed after its headers
+                return Sample(200, error=chunk["error"].get("message", "")[:200])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if any(choice.get("delta", {}).get("content") for choice in chunk.get("choices", [])):
+                last = time.monotonic()
+                first = first or last
+    if first is None:
+        return Sample(200, tokens=tokens)
+    return Sample(200, ttft=first - started, tpot=(last - first) / max(1, tokens - 1), tokens=tokens)
+
+
+async def level(url: str, model: str, key: str, chats: list, clients: int, per_client: int, max_tokens: int,
+                pid: int) -> dict:
+    """``clients`` closed-loop clients, ``per_client`` requests each: one row of the table."""
+    queue = list(chats[: clients * per_client])
+    samples: list[Sample] = []
+
+    async def client(session):
+        while queue:
+            samples.append(await one(session, url, model, key, queue.pop(0), max_tokens))
+
+    cpu = process_cpu(pid)
+    started = time.monotonic()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+    wall, cpu = time.monotonic() - started, process_cpu(pid) - cpu
+    ok = [s for s in samples if s.status == 200 and s.tokens]
+    tokens = sum(s.tokens for s in ok)
+
+    def pct(values, q):
+        return round(float(np.percentile(values, q)) * 1000) if values else None
+
+    refused = [s for s in samples if s not in ok]
+    return {"clients": clients, "answered": len(ok), "refused": len(refused),
+            "statuses": dict(collections.Counter(s.status for s in samples)),
+            "first_refusal": refused[0].error if refused else "",
+            "tok_s": round(tokens / wall, 1), "ttft_p50_ms": pct([s.ttft for s in ok], 50),
+            "ttft_p95_ms": pct([s.ttft for s in ok], 95), "tpot_p50_ms": pct([s.tpot for s in ok], 50),
+            "tpot_p95_ms": pct([s.tpot for s in ok], 95),
+            "front_cpu_s_per_1k_tokens": round(cpu / tokens * 1000, 3) if tokens else None}
+
+
+def start(server: str, model_dir: str, scratch: pathlib.Path):
+    """Start one server; returns (url, model name, key, its front process's pid, stop())."""
+    if server == "vllm":
+        peer = VllmOpenAIServer(model_dir, scratch / "vllm.log", kv_memory_gb=1)
+        peer.start()
+        return peer.url, model_dir, "none", peer.process.pid, peer.stop
+    path = scratch / f"{server}.toml"
+    if server == "default":
+        path.write_text(DEFAULT_TOML + f'\n[state]\ndir = "{scratch}"\n')
+        model, key = "smollm2", "sk-ferry-demo-paid"
+    else:
+        path.write_text(ferry_config(model_dir, "vllm" if server == "ferry+vllm" else "ferry", str(scratch)))
+        model, key = "smollm2@1", KEY
+    process, url = start_gateway(str(path))
+
+    def stop():
+        process.terminate()
+        process.wait(60)
+    return url, model, key, process.pid, stop
+
+
+async def main(args: argparse.Namespace) -> list[dict]:
+    model_dir = str(ensure_converted("smollm2-135m", log=lambda line: None))
+    chats = prompts(max(args.levels) * args.per_client)
+    rows = []
+    for round_ in range(args.rounds):
+        order = args.servers if round_ % 2 == 0 else list(reversed(args.servers))  # alternate who goes first
+        for server in order:
+            with tempfile.TemporaryDirectory(prefix=f"bench-{server.replace('+', '-')}-") as scratch:
+                url, model, key, pid, stop = start(server, model_dir, pathlib.Path(scratch))
+                try:
+                    await level(url, model, key, chats, 1, 1, 8, pid)  # warm-up: first-call costs not in rows
+                    for clients in args.levels:
+                        measured = await level(url, model, key, chats, clients, args.per_client,
+                                               args.max_tokens, pid)
+                        row = {"round": round_, "server": server, **measured}
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+                finally:
+                    stop()
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=["ferry", "ferry+vllm", "vllm"])
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32], help="concurrent clients")
+    parser.add_argument("--per-client", type=int, default=2, help="requests each client sends per level")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over the servers, in alternating order")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args(argv)
+    if any(s in ("ferry+vllm", "vllm") for s in args.servers) and not vllm_installed():
+        parser.error("vLLM's virtualenv is not built: make vllm-env")
+    return args
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    table = asyncio.run(main(arguments))
+    if arguments.json:
+        pathlib.Path(arguments.json).write_text(json.dumps(table, indent=1))

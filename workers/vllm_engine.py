@@ -1,0 +1,243 @@
+"""``python -m workers vllm-engine``: vLLM's engine behind ferry's framed pipe, so a model with
+``engine = "vllm"`` is scheduled, routed, admitted, streamed, metered and supervised exactly as one
+on ferry's own engine.
+
+It runs vLLM's ``LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core
+child, so a SIGKILL of this process is the death of the engine, which is what the pool's failure
+rule expects), never its HTTP server. It runs under the interpreter of vLLM's own virtualenv
+(``make vllm-env``): it imports nothing of ferry but this package's pure modules and the frame
+codec, and vLLM only once the command line is parsed.
+
+The frames are ferry's engine's (``workers/protocol.py``, ``workers/engine/serve.py``)::
+
+    add {rid, ...}   -> LLMEngine.add_request(str(rid), prompt ids, SamplingParams); a prompt vLLM
+                        refuses (longer than max_model_len) finishes at once as too_long
+    abort {rid}      -> abort_request; finished {aborted} at once (vLLM reports nothing for it)
+    each step        -> tokens {rid, ids}: the step's new id (vLLM asked for deltas, ids only: the
+                        gateway detokenizes), then finished; a stop token (EOS or a stop id)
+                        is not sent, and counted in the usage, as ferry's engine does
+    every ~200 ms    -> stats, from vLLM's own scheduler stats (``get_metrics``)
+
+Blocks in ``stats`` are counted in ``--block-size`` tokens, ferry's unit (the pool sizes requests
+with it), whatever vLLM's own block is (its CPU attention wants multiples of 32; it picks 128):
+``total_blocks`` is vLLM's KV capacity in tokens over that size, ``used_blocks`` its usage share
+of it. vLLM does not count its evictable prefix blocks, so ``cached_blocks`` is 0. The prefix
+cache is on, salted with the model version and the tenant (one tenant's prompts never speed up
+another's: no timing side channel between them), as ferry's engine keys its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from workers.engine.engine import SequenceEnd, StepOutput
+from workers.engine.sequence import FinishReason, SamplingParams
+from workers.engine.serve import BAD_START, PROTOCOL_FAULT, STOPS, run
+from workers.protocol import EngineStats, ProtocolError, Ready, encode
+ENVIRONMENT = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process (see the module doc)
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",  # a local model directory; never the network
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",  # no HTTP frontend here to keep a core for
+    # In process, vLLM takes this process for a frontend and cuts torch to one thread unless told
+    # how many: the engine gets the cores this process may run on.
+    "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
+}
+
+
+def add_vllm_arguments(kinds: argparse._SubParsersAction) -> None:
+    engine = kinds.add_parser("vllm-engine", help="vLLM's engine (LLMEngine), speaking ferry's engine frames")
+    engine.add_argument("--model", metavar="DIR", required=True, help="a Hugging Face model directory")
+    engine.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    engine.add_argument("--block-size", type=int, default=16, help="tokens per block in stats (ferry's unit)")
+    size = engine.add_mutually_exclusive_group()
+    size.add_argument("--num-blocks", type=int, help="KV cache in --block-size blocks (default: vLLM's)")
+    size.add_argument("--kv-memory-gb", type=float, help="KV cache size in GiB, instead of --num-blocks")
+    engine.add_argument("--max-batch-tokens", type=int, default=512, help="token budget of a step")
+    engine.add_argument("--max-seqs", type=int, default=256, help="running sequences at most")
+    engine.add_argument("--max-model-len", type=int, default=None, help="longest sequence (default: model's)")
+    engine.add_argument("--model-version", default="", help="prefix cache salt (default: the model's name)")
+    engine.add_argument("--device", default=None, help="accepted for symmetry; vLLM's build decides")
+    engine.add_argument("--compile", action="store_true", help="torch.compile (slow start, faster steps)")
+
+
+@dataclasses.dataclass(slots=True)
+class Live:
+    """What the adapter remembers of one sequence vLLM holds."""
+
+    prompt_tokens: int
+    max_tokens: int
+    stop_ids: frozenset[int]  # EOS and the request's stop ids: not text, never sent
+    shown: int = 0  # output ids reported so far
+    cached: int = 0  # prompt tokens the prefix cache supplied, once vLLM says
+
+
+METRICS = {  # vLLM's scheduler stats (engine 0: the only one in process) -> the stats frame's fields
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_preemptions": "preemptions",
+    "vllm:prefix_cache_queries": "prefix_queries",
+    "vllm:prefix_cache_hits": "prefix_hits",
+    "vllm:generation_tokens": "generated_tokens",
+}
+
+
+def read_metrics(metrics: Iterable[Any]) -> tuple[dict[str, int], float]:
+    """vLLM's ``get_metrics()`` as the stats frame's fields (computed tokens: the prompt tokens it
+    computed itself, not taken from the cache, and every decode), and its KV usage share."""
+    fields, usage, computed_prompt = dict.fromkeys(METRICS.values(), 0), 0.0, 0
+    for metric in metrics:
+        if metric.name in METRICS:
+            fields[METRICS[metric.name]] = int(metric.value)
+        elif metric.name == "vllm:kv_cache_usage_perc":
+            usage = float(metric.value)
+        elif metric.name == "vllm:prompt_tokens_by_source" and metric.labels.get("source") == "local_compute":
+            computed_prompt = int(metric.value)
+    fields["computed_tokens"] = computed_prompt + fields["generated_tokens"]
+    return fields, usage
+
+
+class VllmEngine:
+    """vLLM's ``LLMEngine`` behind the interface of ferry's :class:`~workers.engine.engine.Engine`
+    (``add``, ``abort``, ``step``, ``stats``, ``has_work``), so that ferry's worker loop
+    (:func:`workers.engine.serve.run`) serves it frame for frame as it serves its own engine."""
+
+    def __init__(self, engine: Any, sampling: Callable[..., Any], delta: object, block_size: int,
+                 salt: str) -> None:
+        self.engine, self._sampling, self._delta, self.salt = engine, sampling, delta, salt
+        cache = engine.vllm_config.cache_config
+        self.total_blocks = cache.num_gpu_blocks * cache.block_size // block_size
+        tokenizer = engine.get_tokenizer()
+        self._eos = frozenset(i for i in (tokenizer.eos_token_id,) if i is not None)
+        self.live: dict[int, Live] = {}
+        self.steps = 0
+        self._ended: list[SequenceEnd] = []  # aborted or refused since the last step
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.live or self._ended)
+
+    def add(self, prompt_ids: list[int], sampling: SamplingParams, *, tier: int = 0, tenant: str = "",
+            rid: int | None = None) -> int:
+        """Queue ``rid`` in vLLM; one it refuses (longer than its max_model_len) ends as too_long."""
+        if rid is None or rid in self.live or not prompt_ids:
+            raise ValueError(f"rid {rid}: a new rid and a prompt are needed")
+        params = self._sampling(  # ids only, each step's new ones: the gateway detokenizes
+            max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k, seed=sampling.seed, stop_token_ids=list(sampling.stop_token_ids),
+            ignore_eos=sampling.ignore_eos, detokenize=False, output_kind=self._delta,
+        )
+        prompt = {"prompt_token_ids": list(prompt_ids), "cache_salt": f"{self.salt}\0{tenant}"}
+        try:
+            self.engine.add_request(str(rid), prompt, params)
+        except ValueError as exc:
+            self._ended.append(SequenceEnd(rid, FinishReason.TOO_LONG, len(prompt_ids), 0, 0, str(exc)))
+            return rid
+        stops = frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self._eos)
+        self.live[rid] = Live(len(prompt_ids), sampling.max_tokens, stops)
+        return rid
+
+    def abort(self, rid: int) -> bool:
+        """End ``rid`` (False if unknown); vLLM frees its blocks at once and reports nothing more."""
+        seq = self.live.pop(rid, None)
+        if seq is None:
+            return False
+        self.engine.abort_request([str(rid)])
+        self._ended.append(SequenceEnd(rid, FinishReason.ABORTED, seq.prompt_tokens, seq.cached, seq.shown))
+        return True
+
+    def step(self) -> StepOutput:
+        """One vLLM step: each sequence's new token, and what ended."""
+        tokens: dict[int, int] = {}
+        finished, self._ended = self._ended, []
+        outputs = self.engine.step() if self.live else []
+        self.steps += 1
+        for output in outputs:
+            seq = self.live.get(rid := int(output.request_id))
+            if seq is None:  # aborted meanwhile: its end is reported already
+                continue
+            seq.cached = output.num_cached_tokens or seq.cached
+            completion = output.outputs[0]
+            new = completion.token_ids  # this step's ids only (RequestOutputKind.DELTA)
+            if len(new) > 1:
+                raise RuntimeError(f"rid {rid}: {len(new)} tokens in one step (speculative decoding?)")
+            if new:
+                tokens[rid] = new[-1]
+                seq.shown += 1
+            if output.finished:
+                del self.live[rid]
+                reason = self._reason(completion.finish_reason, completion.stop_reason)
+                if reason in STOPS and (not new or new[-1] not in seq.stop_ids):
+                    seq.shown += 1  # vLLM left the stop id out: ferry's usage counts it all the same
+                finished.append(SequenceEnd(rid, reason, seq.prompt_tokens, seq.cached, seq.shown))
+        return StepOutput(tokens, finished, [], len(tokens), self.stats())
+
+    def stats(self) -> EngineStats:
+        fields, usage = read_metrics(self.engine.get_metrics())
+        if not self.live:  # vLLM's gauges are from its last step; an abort since then freed what it held
+            fields.update(running=0, waiting=0)
+            usage = 0.0
+        used = min(self.total_blocks, round(usage * self.total_blocks))
+        queued = sum(s.prompt_tokens * (s.shown == 0) + s.max_tokens - 1 - s.shown
+                     for s in self.live.values())
+        free = self.total_blocks - used
+        return EngineStats(step=self.steps, queued_tokens=max(0, queued), free_blocks=free,
+                           used_blocks=used, total_blocks=self.total_blocks, cached_blocks=0, **fields)
+
+    @staticmethod
+    def _reason(finish_reason: str | None, stop_reason: object) -> FinishReason:
+        """vLLM's finish reason in ferry's words."""
+        if finish_reason == "length":
+            return FinishReason.MAX_TOKENS
+        if finish_reason == "abort":
+            return FinishReason.ABORTED
+        return FinishReason.STOP_TOKEN if isinstance(stop_reason, int) else FinishReason.EOS
+
+
+def load_engine(args: argparse.Namespace) -> VllmEngine:
+    """vLLM's engine as the command line asks for it (the slow part of the start)."""
+    for name, value in ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    from vllm import SamplingParams as VllmSampling
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.llm_engine import LLMEngine
+
+    size: dict[str, int] = {}
+    if args.kv_memory_gb:
+        size["kv_cache_memory_bytes"] = int(args.kv_memory_gb * (1 << 30))
+    engine_args = EngineArgs(
+        model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_batch_tokens, max_num_seqs=args.max_seqs,
+        enable_prefix_caching=True, enforce_eager=not args.compile, disable_log_stats=False, **size,
+    )
+    if args.num_blocks:  # in vLLM's own blocks, once it has chosen their size
+        probe = engine_args.create_engine_config()
+        vllm_block = probe.cache_config.block_size
+        engine_args.num_gpu_blocks_override = -(-args.num_blocks * args.block_size // vllm_block)
+    engine = LLMEngine.from_engine_args(engine_args)
+    name = os.path.basename(os.path.normpath(args.model))
+    salt = args.model_version or name
+    return VllmEngine(engine, VllmSampling, RequestOutputKind.DELTA, args.block_size, salt)
+
+
+def vllm_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> int:
+    try:
+        engine = load_engine(args)
+    except (ValueError, RuntimeError) as exc:
+        print(f"vllm engine worker: {exc}", file=sys.stderr)
+        return BAD_START
+    with os.fdopen(protocol_out, "wb") as out:
+        out.write(encode(Ready(pid=os.getpid(), model=os.path.basename(os.path.normpath(args.model)))))
+        out.flush()
+        try:
+            run(engine, protocol_in, out)  # type: ignore[arg-type]  # the Engine interface, duck-typed
+        except ProtocolError as exc:
+            print(f"vllm engine worker: protocol fault: {exc}", file=sys.stderr)
+            return PROTOCOL_FAULT
+    return 0
