@@ -43,9 +43,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # One fused op, summing squares in float32 whatever the model's dtype (bfloat16 sums would
-        # drift); in bfloat16 it rounds once where transformers rounds before the weight.
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # In float32 whatever the model's dtype, as transformers does: bfloat16 sums of squares
+        # would drift (and torch's fused rms_norm rounds bfloat16 otherwise than transformers).
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
 
 
 class Rotary:
