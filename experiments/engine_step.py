@@ -31,7 +31,7 @@ from types import ModuleType
 import torch
 
 from experiments.common import markdown
-from workers.engine.convert import ensure_converted
+from workers.convert import ensure_converted
 
 BEFORE = "before_workers"
 
