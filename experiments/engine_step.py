@@ -10,7 +10,7 @@ then take turns: each round, each side runs one untimed step and ``--steps`` tim
 steps of all ``--seqs`` sequences. Reported per side: wall and CPU seconds per step (CPU:
 this thread's, which a loaded machine's other processes disturb less than the wall clock),
 min and median, and this tree's over the earlier one's. ``--profile`` then prints
-torch.profiler's table of this tree's steps, by operator.
+torch.profiler's table of each side's steps, by operator.
 """
 
 from __future__ import annotations
@@ -110,20 +110,20 @@ def main() -> None:
     rows[-1]["engine"] = "this / before"
     print(f"{args.seqs} decodes a step, {args.dtype}, {args.threads} thread(s)", file=sys.stderr)
     print(markdown(rows))
-    if args.profile:
-        profile(engines["this tree"])
+    for name, engine in engines.items() if args.profile else ():
+        print(f"{name}, 5 steps:")
+        print(profile(engine, 5))
 
 
-def profile(engine) -> None:
+def profile(engine, steps: int) -> str:
+    """torch.profiler's table of ``steps`` steps of ``engine``, by operator, busiest first."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    steps = 5
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             engine.step()
-    print(f"{steps} steps:")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
 
 
 if __name__ == "__main__":
