@@ -15,9 +15,9 @@ from tokenizers import Tokenizer
 from tests.oracles import NaiveLlama, transformers_greedy
 from tests.paged_driver import PagedDriver, Request
 from tests.tiny_checkpoint import CHAT_TEMPLATE
+from workers.chat_template import read_chat_template
 from workers.engine.attention import partition, plan_attention
 from workers.engine.batch import ForwardBatch, Sample
-from workers.chat_template import read_chat_template
 from workers.engine.checkpoint import LlamaConfig, Rope, read_rope
 from workers.engine.runner import ModelRunner
 from workers.engine.sequence import SamplingParams
