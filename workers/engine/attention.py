@@ -121,7 +121,8 @@ def partition(query_lens: list[int], context_lens: list[int], block_size: int) -
             if savings[best] <= 0:
                 break
             run[best : best + 2] = [run[best] + run[best + 1]]
-        groups.extend(run)
+        # In batch order within a group: a group that is the whole batch then needs no copies.
+        groups.extend(sorted(members) for members in run)
     return groups
 
 
