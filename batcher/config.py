@@ -290,7 +290,8 @@ class ContinuousModelConfig(ModelConfig):
             if self.tokenizer == "bytes":
                 argv += ["--sim-vocab", "128"]  # ASCII: one character a token
         else:
-            argv = ["engine", "--model", self.model_dir, "--dtype", self.dtype, "--threads", str(self.threads)]
+            argv = ["engine", "--model", self.model_dir, "--dtype", self.dtype,
+                    "--threads", str(self.threads)]
         argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),
                  "--max-seqs", str(self.max_seqs), "--model-version", self.name]
         if self.num_blocks:

@@ -82,9 +82,10 @@ def int8_linear(rows: int) -> dict[str, Callable[[], object]]:
     x, weight = torch.randn(rows, 576, dtype=BF16), torch.randn(3072, 576, dtype=BF16)
     scales = weight.float().abs().amax(dim=1) / 127
     quantized = (weight.float() / scales[:, None]).round().to(torch.int8)
+    bf16_scales = scales.to(BF16)
     return {
         f"gate_up {rows} rows: bfloat16": lambda: F.linear(x, weight),
-        f"gate_up {rows} rows: int8 weights": lambda: torch._weight_int8pack_mm(x, quantized, scales.to(BF16)),
+        f"gate_up {rows} rows: int8 weights": lambda: torch._weight_int8pack_mm(x, quantized, bf16_scales),
     }
 
 

@@ -45,7 +45,8 @@ def unpack(ref: str, into: Path) -> None:
                 text = tar.extractfile(member).read().decode()
                 path = into / BEFORE / member.name.removeprefix("workers/")
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text.replace("workers.", BEFORE + ".").replace("from workers ", f"from {BEFORE} "))
+                renamed = text.replace("workers.", BEFORE + ".").replace("from workers ", f"from {BEFORE} ")
+                path.write_text(renamed)
 
 
 def decoding_engine(package: str, model_dir: Path, dtype: str, prompts: list[list[int]]):

@@ -155,7 +155,8 @@ def test_runner_reads_the_checkpoint(tiny_checkpoint):
     assert read_chat_template(tiny_checkpoint).source == CHAT_TEMPLATE
     tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
     assert tokenizer.encode("<|im_start|>ferry<|im_end|>").ids[0] == 1
-    assert tokenizer.decode(tokenizer.encode("A ferry crosses the river.").ids) == "A ferry crosses the river."
+    text = "A ferry crosses the river."
+    assert tokenizer.decode(tokenizer.encode(text).ids) == text
     # 2 layers x K and V x 2 KV heads x head dim 16 x 4 bytes; 10^6 bytes hold 122 blocks of 16
     assert (runner.kv_bytes_per_token, runner.num_blocks, runner.block_size) == (512, 122, 16)
     assert runner.kv_cache.shape == (2, 2, 2, 122, 16, 16)
