@@ -177,8 +177,8 @@ def attend(
 ) -> torch.Tensor:
     """``softmax(query @ keys^T * scale + mask) @ values`` over [seqs, kv_heads, rows, head_dim]:
     ``scaled_dot_product_attention``, for decodes (a KV head's query heads as its rows, one mask
-    row broadcast over them) as for prefill chunks. On one query its CPU kernel beats two plain
-    matmuls in bfloat16 with torch 2.13 (experiments/README.md, "Where a step's time goes")."""
+    row broadcast over them) as for prefill chunks: one path, as fast as two plain matmuls on a
+    decode group with torch 2.13 (experiments/README.md, "Where a step's time goes")."""
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
 
 
