@@ -237,6 +237,7 @@ class ContinuousModelConfig(ModelConfig):
     max_seqs: int = 256  # running sequences per replica at most
     dtype: str = "float32"
     device: str = ""  # cpu or cuda (default: cuda where present)
+    threads: int = 1  # torch CPU threads per engine; 1 never spins on a core the gateway needs
     affinity_bound: int = 2048  # tokens: a prefix holder busier than the least loaded by more loses it
     stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
     max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
@@ -268,6 +269,7 @@ class ContinuousModelConfig(ModelConfig):
                  self.kv_memory_gb)
         _require(self.dtype in DTYPES, "dtype", f"one of {list(DTYPES)}", self.dtype)
         _require(self.device in ("", "cpu", "cuda"), "device", "'cpu' or 'cuda'", self.device)
+        _require(1 <= self.threads <= 1024, "threads", "1..1024", self.threads)
         _require(self.affinity_bound >= 0, "affinity_bound", "tokens >= 0", self.affinity_bound)
         _require(0 < self.stats_timeout_ms < math.inf, "stats_timeout_ms", "milliseconds > 0", self.stats_timeout_ms)
         _require(0.0 <= self.temperature <= 1.0, "temperature", "a number in 0..1", self.temperature)
@@ -310,6 +312,8 @@ class ContinuousModelConfig(ModelConfig):
             argv = [kind, "--model", self.model_dir, "--dtype", self.dtype]
             if self.engine == "vllm":
                 argv += ["--max-model-len", str(self.context_window)]
+            else:
+                argv += ["--threads", str(self.threads)]
         argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),
                  "--max-seqs", str(self.max_seqs), "--model-version", self.name]
         if self.num_blocks:

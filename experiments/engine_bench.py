@@ -103,13 +103,12 @@ def run_engine(runner: ModelRunner, requests: list[Request], max_batch_tokens: i
         rid = engine.add(request.prompt, SamplingParams(max_tokens=request.answer, ignore_eos=True))
         answers[rid] = []
     while engine.has_work:
-        output = engine.step()
-        for rid, token in output.tokens.items():
+        for rid, token in engine.step().tokens.items():
             answers[rid].append(token)
         running = engine.scheduler.running
         if running:
             held = sum(seq.num_computed for seq in running)
-            utilisation.append(held / (output.stats.used_blocks * runner.block_size))
+            utilisation.append(held / (engine.scheduler.blocks.num_used * runner.block_size))
     seconds = time.perf_counter() - started
     stats = engine.stats()
     return Outcome(

@@ -21,7 +21,7 @@ FRAMES = {
     "tokens (1 id)": {"kind": "tokens", "rid": 7, "ids": [4242]},
     "finished": {"kind": "finished", "rid": 7, "reason": "eos", "usage": USAGE},
     "stats": {
-        "kind": "stats", "step": 12, "running": 3, "waiting": 1, "queued_tokens": 900, "free_blocks": 40,
+        "kind": "stats", "step": 12, "running": 3, "waiting": 1, "free_blocks": 40,
         "used_blocks": 24, "total_blocks": 64, "cached_blocks": 5, "preemptions": 2, "prefix_queries": 1500,
         "prefix_hits": 320, "computed_tokens": 2100, "generated_tokens": 36,
     },

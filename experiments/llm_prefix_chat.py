@@ -38,7 +38,7 @@ def twelfth_turn(cached: bool) -> float:
     """TTFT of the 12th turn on an idle replica that served the 11th."""
     replica = Replica()
     eleventh = replica.add(HISTORY - ANSWER, answer=ANSWER)
-    prompt = list(replica.engine.scheduler.sequences[eleventh].token_ids)
+    prompt = list(replica.engine.scheduler.sequences[eleventh].prompt_ids)
     while replica.engine.has_work:
         output, _ = replica.step()
         if eleventh in output.tokens:

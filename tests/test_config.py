@@ -43,9 +43,9 @@ def test_the_example_file_loads_with_every_field():
     assert (smollm2.mode, smollm2.model, smollm2.kv_memory_gb, smollm2.affinity_bound) == (
         "continuous", "smollm2-135m", 0.5, 2048)
     assert smollm2.engine_argv() == [
-        "engine", "--model", converted_dir("smollm2-135m"), "--dtype", "float32", "--block-size", "16",
-        "--max-batch-tokens", "512", "--max-seqs", "256", "--model-version", "smollm2-135m-instruct@1",
-        "--kv-memory-gb", "0.5"]
+        "engine", "--model", converted_dir("smollm2-135m"), "--dtype", "float32", "--threads", "1",
+        "--block-size", "16", "--max-batch-tokens", "512", "--max-seqs", "256",
+        "--model-version", "smollm2-135m-instruct@1", "--kv-memory-gb", "0.5"]
     assert smollm2.pool() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3,
                                         model="smollm2-135m-instruct@1")
 
@@ -100,6 +100,8 @@ def test_a_minimal_file_takes_the_defaults():
         ("[server]\nport = 80.0\n" + MINIMAL, "f.toml: server.port: expected int, got 80.0"),
         (MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\ntokens_per_minute = '9'\n",
          "f.toml: keys[0].tokens_per_minute: expected int | null, got '9'"),
+        (MINIMAL.replace('worker = ["echo"]', "mode = 'continuous'\nsimulated = 'llama-70b'\nthreads = 0"),
+         "f.toml: models[0].threads: expected 1..1024, got 0"),
         (MINIMAL.replace("name = \"m@1\"\n", ""), "f.toml: models[0]: missing field 'name'"),
         (MINIMAL + "[[models]]\nname = 'n@1'\naliases = ['m@1']\nworker = ['echo']\n",
          "f.toml: models[1]: 'm@1' already names model 'm@1'"),

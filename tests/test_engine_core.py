@@ -49,11 +49,10 @@ def test_the_first_steps_of_a_decode_and_a_chunked_prompt_are_exact():
     )
     a0 = next_token([1, 2, 3])
     assert (first.tokens, first.finished, first.preempted, first.scheduled_tokens) == ({0: a0}, [], [], 8)
-    assert first.stats == EngineStats(
+    assert eng.stats() == EngineStats(
         step=1,
         running=2,
         waiting=0,
-        queued_tokens=(3 + 3 - 1 - 3) + (6 + 3 - 1 - 5),
         free_blocks=13,
         used_blocks=3,
         total_blocks=16,

@@ -17,8 +17,10 @@ import random
 
 import jinja2
 import pytest
+from tokenizers import Tokenizer
 
 from tests.oracles import NaiveLlama, transformers_greedy
+from workers.chat_template import read_chat_template
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine, SequenceEnd
 from workers.engine.runner import ModelRunner
@@ -205,8 +207,12 @@ def test_the_engine_refuses_a_prompt_that_fills_the_model_s_context(tiny_checkpo
     assert (run.finished[1].reason, len(run.tokens[1])) == (FinishReason.MAX_TOKENS, 6)
 
 
+def tokenizer_of(model_dir) -> Tokenizer:
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+
 def test_smollm2_through_the_engine_equals_transformers(smollm2, smollm2_runner):
-    tokenizer = smollm2_runner.tokenizer
+    tokenizer = tokenizer_of(smollm2)
     texts = ["The river carries whole trees down from", "def fibonacci(n):", "Paris is a city of"]
     greedy = SamplingParams(max_tokens=10, ignore_eos=True)
     requests = [Request(tokenizer.encode(text).ids, greedy, step=i) for i, text in enumerate(texts)]
@@ -217,20 +223,20 @@ def test_smollm2_through_the_engine_equals_transformers(smollm2, smollm2_runner)
     )
 
 
-def test_smollm2_answers_the_capital_of_france_through_its_chat_template(smollm2_runner):
-    runner = smollm2_runner
-    text = jinja2.Template(runner.chat_template).render(
+def test_smollm2_answers_the_capital_of_france_through_its_chat_template(smollm2, smollm2_runner):
+    tokenizer = tokenizer_of(smollm2)
+    text = jinja2.Template(read_chat_template(smollm2).source).render(
         messages=[{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
     )
     run = drive(
-        engine_over(runner), [Request(runner.tokenizer.encode(text).ids, SamplingParams(max_tokens=16))]
+        engine_over(smollm2_runner), [Request(tokenizer.encode(text).ids, SamplingParams(max_tokens=16))]
     )
-    assert runner.tokenizer.decode(run.tokens[0]).startswith("The capital of France is Paris.")
+    assert tokenizer.decode(run.tokens[0]).startswith("The capital of France is Paris.")
     assert run.finished[0].reason is FinishReason.EOS
 
 
-def test_smollm2_gives_a_seeded_sampled_answer_alone_as_inside_a_full_batch(smollm2_runner):
-    tokenizer = smollm2_runner.tokenizer
+def test_smollm2_gives_a_seeded_sampled_answer_alone_as_inside_a_full_batch(smollm2, smollm2_runner):
+    tokenizer = tokenizer_of(smollm2)
     sampled = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, top_k=50, seed=77, ignore_eos=True)
     prompt = tokenizer.encode("Once upon a time, in a town by the sea,").ids
     texts = ["The ferry left at", "def add(a, b):", "Water boils at", "My favourite colour", "In 1969,"]

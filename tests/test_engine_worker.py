@@ -140,9 +140,7 @@ async def test_fifty_requests_stream_their_tokens_and_finish_with_their_usage_or
     await engine.until(lambda got: any(isinstance(m, EngineStats) for m in got[ended:]))
     after = next(m for m in engine.received[ended:] if isinstance(m, EngineStats))
     assert (after.running, after.waiting, after.used_blocks, after.free_blocks) == (0, 0, 0, 64)
-    assert after.queued_tokens == 0 and after.generated_tokens == sum(
-        m.usage.output_tokens for m in finished.values()
-    )
+    assert after.generated_tokens == sum(m.usage.output_tokens for m in finished.values())
     assert after.preemptions > 0  # 16 running sequences want more than 64 blocks: some recompute
 
 

@@ -10,10 +10,12 @@ import random
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from tests.oracles import NaiveLlama, transformers_greedy
 from tests.paged_driver import PagedDriver, Request
 from tests.tiny_checkpoint import CHAT_TEMPLATE
+from workers.chat_template import read_chat_template
 from workers.engine.attention import partition, plan_attention
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.checkpoint import LlamaConfig, Rope, read_rope
@@ -150,12 +152,11 @@ def test_execute_answers_only_the_sequences_it_samples(tiny_checkpoint):
 def test_runner_reads_the_checkpoint(tiny_checkpoint):
     runner = ModelRunner(tiny_checkpoint, kv_memory_gb=0.001)
     assert runner.eos_token_ids == frozenset({0, 2})  # config.json's 2 and generation_config's [0, 2]
-    assert runner.chat_template == CHAT_TEMPLATE
-    assert runner.tokenizer.encode("<|im_start|>ferry<|im_end|>").ids[0] == 1
-    assert (
-        runner.tokenizer.decode(runner.tokenizer.encode("A ferry crosses the river.").ids)
-        == "A ferry crosses the river."
-    )
+    assert read_chat_template(tiny_checkpoint).source == CHAT_TEMPLATE
+    tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
+    assert tokenizer.encode("<|im_start|>ferry<|im_end|>").ids[0] == 1
+    text = "A ferry crosses the river."
+    assert tokenizer.decode(tokenizer.encode(text).ids) == text
     # 2 layers x K and V x 2 KV heads x head dim 16 x 4 bytes; 10^6 bytes hold 122 blocks of 16
     assert (runner.kv_bytes_per_token, runner.num_blocks, runner.block_size) == (512, 122, 16)
     assert runner.kv_cache.shape == (2, 2, 2, 122, 16, 16)

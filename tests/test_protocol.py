@@ -35,7 +35,7 @@ ADD = Add(
     top_k=40, seed=None, stop_token_ids=[2, 50256], ignore_eos=False,
 )
 STATS = EngineStats(
-    step=12, running=3, waiting=1, queued_tokens=900, free_blocks=40, used_blocks=24, total_blocks=64,
+    step=12, running=3, waiting=1, free_blocks=40, used_blocks=24, total_blocks=64,
     cached_blocks=5, preemptions=2, prefix_queries=1500, prefix_hits=320, computed_tokens=2100,
     generated_tokens=36,
 )

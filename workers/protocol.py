@@ -34,9 +34,9 @@ Continuous mode (``python -m workers engine``; a step is one forward pass)::
     worker -> pool   tokens  {rid, ids}                   each step's tokens, one frame per rid,
                                                           all of a step's frames in one write
     worker -> pool   finished {rid, reason, usage: {prompt_tokens, cached_tokens, output_tokens}}
-    worker -> pool   stats   {step, running, waiting, queued_tokens, free_blocks, used_blocks,
-                              total_blocks, cached_blocks, preemptions, prefix_queries,
-                              prefix_hits, computed_tokens, generated_tokens}   every ~200 ms
+    worker -> pool   stats   {step, running, waiting, free_blocks, used_blocks, total_blocks,
+                              cached_blocks, preemptions, prefix_queries, prefix_hits,
+                              computed_tokens, generated_tokens}   every ~200 ms
 
 A rid's last ``tokens`` frame precedes its ``finished`` frame. For ``eos`` and ``stop_token`` the
 stop token itself is not sent (it is not text): ``finished``'s ``output_tokens`` counts it, so
@@ -178,7 +178,6 @@ class EngineStats(Frame, tag="stats"):
     step: int  # steps run
     running: int
     waiting: int
-    queued_tokens: int  # tokens still to compute for the work accepted, at most (max_tokens assumed)
     free_blocks: int  # cached ones included: they are evicted on demand
     used_blocks: int
     total_blocks: int
@@ -195,7 +194,7 @@ class EngineStats(Frame, tag="stats"):
         return msgspec.structs.replace(self, **added)
 
 
-NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 """All zero: a replica before its first engine, and the gauges of one whose engine is gone."""
 
 Message = Ready | RunBatch | Accepted | Result | Error | Add | Abort | Tokens | SequenceFinished | EngineStats

@@ -71,7 +71,6 @@ class Live:
     """What the adapter remembers of one sequence vLLM holds."""
 
     prompt_tokens: int
-    max_tokens: int
     stop_ids: frozenset[int]  # EOS and the request's stop ids: not text, never sent
     shown: int = 0  # output ids reported so far
     cached: int = 0  # prompt tokens the prefix cache supplied, once vLLM says
@@ -139,7 +138,7 @@ class VllmEngine:
             self._ended.append(SequenceEnd(rid, FinishReason.TOO_LONG, len(prompt_ids), 0, 0, str(exc)))
             return rid
         stops = frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self._eos)
-        self.live[rid] = Live(len(prompt_ids), sampling.max_tokens, stops)
+        self.live[rid] = Live(len(prompt_ids), stops)
         return rid
 
     def abort(self, rid: int) -> bool:
@@ -175,7 +174,7 @@ class VllmEngine:
                 if reason in STOPS and (not new or new[-1] not in seq.stop_ids):
                     seq.shown += 1  # vLLM left the stop id out: ferry's usage counts it all the same
                 finished.append(SequenceEnd(rid, reason, seq.prompt_tokens, seq.cached, seq.shown))
-        return StepOutput(tokens, finished, [], len(tokens), self.stats())
+        return StepOutput(tokens, finished, [], len(tokens))
 
     def stats(self) -> EngineStats:
         fields, usage = read_metrics(self.engine.get_metrics())
@@ -183,11 +182,9 @@ class VllmEngine:
             fields.update(running=0, waiting=0)
             usage = 0.0
         used = min(self.total_blocks, round(usage * self.total_blocks))
-        queued = sum(s.prompt_tokens * (s.shown == 0) + s.max_tokens - 1 - s.shown
-                     for s in self.live.values())
         free = self.total_blocks - used
-        return EngineStats(step=self.steps, queued_tokens=max(0, queued), free_blocks=free,
-                           used_blocks=used, total_blocks=self.total_blocks, cached_blocks=0, **fields)
+        return EngineStats(step=self.steps, free_blocks=free, used_blocks=used, total_blocks=self.total_blocks,
+                           cached_blocks=0, **fields)
 
     @staticmethod
     def _reason(finish_reason: str | None, stop_reason: object) -> FinishReason:

@@ -10,13 +10,12 @@ positions in order::
     block table [7, 2, 9]  ->  rows (K, head h, blocks 7, 2, 9)  ->  positions 0 ... 47 of head h
                                                                     (padded past the context)
 
-Sequences are attended in groups, each one call over padded tensors (``scaled_dot_product_attention``
-for prefill chunks; two plain matmuls for decodes, faster for a single query): decodes apart
-from prefill chunks, and each kind split by size where padding would cost more than another
-call (:func:`partition`). Grouped
-queries need no copy of K and V: the ``group = heads / kv_heads`` query heads that share a KV
-head become rows of that head's query matrix, so a decode is ``group`` rows against its
-context and a chunk of ``q`` tokens is ``q * group`` rows::
+Sequences are attended in groups, each one ``scaled_dot_product_attention`` call over padded
+tensors: decodes apart from prefill chunks, and each kind split by size where padding would
+cost more than another call (:func:`partition`). Grouped queries need no copy of K and V:
+the ``group = heads / kv_heads`` query heads that share a KV head become rows of that head's
+query matrix, so a decode is ``group`` rows against its context and a chunk of ``q`` tokens
+is ``q * group`` rows::
 
     q of one sequence   [tokens, kv_heads, group, head_dim]  ->  [kv_heads, tokens * group, head_dim]
 
@@ -122,7 +121,8 @@ def partition(query_lens: list[int], context_lens: list[int], block_size: int) -
             if savings[best] <= 0:
                 break
             run[best : best + 2] = [run[best] + run[best + 1]]
-        groups.extend(run)
+        # In batch order within a group: a group that is the whole batch then needs no copies.
+        groups.extend(sorted(members) for members in run)
     return groups
 
 
@@ -173,24 +173,13 @@ def _group(
 
 
 def attend(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-    decode: bool,
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """``softmax(query @ keys^T * scale + mask) @ values`` over [seqs, kv_heads, rows, head_dim].
-
-    Decodes (one token per sequence: ``rows`` is a KV head's query heads) take two plain
-    matmuls over the gathered (contiguous) context, softmax in float32:
-    ``scaled_dot_product_attention``'s CPU kernel tiles for many queries, and is slower on one in
-    bfloat16 (experiments/README.md, "The engine against static batching").
-    """
-    if not decode:
-        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
-    scores = torch.matmul(query, keys.transpose(-1, -2)).mul_(scale).add_(mask)
-    return torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype), values)
+    """``softmax(query @ keys^T * scale + mask) @ values`` over [seqs, kv_heads, rows, head_dim]:
+    ``scaled_dot_product_attention``, for decodes (a KV head's query heads as its rows, one mask
+    row broadcast over them) as for prefill chunks: one path, as fast as two plain matmuls on a
+    decode group with torch 2.13 (experiments/README.md, "Where a step's time goes")."""
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -232,7 +221,7 @@ def paged_attention(
             .reshape(g.num_seqs, s.kv_heads, g.max_query * s.group, head_dim)
         )
         context = blocks.index_select(0, g.reads).view(2, g.num_seqs, s.kv_heads, -1, head_dim)
-        attended = attend(query, context[0], context[1], g.mask, scale, decode=g.max_query == 1)
+        attended = attend(query, context[0], context[1], g.mask, scale)
         flat = (
             attended.view(g.num_seqs, s.kv_heads, g.max_query, s.group, head_dim)
             .permute(0, 2, 1, 3, 4)

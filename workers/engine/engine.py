@@ -16,6 +16,8 @@ import itertools
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from workers.engine.batch import ForwardBatch, Runner, Sample
 from workers.engine.config import EngineConfig
 from workers.engine.scheduler import Schedule, Scheduler
@@ -39,28 +41,40 @@ class SequenceEnd:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepOutput:
-    """What one step produced: each sequence's new token, the sequences that ended, the load."""
+    """What one step produced: each sequence's new token, the sequences that ended, how many
+    tokens it computed (the load is :meth:`Engine.stats`, computed only when asked for)."""
 
     tokens: dict[int, int]
     finished: list[SequenceEnd]
     preempted: list[int]
     scheduled_tokens: int
-    stats: EngineStats
 
 
 def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
-    """The flat batch for ``schedule``, before its sequences' ``num_computed`` moves on."""
-    input_ids, positions, slots, query_lens, context_lens, tables, samples = [], [], [], [], [], [], []
+    """The flat batch for ``schedule``, before its sequences' ``num_computed`` moves on.
+
+    Positions and slots are computed for the whole batch at once with numpy (a long prompt
+    chunk is thousands of tokens): token ``t`` of sequence ``s`` at position ``p`` goes to
+    ``table_s[p // block_size] * block_size + p % block_size``, every table laid end to end.
+    """
+    input_ids, query_lens, context_lens, tables, samples = [], [], [], [], []
     for seq, n in zip(schedule.seqs, schedule.num_tokens):
-        start, end, table = seq.num_computed, seq.num_computed + n, seq.block_table
+        start, end = seq.num_computed, seq.num_computed + n
         input_ids += seq.tokens(start, end)
-        positions += range(start, end)
-        slots += [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
         query_lens.append(n)
         context_lens.append(end)
-        tables.append(list(table))
+        tables.append(list(seq.block_table))
         samples.append(Sample(seq.sampling, len(seq.output_ids)) if end == seq.num_tokens else None)
-    return ForwardBatch(input_ids, positions, slots, query_lens, context_lens, tables, samples)
+    counts, ends = np.array(query_lens), np.array(context_lens)
+    first_token = np.cumsum(counts) - counts  # each sequence's first index in the flat batch
+    positions = np.arange(len(input_ids)) + np.repeat(ends - counts - first_token, counts)
+    table_starts = np.cumsum([0] + [len(table) for table in tables[:-1]])
+    flat_tables = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int64)
+    blocks = flat_tables[np.repeat(table_starts, counts) + positions // block_size]
+    slots = blocks * block_size + positions % block_size
+    return ForwardBatch(
+        input_ids, positions.tolist(), slots.tolist(), query_lens, context_lens, tables, samples
+    )
 
 
 class Engine:
@@ -118,18 +132,14 @@ class Engine:
         finished = [self._finished(seq) for seq in scheduler.finished]
         scheduler.finished = []
         preempted = [seq.rid for seq in schedule.preempted]
-        return StepOutput(tokens, finished, preempted, scheduled, self.stats())
+        return StepOutput(tokens, finished, preempted, scheduled)
 
     def stats(self) -> EngineStats:
         scheduler, blocks = self.scheduler, self.scheduler.blocks
-        queued = sum(
-            s.num_prompt + s.sampling.max_tokens - 1 - s.num_computed for s in scheduler.sequences.values()
-        )
         return EngineStats(
             step=self.steps,
             running=len(scheduler.running),
             waiting=scheduler.num_waiting,
-            queued_tokens=queued,
             free_blocks=blocks.num_free,
             used_blocks=blocks.num_used,
             total_blocks=blocks.num_blocks,

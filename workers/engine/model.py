@@ -44,14 +44,18 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In float32 whatever the model's dtype, as transformers does: bfloat16 sums of squares
-        # would drift.
+        # would drift (and torch's fused rms_norm rounds bfloat16 otherwise than transformers).
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
 
 class Rotary:
-    """cos/sin tables by position in float32, grown on demand past the checkpoint's context."""
+    """cos/sin tables by position in float32, grown on demand past the checkpoint's context.
+
+    The sin table's first half is negated, so that :func:`rotate` turns each head's halves with
+    one ``roll`` instead of slicing, negating and joining them (the same numbers: a sign flip
+    is exact)."""
 
     def __init__(self, config: LlamaConfig, device: torch.device) -> None:
         self.inv_freq = config.rope.inv_freq(config.head_dim).to(device)
@@ -66,8 +70,8 @@ class Rotary:
             max(length, 2 * self.cos.shape[0]), dtype=torch.float32, device=self.inv_freq.device
         )
         angles = positions[:, None] * self.inv_freq[None, :]
-        angles = torch.cat((angles, angles), dim=-1)
-        self.cos, self.sin = angles.cos(), angles.sin()
+        sin = angles.sin()
+        self.cos, self.sin = torch.cat((angles, angles), dim=-1).cos(), torch.cat((-sin, sin), dim=-1)
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of each position (within :meth:`ensure`'s length), [tokens, 1, head_dim]."""
@@ -75,8 +79,8 @@ class Rotary:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    """Rotate-half RoPE, ``x * cos + cat(-x2, x1) * sin``, with ``sin`` from :class:`Rotary`."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class DecoderLayer(nn.Module):

@@ -13,9 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 
-from workers.chat_template import read_chat_template
 from workers.engine.attention import CacheShape, PagedAttention, plan_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.checkpoint import read_eos_token_ids
@@ -55,9 +53,6 @@ class ModelRunner:
         model_dir = Path(model_dir)
         self.model = load_llama(model_dir, self.dtype, self.device)
         self.config = self.model.config
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        template = read_chat_template(model_dir)
-        self.chat_template = template.source if template else None
         self.eos_token_ids = read_eos_token_ids(model_dir)
         self.max_model_len = self.config.max_position_embeddings
         self.kv_bytes_per_token = self.config.kv_bytes_per_token(self.dtype.itemsize)

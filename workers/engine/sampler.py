@@ -3,9 +3,10 @@
 Sampling is an exponential race: with ``E_i`` drawn from Exp(1), ``argmax_i p_i / E_i`` is token
 ``i`` with probability ``p_i`` (the Gumbel-max trick in another dress), so a row's draw is one
 vector of noise and an argmax, vectorized over the batch. A row with a seed draws its noise
-from its own generator keyed by ``(seed, index)``, where ``index`` is how many tokens the
-sequence already has: its token depends on neither its batch mates nor on a preemption that
-made it recompute. Rows without a seed share the sampler's process generator.
+from a generator seeded by ``(seed, index)`` (one generator, re-seeded for each such row),
+where ``index`` is how many tokens the sequence already has: its token depends on neither its
+batch mates nor on a preemption that made it recompute. Rows without a seed share the
+sampler's process generator.
 
 Filters run in transformers' and vLLM's order: temperature, then top-k, then top-p over what
 top-k kept (renormalized). A filter is off at its neutral value (top_k 0, top_p 1).
@@ -39,9 +40,10 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1 if seed is None else seed)
+        self.seeded = torch.Generator(device=device)  # re-seeded for each seeded row it draws
 
     def __call__(self, logits: torch.Tensor, samples: Sequence[Sample]) -> list[int]:
-        tokens = logits.argmax(dim=-1)
+        tokens = argmax(logits)
         drawn = [row for row, sample in enumerate(samples) if not sample.params.greedy]
         if drawn:
             index = torch.tensor(drawn, device=logits.device)
@@ -55,7 +57,7 @@ class Sampler:
         if any(p.top_k or p.top_p < 1.0 for p in params):
             logits = _filter(logits, [p.top_k for p in params], [p.top_p for p in params])
         probs = torch.softmax(logits, dim=-1)
-        return (probs / self._noise(probs.shape, samples)).argmax(dim=-1)
+        return argmax(probs / self._noise(probs.shape, samples))
 
     def _noise(self, shape: torch.Size, samples: list[Sample]) -> torch.Tensor:
         """Exp(1) noise, one row per sample: its own stream if seeded, the process one if not."""
@@ -68,10 +70,17 @@ class Sampler:
             noise[torch.tensor(unseeded, device=self.device)] = rows
         for row, sample in enumerate(samples):
             if sample.params.seed is not None:
-                generator = torch.Generator(device=self.device)
-                generator.manual_seed(stream_key(sample.params.seed, sample.index))
-                noise[row].exponential_(generator=generator)
+                self.seeded.manual_seed(stream_key(sample.params.seed, sample.index))
+                noise[row].exponential_(generator=self.seeded)
         return noise.clamp_min_(1e-10)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first largest index. On the CPU numpy's vectorized argmax takes a tenth of
+    torch's over a vocabulary-wide row (the same index: both take the first of ties)."""
+    if logits.device.type != "cpu":
+        return logits.argmax(dim=-1)
+    return torch.from_numpy(logits.numpy().argmax(axis=-1))
 
 
 def _filter(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

@@ -5,7 +5,7 @@ the tokens whose K and V are in the cache (reused from the prefix cache, or comp
 steps); the scheduler moves it forward, a preemption by recompute resets it to 0 and keeps the
 tokens, so the sequence resumes exactly where it was once its tokens are computed again::
 
-    token_ids       p0 p1 p2 p3 p4 p5 | g0 g1
+    tokens          p0 p1 p2 p3 p4 p5 | g0 g1
                     <-- prompt -----> | <- output
     num_computed    ---------- 7 ---------->|      one token (g1) still to compute: a decode
 
@@ -102,12 +102,9 @@ class Sequence:
     def num_prompt(self) -> int:
         return len(self.prompt_ids)
 
-    @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
     def tokens(self, start: int, stop: int) -> list[int]:
-        """``token_ids[start:stop]`` without building the whole list (a prompt may be 50,000 long)."""
+        """Tokens ``start:stop`` of the prompt followed by the output, without joining the two
+        lists (a prompt may be 50,000 long)."""
         prompt = len(self.prompt_ids)
         if stop <= prompt:
             return self.prompt_ids[start:stop]

@@ -75,6 +75,9 @@ def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
     engine.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     engine.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
     engine.add_argument(
+        "--threads", type=int, default=1, help="torch's CPU threads (default 1: none spins on a shared core)"
+    )
+    engine.add_argument(
         "--sim-eos-prob", type=float, default=0.0, help="--simulated: chance a token ends its answer"
     )
     engine.add_argument(
@@ -90,8 +93,13 @@ def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
             PRESETS[args.simulated], eos_prob=args.sim_eos_prob, wait=time.sleep, vocab=args.sim_vocab, **size
         )
         return runner, f"sim-{args.simulated}"
-    from workers.engine.runner import ModelRunner  # torch: imported only by a real engine
+    import torch  # imported only by a real engine
 
+    from workers.engine.runner import ModelRunner
+
+    if args.threads < 1:
+        raise ValueError(f"--threads: expected >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     runner = ModelRunner(args.model, dtype=args.dtype, device=args.device, **size)
     return runner, os.path.basename(os.path.normpath(args.model))
 

@@ -1,0 +1,131 @@
+"""One batched decode step of the engine, this tree against an earlier commit, side by side.
+
+    python -m experiments.engine_step [--before main] [--seqs 32] [--dtype bfloat16]
+        [--threads 1] [--rounds 8] [--steps 4] [--profile]
+
+The engine of ``--before`` (a git ref; its ``workers`` package is unpacked into a temporary
+directory under another name) and this tree's each load SmolLM2-135M and take the same
+``--seqs`` seeded prompts of 200-340 tokens (answers long enough never to end), prefill them,
+then take turns: each round, each side runs one untimed step and ``--steps`` timed decode
+steps of all ``--seqs`` sequences. Reported per side: wall and CPU seconds per step (CPU:
+this thread's, which a loaded machine's other processes disturb less than the wall clock),
+min and median, and this tree's over the earlier one's. ``--profile`` then prints
+torch.profiler's table of each side's steps, by operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import random
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from experiments.common import markdown
+from workers.convert import ensure_converted
+
+BEFORE = "before_workers"
+
+
+def unpack(ref: str, into: Path) -> None:
+    """``ref``'s ``workers`` package, as package :data:`BEFORE` under ``into``."""
+    archive = subprocess.run(["git", "archive", ref, "workers"], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith(".py"):
+                text = tar.extractfile(member).read().decode()
+                path = into / BEFORE / member.name.removeprefix("workers/")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                renamed = text.replace("workers.", BEFORE + ".").replace("from workers ", f"from {BEFORE} ")
+                path.write_text(renamed)
+
+
+def decoding_engine(package: str, model_dir: Path, dtype: str, prompts: list[list[int]]):
+    """An engine of ``package`` (``workers`` or :data:`BEFORE`) holding ``prompts``, prefilled."""
+    module: dict[str, ModuleType] = {
+        name: importlib.import_module(f"{package}.engine.{name}")
+        for name in ("runner", "engine", "config", "sequence")
+    }
+    runner = module["runner"].ModelRunner(model_dir, kv_memory_gb=0.3, dtype=dtype)
+    config = module["config"].EngineConfig(runner.block_size, runner.num_blocks, 4096, len(prompts))
+    engine = module["engine"].Engine(runner, config)
+    for prompt in prompts:
+        engine.add(prompt, module["sequence"].SamplingParams(max_tokens=4000, ignore_eos=True))
+    while engine.scheduler.num_waiting or any(s.remaining > 1 for s in engine.scheduler.running):
+        engine.step()
+    return engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default="main", help="the git ref to compare with")
+    parser.add_argument("--seqs", type=int, default=32)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per side and round")
+    parser.add_argument("--profile", action="store_true", help="then profile this tree's steps")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model_dir = ensure_converted(log=lambda line: print(line, file=sys.stderr))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 40_000) for _ in range(rng.randint(200, 340))] for _ in range(args.seqs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        unpack(args.before, Path(tmp))
+        sys.path.insert(0, tmp)
+        engines = {
+            args.before: decoding_engine(BEFORE, model_dir, args.dtype, prompts),
+            "this tree": decoding_engine("workers", model_dir, args.dtype, prompts),
+        }
+        wall: dict[str, list[float]] = {name: [] for name in engines}
+        cpu: dict[str, list[float]] = {name: [] for name in engines}
+        for _ in range(args.rounds):
+            for name, engine in engines.items():
+                engine.step()
+                for _ in range(args.steps):
+                    started, started_cpu = time.perf_counter(), time.thread_time()
+                    engine.step()
+                    cpu[name].append(time.thread_time() - started_cpu)
+                    wall[name].append(time.perf_counter() - started)
+    rows = [
+        {
+            "engine": name,
+            "wall ms min": 1e3 * min(wall[name]),
+            "wall ms median": 1e3 * statistics.median(wall[name]),
+            "CPU ms min": 1e3 * min(cpu[name]),
+            "CPU ms median": 1e3 * statistics.median(cpu[name]),
+        }
+        for name in engines
+    ]
+    before, after = rows
+    rows.append({key: f"{after[key] / before[key]:.2f}" for key in after if key != "engine"})
+    rows[-1]["engine"] = "this / before"
+    print(f"{args.seqs} decodes a step, {args.dtype}, {args.threads} thread(s)", file=sys.stderr)
+    print(markdown(rows))
+    for name, engine in engines.items() if args.profile else ():
+        print(f"{name}, 5 steps:")
+        print(profile(engine, 5))
+
+
+def profile(engine, steps: int) -> str:
+    """torch.profiler's table of ``steps`` steps of ``engine``, by operator, busiest first."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+
+
+if __name__ == "__main__":
+    main()
