@@ -168,7 +168,7 @@ class Rate:
     At a steady rate r it reads r; after a pause it falls back towards 0 within a few ``tau``.
     """
 
-    __slots__ = ("tau", "_value", "_updated")
+    __slots__ = ("_updated", "_value", "tau")
 
     def __init__(self, tau: float = 1.0) -> None:
         self.tau = tau

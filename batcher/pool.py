@@ -260,7 +260,7 @@ class WorkerPool:
                 answered = True
                 now = trio.current_time()
                 self._answered(len(requests), now - started)
-                for request, output in zip(requests, reply.outputs):
+                for request, output in zip(requests, reply.outputs, strict=False):
                     request.finish(output, now)
         return answered
 

@@ -86,7 +86,7 @@ async def fire(session: aiohttp.ClientSession, url: str, body: bytes, shots: lis
                 shot.request_id = reply.headers.get("request-id", "")
                 shot.retry_after = int(reply.headers.get("retry-after-ms", 0)) / 1000
                 shot.expired = reply.status == 529 and b"not dispatched within" in answer
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             shot.status = -1
         shot.answered = loop.time()
 
@@ -189,7 +189,7 @@ def summarize(
 def schedule(args: argparse.Namespace) -> list[Shot]:
     times = poisson(args.rate, args.duration, args.seed)
     tiers = tier_mix(len(times), {"paid": args.paid_share, "free": 1 - args.paid_share}, args.seed)
-    return [Shot(tier, float(t)) for t, tier in zip(times, tiers)]
+    return [Shot(tier, float(t)) for t, tier in zip(times, tiers, strict=False)]
 
 
 def configured(workers: int, state: str | None = None) -> str:
@@ -224,10 +224,11 @@ def virtual(args: argparse.Namespace) -> dict:
     async def run() -> None:
         start = trio.current_time() + 1.0
         times = np.array([s.scheduled for s in shots]) + start
-        by_arrival.update(zip(times.tolist(), shots))
+        by_arrival.update(zip(times.tolist(), shots, strict=False))
         tier = np.array([names.index(s.tier) for s in shots])
         deadlines = times + np.array([queue.deadline(i) for i in tier])
-        spawn = lambda slot: SimulatedWorker(constant(SERVICE), record=False)
+        def spawn(slot):
+            return SimulatedWorker(constant(SERVICE), record=False)
         async with open_batcher(spawn, model.pool(), model.batch_policy(), queue, batcher=ReplayBatcher) as batcher:
             await batcher.answer("warm up", "paid")  # admission plans with the call time of answered calls
             batcher.feed(Replay(batcher, times, tier, names, deadlines, ended))

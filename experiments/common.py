@@ -18,10 +18,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a server or in CI
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from batcher.sim.arrivals import Trace, poisson  # noqa: E402
-from batcher.sim.simulate import Scenario, Simulation, simulate  # noqa: E402
+from batcher.sim.arrivals import Trace, poisson
+from batcher.sim.simulate import Scenario, Simulation, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SERVICE = 0.200  # seconds per call, any batch size

@@ -230,7 +230,7 @@ def main() -> None:
         if engine and args.dtype == "float32":
             ours = engine.answers[: outcome.requests]
             outcome.note = (
-                f"{sum(a == b for a, b in zip(ours, outcome.answers))}/{outcome.requests} as the engine"
+                f"{sum(a == b for a, b in zip(ours, outcome.answers, strict=False))}/{outcome.requests} as the engine"
             )
         report(outcome)
 

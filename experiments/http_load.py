@@ -32,9 +32,9 @@ import aiohttp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from batcher.sim.arrivals import poisson  # noqa: E402
-from batcher.sim.report import Latency  # noqa: E402
-from gateway.config import DEFAULT_TOML  # noqa: E402
+from batcher.sim.arrivals import poisson
+from batcher.sim.report import Latency
+from gateway.config import DEFAULT_TOML
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
@@ -100,7 +100,7 @@ async def run_once(session: aiohttp.ClientSession, url: str, body: bytes, rate: 
             async with session.post(url, data=body) as reply:
                 await reply.read()
                 status = reply.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             errors[type(exc).__name__] += 1
             return
         now = loop.time()

@@ -46,9 +46,9 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from batcher.sim.arrivals import poisson  # noqa: E402
-from experiments.http_load import process_cpu, start_gateway  # noqa: E402
-from gateway.usage import read_usage  # noqa: E402
+from batcher.sim.arrivals import poisson
+from experiments.http_load import process_cpu, start_gateway
+from gateway.usage import read_usage
 
 KEY = "sk-rollout-paid-01"
 ALIAS = "ferry-large"
@@ -93,8 +93,8 @@ class Generator:
         await asyncio.gather(*pending)
 
     async def _one(self, index: int) -> None:
-        body = ('{"model":"%s","max_tokens":16,"messages":[{"role":"user","content":"r%d"}],'
-                '"metadata":{"user_id":"session-%d"}}' % (ALIAS, index, index)).encode()
+        body = (f'{{"model":"{ALIAS}","max_tokens":16,"messages":[{{"role":"user","content":"r{index}"}}],'
+                f'"metadata":{{"user_id":"session-{index}"}}}}').encode()
         sent = time.monotonic()
         try:
             async with self.session.post(self.url, data=body) as reply:
@@ -215,7 +215,7 @@ def report(args, generator: Generator, steps, marks, gateway_cpu: float, workdir
     print(f"usage records {len(records):,}; one per answer, none twice: {once}\n")
     print("| stage | requests counted | v2 weight | v2 observed | off by | p99 |\n|---|---|---|---|---|---|")
     worst = 0.0
-    for (name, _, in_force, weight), following in zip(steps, [*steps[1:], None]):
+    for (name, _, in_force, weight), following in zip(steps, [*steps[1:], None], strict=False):
         end = following[1] if following else float("inf")
         count, share, p99 = generator.share(in_force, end)
         off = abs(share - weight) * 100

@@ -45,7 +45,7 @@ def main() -> None:
                          "per worker/s": round(report.achieved_rate / workers), "mean batch": report.mean_batch})
 
     figure, axes = plt.subplots(1, len(FLEETS), figsize=(11, 4.2), sharey=True)
-    for axis, workers in zip(axes, FLEETS):
+    for axis, workers in zip(axes, FLEETS, strict=False):
         for load in LOADS:
             points = [r for r in rows if r["workers"] == workers and r["offered/s"] == load]
             axis.plot([r["T ms"] for r in points], [r["p95 ms"] for r in points], marker="o", label=f"{load} req/s")

@@ -136,7 +136,7 @@ async def start_admin(rollout: Rollout, config: FerryConfig) -> web.AppRunner:
     """Listen on the admin socket (refusing one another live ferry owns); return the runner."""
     path = config.admin_socket()
     digest = config.admin.token_sha256 or _draw_token(config.state.path(ADMIN_TOKEN))
-    if os.path.exists(path):
+    if os.path.exists(path):  # noqa: ASYNC240 - one stat of a local path, at start-up
         if _answers(path):
             raise RuntimeError(f"admin socket {path} is in use by another ferry serve; set [admin] socket")
         os.unlink(path)  # left by a ferry that did not stop cleanly

@@ -43,9 +43,30 @@ class Piece:
 class Answer:
     """Feed it a job's events in order (:meth:`push`); read the outcome once :attr:`done`."""
 
-    __slots__ = ("_matcher", "_max_tokens", "_tokenizer", "_safety", "_lookback", "_streaming", "_screened",
-                 "_unscreened", "_marks", "_consumed", "_released", "_covered_end", "_covered_tokens", "_refused",
-                 "_generated", "credited", "parts", "done", "stop_reason", "stop_sequence", "error", "blocked")
+    __slots__ = (
+        "_consumed",
+        "_covered_end",
+        "_covered_tokens",
+        "_generated",
+        "_lookback",
+        "_marks",
+        "_matcher",
+        "_max_tokens",
+        "_refused",
+        "_released",
+        "_safety",
+        "_screened",
+        "_streaming",
+        "_tokenizer",
+        "_unscreened",
+        "blocked",
+        "credited",
+        "done",
+        "error",
+        "parts",
+        "stop_reason",
+        "stop_sequence",
+    )
 
     def __init__(
         self, stops: tuple[str, ...], max_tokens: int, tokenizer: Tokenizer,

@@ -239,7 +239,7 @@ class ConnectionGuard:
 class _Connection(asyncio.Protocol):
     """aiohttp's protocol for one connection, passed every event, and its phase beside it."""
 
-    __slots__ = ("guard", "inner", "transport", "phase", "since")
+    __slots__ = ("guard", "inner", "phase", "since", "transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard

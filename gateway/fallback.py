@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -212,8 +213,9 @@ class FallbackLimiter:
         while self.up and key in self.pending:
             refund = self.pending.pop(key)
             try:
-                await self._call(lambda: self.shared.refund(key, refund.limits, refund.tokens, refund.requests),
-                                 None)
+                await self._call(
+                    functools.partial(self.shared.refund, key, refund.limits, refund.tokens, refund.requests),
+                    None)
             except (_Down, *FAILURES) as exc:
                 later = self.pending.setdefault(key, _Refund(refund.limits, 0, 0))
                 later.tokens, later.requests = later.tokens + refund.tokens, later.requests + refund.requests

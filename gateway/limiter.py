@@ -65,7 +65,7 @@ class MemoryLimiter:
         now, capacities = self._clock(), limits.capacities
         state = self._state(key, capacities, now)
         self._buckets[key] = tuple(
-            refund(bucket, capacity, amount, now) for bucket, capacity, amount in zip(state, capacities, (tokens, requests))
+            refund(bucket, capacity, amount, now) for bucket, capacity, amount in zip(state, capacities, (tokens, requests), strict=False)
         )
 
     async def aclose(self) -> None:
@@ -214,7 +214,7 @@ class LeasedLimiter:
         await self._return(key)
         slice_tokens, slice_requests = (
             amount if math.isinf(capacity) else max(amount, capacity * self._share)
-            for amount, capacity in zip((tokens, requests), limits.capacities)
+            for amount, capacity in zip((tokens, requests), limits.capacities, strict=False)
         )
         verdict = await self._shared.acquire(key, limits, slice_tokens, slice_requests)
         if verdict.admitted:

@@ -217,7 +217,7 @@ class Rollout:
             self.versions[model.name] = Version(model, State.STARTING)
             gateway.metrics.track(model.name, new.queue().tiers)
         outcomes = await asyncio.gather(*(gateway.bridge.open(model.config) for model in served), return_exceptions=True)
-        failed = {model.name: error for model, error in zip(served, outcomes) if isinstance(error, BaseException)}
+        failed = {model.name: error for model, error in zip(served, outcomes, strict=False) if isinstance(error, BaseException)}
         for model in served:
             if failed:
                 if model.name not in failed:

@@ -28,7 +28,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from batcher.admission import BatchLoad
 from batcher.backend import Delta, Failed, Finished, Job, Snapshot, Started, Status, Usage
-from gateway.config import parse_config
 from batcher.stats import Stats
 from batcher.types import RequestFailed
 from gateway.app import make_app

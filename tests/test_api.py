@@ -251,7 +251,7 @@ def test_the_byte_tokenizer_counts_utf8_bytes():
     tokenizer = make_tokenizer("bytes")
     assert tokenizer.count("héllo") == 6
     assert tokenizer.truncate("héllo", 2) == "h" and tokenizer.truncate("héllo", 3) == "hé"
-    with pytest.raises(ValueError, match="tokenizer: expected 'bytes' or a tokenizer.json"):
+    with pytest.raises(ValueError, match=r"tokenizer: expected 'bytes' or a tokenizer.json"):
         make_tokenizer("bpe")
 
 

@@ -48,7 +48,7 @@ def test_a_template_may_refuse_a_conversation_and_the_client_gets_a_400(tmp_path
 def test_a_template_cannot_reach_python(tmp_path):
     own = tmp_path / "evil.jinja"
     own.write_text("{{ messages.__class__.__mro__[1].__subclasses__() }}")
-    with pytest.raises(Exception, match="unsafe|access"):
+    with pytest.raises(Exception, match=r"unsafe|access"):
         make_template(str(own)).render("", TURNS)
 
 
@@ -56,5 +56,5 @@ def test_a_model_without_a_template_and_a_missing_file_are_refused(tmp_path):
     with pytest.raises(ValueError, match="no chat template ships with the tokenizer"):
         make_template("model", str(tmp_path))
     minimal = "[[tiers]]\nname = 'paid'\n[[models]]\nname = 'm@1'\nworker = ['echo']\nchat_template = 'absent.jinja'\n"
-    with pytest.raises(ValueError, match="models\\[0\\].chat_template: expected one of \\['labelled', 'model'\\] or a .jinja"):
+    with pytest.raises(ValueError, match=r"models\[0\].chat_template: expected one of \['labelled', 'model'\] or a .jinja"):
         parse_config(minimal, "f.toml")

@@ -35,7 +35,7 @@ def test_interleaved_streams_each_get_their_own_deltas_in_order():
         names = [name for name, _ in events if name != "ping"]
         assert names[:2] == ["message_start", "content_block_start"] and names[-3:] == [
             "content_block_stop", "message_delta", "message_stop"]
-        delta = [data for name, data in events if name == "message_delta"][0]
+        delta = next(data for name, data in events if name == "message_delta")
         assert delta["delta"]["stop_reason"] == "end_turn"
         assert delta["usage"]["output_tokens"] == len("".join(pieces).encode())
     assert hops < 20 * 10  # each tick's events for every stream crossed together
@@ -69,7 +69,7 @@ def test_a_stop_sequence_split_across_deltas_is_honoured_and_never_shown():
     streamed, whole = run(body)
     assert "".join(texts(streamed)) == "Hello " == whole["content"][0]["text"]
     assert not any("Hu" in text for text in texts(streamed))
-    delta = [data for name, data in streamed if name == "message_delta"][0]
+    delta = next(data for name, data in streamed if name == "message_delta")
     assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "Human:"}
     assert (whole["stop_reason"], whole["stop_sequence"]) == ("stop_sequence", "Human:")
     assert delta["usage"]["output_tokens"] == whole["usage"]["output_tokens"] == len(b"Hello ")

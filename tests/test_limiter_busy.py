@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.config import LimitsConfig
 from batcher.types import Shed
+from gateway.config import LimitsConfig
 from gateway.fallback import MIN_WAIT, REDIS_CONNECTIONS, FallbackLimiter
 from gateway.limiter import open_limiter
 from gateway.ratelimit import Limits

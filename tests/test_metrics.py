@@ -4,7 +4,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batcher.admission import BatchLoad
 from batcher.backend import Snapshot, Status
-from gateway.metrics import Metrics
 from batcher.stats import Stats
 from gateway.metrics import Metrics
 

@@ -196,7 +196,7 @@ def test_the_anthropic_codec_keeps_its_stream_and_passes_the_session():
     assert stream.stop("end_turn", None, 0, blocked=False).startswith(block)  # an empty answer's block
     stream = parsed.stream(Head("msg_1", "m@1", 1, 0))
     assert stream.text("a").startswith(block) and not stream.text("b").startswith(block)
-    with pytest.raises(api.InvalidRequest, match="metadata.user_id: expected a string"):
+    with pytest.raises(api.InvalidRequest, match=r"metadata.user_id: expected a string"):
         Messages.parse(json.dumps({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}],
                                    "metadata": {"user_id": 5}}).encode())
 

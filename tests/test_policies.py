@@ -52,9 +52,9 @@ def test_bad_settings_name_the_field(kwargs, field):
 
 def test_policies_are_made_by_name_with_their_parameters():
     assert make_policy("size_or_timeout", max_batch=8, max_wait=0.05) == SizeOrTimeout(8, 0.05)
-    with pytest.raises(ValueError, match="policy: expected one of \\['aimd', .*'static'\\], got 'fifo'"):
+    with pytest.raises(ValueError, match=r"policy: expected one of \['aimd', .*'static'\], got 'fifo'"):
         make_policy("fifo")
-    with pytest.raises(ValueError, match="policy size_or_timeout: .*max_size"):
+    with pytest.raises(ValueError, match=r"policy size_or_timeout: .*max_size"):
         make_policy("size_or_timeout", max_size=8)
 
 

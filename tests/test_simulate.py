@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import trio
+import trio.lowlevel
 
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import DeadlineUnreachable, open_batcher
@@ -67,7 +68,7 @@ async def test_slack_driven_holds_until_the_deadline_allows_no_more_and_drops_th
     fleet = Spawner()
     policy = SlackDriven(50, service_time=0.2, margin=0.02)
     async with open_batcher(fleet, PoolConfig(workers=2), policy, QueueConfig(queue_timeout=30.0)) as batcher:
-        hopeless, *rest = await _ended(batcher, ["hopeless"], timeout=0.15) + [None]
+        hopeless, *_rest = await _ended(batcher, ["hopeless"], timeout=0.15) + [None]
         assert hopeless.finished_at == 0.0 and isinstance(hopeless.error, DeadlineUnreachable)
         assert isinstance(hopeless.error, Overloaded)  # a 529 to the HTTP side
         requests = await _ended(batcher, ["x", "y"], timeout=0.5)
@@ -222,7 +223,7 @@ async def _ended_after_start(batcher) -> None:
     """Keep the only worker busy (50 requests make a full batch at once)."""
     for text in map(str, range(50)):
         batcher.enqueue(batcher.request(text, "paid"))
-    await trio.sleep(0)
+    await trio.lowlevel.checkpoint()
 
 
 def test_ferry_simulate_replays_a_csv_trace_and_writes_json(tmp_path, capsys):

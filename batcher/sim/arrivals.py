@@ -113,7 +113,7 @@ class Trace:
         with open(path, "w", newline="") as out:
             writer = csv.writer(out)
             writer.writerow(["timestamp", "tier", "deadline"])
-            for time, tier, deadline in zip(self.times, self.tier, self.deadlines):
+            for time, tier, deadline in zip(self.times, self.tier, self.deadlines, strict=False):
                 writer.writerow([f"{time:.6f}", self.tiers[tier], "" if math.isnan(deadline) else f"{deadline:.6f}"])
 
     @classmethod

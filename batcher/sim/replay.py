@@ -89,7 +89,7 @@ class Replay:
         tiers = self._tier[start:end].tolist()
         return [
             make(text, names[tier], budget, on_done, arrival)
-            for arrival, tier, budget in zip(arrivals, tiers, budgets)
+            for arrival, tier, budget in zip(arrivals, tiers, budgets, strict=False)
         ]
 
     def next_wake(self, more: int, until: float, drop_before: float) -> float:

@@ -128,7 +128,7 @@ async def _one(session: aiohttp.ClientSession, url: str, key: str, model: str, p
                 if shot.status == 200:
                     shot.output = "".join(block.get("text", "") for block in shot.body.get("content", []))
         shot.finished = loop.time()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         shot.failure = type(exc).__name__
         shot.finished = loop.time()
 
@@ -161,5 +161,5 @@ async def _leave_early(session: aiohttp.ClientSession, url: str, key: str, body:
         async with session.post(f"{url}/v1/messages", json=body, headers={"x-api-key": key},
                                 timeout=aiohttp.ClientTimeout(total=0.05)):
             pass
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass

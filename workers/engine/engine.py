@@ -51,7 +51,7 @@ class StepOutput:
 def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
     """The flat batch for ``schedule``, before its sequences' ``num_computed`` moves on."""
     input_ids, positions, slots, query_lens, context_lens, tables, samples = [], [], [], [], [], [], []
-    for seq, n in zip(schedule.seqs, schedule.num_tokens):
+    for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=False):
         start, end, table = seq.num_computed, seq.num_computed + n, seq.block_table
         input_ids += seq.tokens(start, end)
         positions += range(start, end)
