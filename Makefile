@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test clean
+.PHONY: serve test lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ serve: $(STAMP)
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
 test: $(STAMP)
 	$(PY) -m pytest; status=$$?; [ $$status -eq 5 ] && exit 0; exit $$status
+
+# ruff as pinned in the test extra; its rules are in pyproject.toml's [tool.ruff.lint].
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

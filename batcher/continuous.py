@@ -14,8 +14,8 @@ One replica per GPU, each an engine worker (``python -m workers engine``) kept a
 **Queues on the gateway side.** Each replica has tier queues in the pool (paid first, FIFO, with
 the fixed mode's aging); its engine gets a job only while it has room for it now: fewer than
 ``max_seqs`` sequences, less than :data:`PREFILL_STEPS` steps' token budget of prompt not yet
-prefilled, and free KV blocks by its last report. So a job waits in the pool, where its deadline (its tier's wait
-budget, or the job's own) can still pass: it then gets 529 :class:`~batcher.types.Expired`
+prefilled, and free KV blocks by its last report. So a job waits in the pool, where its deadline
+(its tier's wait budget, or the job's own) can still pass: it then gets 529 :class:`~batcher.types.Expired`
 before it has cost a prefill. Once sent, a job runs to its end.
 
 **Routing** happens at arrival (:mod:`batcher.router`): the load of a replica is the tokens it
@@ -77,12 +77,19 @@ class EnginePool:
         self.stats = ContinuousStats()
         self._readiness = Readiness(config.workers)
         self._replicas = [
-            Replica(i, queue, self.stats, self._changed, self._readiness.answered) for i in range(config.workers)
+            Replica(i, queue, self.stats, self._changed, self._readiness.answered)
+            for i in range(config.workers)
         ]
         timeout, pool = config.stats_timeout_ms / 1000, config.pool()
         for r in self._replicas:
-            r.supervisor = Supervisor(r.index, spawn, pool, self.stats, functools.partial(self._serve, r, timeout),
-                                      on_down=functools.partial(self._lost, r))
+            r.supervisor = Supervisor(
+                r.index,
+                spawn,
+                pool,
+                self.stats,
+                functools.partial(self._serve, r, timeout),
+                on_down=functools.partial(self._lost, r),
+            )
         self.router = Router([0] * config.workers, config.affinity_bound)
         self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
         self._queued = [0] * len(queue.tiers)  # tokens waiting in the replicas' tier queues, by tier
@@ -94,7 +101,9 @@ class EnginePool:
     def submit(self, job: Job, on_event: OnEvent) -> Ticket:
         """Route and queue a job, or fail it at once: too large (400) or shed (529)."""
         now = trio.current_time()
-        tier = len(self.queue_config.tiers) - 1 if job.tier is None else self.queue_config.tier_index(job.tier)
+        tier = (
+            len(self.queue_config.tiers) - 1 if job.tier is None else self.queue_config.tier_index(job.tier)
+        )
         wait = job.deadline if job.deadline is not None else self.queue_config.deadline(tier)
         hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
         ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
@@ -175,7 +184,9 @@ class EnginePool:
     def _route(self, ticket: Ticket) -> Replica:
         """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
         up = any(r.up for r in self._replicas)
-        route = self.router.choose([r.load if r.up or not up else None for r in self._replicas], ticket.hashes)
+        route = self.router.choose(
+            [r.load if r.up or not up else None for r in self._replicas], ticket.hashes
+        )
         ticket.replica = route.replica
         job = ticket.job
         ticket.cost = len(job.prompt_tokens) - route.held_blocks * self.config.block_size + job.max_tokens
@@ -273,7 +284,9 @@ class EnginePool:
                     "send the request again for a whole answer"), retryable=True)
             elif ticket.attempts >= self.config.max_attempts:
                 ticket.state = Stage.ENDED
-                ticket.out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
+                ticket.out.fail(
+                    RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False
+                )
             else:
                 self.stats.reruns += 1
                 ticket.out.restart()
@@ -288,7 +301,10 @@ class EnginePool:
 
 @contextlib.asynccontextmanager
 async def open_engine_pool(
-    config: ContinuousModelConfig, queue: QueueConfig, spawn: Callable[[int], EngineProcess], tokenizer: Tokenizer
+    config: ContinuousModelConfig,
+    queue: QueueConfig,
+    spawn: Callable[[int], EngineProcess],
+    tokenizer: Tokenizer,
 ) -> AsyncIterator[EnginePool]:
     """Start a model's engines and the pool in front of them; stop both on exit."""
     async with trio.open_nursery() as nursery:

@@ -126,7 +126,9 @@ class Answer:
             raise self.error
         if not self.done:
             raise RuntimeError("the answer is not finished")
-        return Completion("".join(self.parts), self.stop_reason or "end_turn", self.stop_sequence, self.credited)
+        return Completion(
+            "".join(self.parts), self.stop_reason or "end_turn", self.stop_sequence, self.credited
+        )
 
     def _delta(self, delta: Delta) -> str:
         text, tokens, limit = delta.text, delta.tokens, self._max_tokens - self._generated

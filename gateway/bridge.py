@@ -151,7 +151,12 @@ class Bridge:
 
     @property
     def running(self) -> bool:
-        return self.ended is not None and self._ready is not None and self._ready.done() and not self.ended.done()
+        return (
+            self.ended is not None
+            and self._ready is not None
+            and self._ready.done()
+            and not self.ended.done()
+        )
 
     def submit(self, model: str, job: Job) -> Handle:
         """Hand one job to a model's backend; read its events with ``await handle.wait()``."""

@@ -264,11 +264,14 @@ class LimiterCollector(Collector):
 
     def collect(self) -> Iterator:
         limiter = self.limiter
-        up = GaugeMetricFamily("ferry_limiter_store_up", "1 while the shared limits store (Redis) answers, else 0.")
+        up = GaugeMetricFamily(
+            "ferry_limiter_store_up", "1 while the shared limits store (Redis) answers, else 0."
+        )
         up.add_metric([], 1 if limiter.up else 0)
         yield up
         pending = GaugeMetricFamily(
-            "ferry_limiter_refunds_pending", "Keys with refunds not yet in Redis (queued, or waiting for it).")
+            "ferry_limiter_refunds_pending", "Keys with refunds not yet in Redis (queued, or waiting for it)."
+        )
         pending.add_metric([], len(limiter.pending))
         yield pending
         for name, help_text, value in (

@@ -97,7 +97,9 @@ def charge(
     ]
     if short:
         return Verdict(False, max(short)), tuple(Bucket(level, now) for level in levels)
-    return Verdict(True), tuple(Bucket(level - amount, now) for level, amount in zip(levels, amounts, strict=False))
+    return Verdict(True), tuple(
+        Bucket(level - amount, now) for level, amount in zip(levels, amounts, strict=False)
+    )
 
 
 def refund(bucket: Bucket, capacity: float, amount: float, now: float) -> Bucket:

@@ -78,8 +78,10 @@ requests_per_minute = 300
         began = time.monotonic()
         statuses = asyncio.run(asyncio.wait_for(requests_at_once(gateway, BURST), 60))
         took = time.monotonic() - began
-        metrics = {name: gateway.metric(f"ferry_limiter_{name}")
-                   for name in ("fallbacks_total", "busy_total", "store_failures_total", "store_up", "late_total")}
+        metrics = {
+            name: gateway.metric(f"ferry_limiter_{name}")
+            for name in ("fallbacks_total", "busy_total", "store_failures_total", "store_up", "late_total")
+        }
     finally:
         assert gateway.stop() == 0
     assert set(statuses) == {200, 429}

@@ -27,7 +27,9 @@ def whole(stops, text) -> tuple[str, str | None]:
     best = None
     for stop in stops:
         at = text.find(stop)
-        if at >= 0 and (best is None or (at + len(stop), -len(stop)) < (best[0] + len(best[1]), -len(best[1]))):
+        if at >= 0 and (
+            best is None or (at + len(stop), -len(stop)) < (best[0] + len(best[1]), -len(best[1]))
+        ):
             best = (at, stop)
     return (text, None) if best is None else (text[: best[0]], best[1])
 

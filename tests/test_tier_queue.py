@@ -110,7 +110,9 @@ def test_without_aging_paid_overload_starves_free():
     assert 100 not in ids(queues.take(10, now=60.0)) + ids(queues.take(10, now=60.0))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"tiers": 0}, "tiers"), ({"tiers": 2, "aged_share": 1.5}, "aged_share")])
+@pytest.mark.parametrize(
+    ("kwargs", "message"), [({"tiers": 0}, "tiers"), ({"tiers": 2, "aged_share": 1.5}, "aged_share")]
+)
 def test_bad_settings_are_refused_with_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TierQueues(**kwargs)

@@ -281,9 +281,15 @@ def _tokenizer(meta: dict):
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     # llama.cpp's token types: 3 marks a control token (special), 4 a user-defined one.
     tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types, strict=False) if kind == 3]
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, kind in zip(tokens, types, strict=False)
+            if kind == 3
+        ]
     )
-    tokenizer.add_tokens([AddedToken(t, normalized=False) for t, kind in zip(tokens, types, strict=False) if kind == 4])
+    tokenizer.add_tokens(
+        [AddedToken(t, normalized=False) for t, kind in zip(tokens, types, strict=False) if kind == 4]
+    )
     return tokenizer
 
 

@@ -21,7 +21,8 @@ from batcher.types import Request
 
 
 class ReplayBatcher(Batcher):
-    """A batcher that also admits a :class:`Replay`'s arrivals (``open_batcher(..., batcher=ReplayBatcher)``)."""
+    """A batcher that also admits a :class:`Replay`'s arrivals
+    (``open_batcher(..., batcher=ReplayBatcher)``)."""
 
     _replay: Replay | None = None
 

@@ -206,7 +206,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, help="seconds of traffic per row (default 15; short: 3)")
     parser.add_argument("--workers", type=int, help="worker processes (default 8; short: 2)")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--report", nargs="?", const=str(REPORT), help="write the report (default docs/RELIABILITY.md)")
+    parser.add_argument(
+        "--report", nargs="?", const=str(REPORT), help="write the report (default docs/RELIABILITY.md)"
+    )
     return parser.parse_args(argv)
 
 

@@ -108,7 +108,9 @@ async def send(plan: Plan, url: str, keys: dict[str, str], model: str, lead: flo
     return made
 
 
-async def _one(session: aiohttp.ClientSession, url: str, key: str, model: str, plan: Plan, shot: Shot) -> None:
+async def _one(
+    session: aiohttp.ClientSession, url: str, key: str, model: str, plan: Plan, shot: Shot
+) -> None:
     body = {"model": model, "max_tokens": plan.max_tokens, "stream": shot.stream,
             "messages": [{"role": "user", "content": shot.text}]}
     loop = asyncio.get_running_loop()
@@ -124,7 +126,9 @@ async def _one(session: aiohttp.ClientSession, url: str, key: str, model: str, p
                 await _read_stream(reply, shot)
             else:
                 raw = await reply.read()
-                shot.body = json.loads(raw) if reply.content_type == "application/json" else {"raw": raw.decode()}
+                shot.body = (
+                    json.loads(raw) if reply.content_type == "application/json" else {"raw": raw.decode()}
+                )
                 if shot.status == 200:
                     shot.output = "".join(block.get("text", "") for block in shot.body.get("content", []))
         shot.finished = loop.time()
