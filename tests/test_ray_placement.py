@@ -27,7 +27,8 @@ from batcher.process_worker import ProcessWorker
 from batcher.supervisor import WorkerStartError
 from batcher.types import ReplicaLost
 from gateway.tokenizer import ByteTokenizer
-from tests.test_engine_pool import QUEUE, Client, job, pids
+from tests.test_engine_pool import QUEUE, Client, job
+from tests.test_engine_pool_processes import pids
 from tests.test_worker_processes import submit_all, wait_for
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
