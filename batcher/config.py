@@ -61,9 +61,8 @@ class PoolConfig:
     """How many workers, and how the pool judges and repairs them."""
 
     workers: int = 8
-    hang_timeout: float = (
-        1.0  # a call running longer is a hung worker (longer if the fleet's calls are: pool.py)
-    )
+    # a call running longer is a hung worker (longer if the fleet's calls are: pool.py)
+    hang_timeout: float = 1.0
     max_attempts: int = 3  # tries of one batch before it is split; of one input before it fails
     start_timeout: float = 120.0  # from spawn to `ready` (model load)
     restart_backoff: float = 0.1  # first wait before a restart; doubles on each failed start

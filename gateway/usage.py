@@ -60,9 +60,8 @@ class UsageRecord:
     total_s: float
     status: int  # the HTTP status the client got
     stop_reason: str | None
-    outcome: str | None = (
-        None  # what happened (gateway.ledger.Outcome); None in rows written before it existed
-    )
+    # what happened (gateway.ledger.Outcome); None in rows written before it existed
+    outcome: str | None = None
 
 
 _FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]

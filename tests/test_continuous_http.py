@@ -253,14 +253,21 @@ def test_metrics_parse_and_show_every_family_after_a_short_run(gateway):
     for i in range(3):
         whole(gateway, body(f"metrics {i}", 20))
     asyncio.run(_one_stream(gateway, body("metrics stream", 20)))
-    time.sleep(0.5)  # the engines' next reports
-    raw = gateway.request("GET", "/metrics")[2]
-    families = {f.name: f for f in text_string_to_metric_families(raw["raw"].decode())}
-    assert {name: families[name].type for name in FAMILIES} == FAMILIES
 
     def sample(family: str, suffix: str = "", **labels) -> float:
-        return sum(s.value for s in families[family].samples
+        return sum(s.value for s in (families[family].samples if family in families else ())
                    if s.name == family + suffix and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    deadline = time.monotonic() + 10
+    while True:  # until the engines' reports cover the run's steps
+        raw = gateway.request("GET", "/metrics")[2]
+        families = {f.name: f for f in text_string_to_metric_families(raw["raw"].decode())}
+        reported = sample("ferry_engine_generated_tokens", "_total", model="sim@1") >= 80
+        if reported and sample("ferry_engine_step_tokens", "_count", model="sim@1") > 0:
+            break
+        assert time.monotonic() < deadline, "the engines never reported the run's steps"
+        time.sleep(0.05)
+    assert {name: families[name].type for name in FAMILIES} == FAMILIES
 
     assert sample("ferry_ttft_seconds", "_count", model="sim@1", tier="paid") >= 4
     assert sample("ferry_time_per_output_token_seconds", "_count", model="sim@1", tier="paid") >= 4

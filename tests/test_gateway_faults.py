@@ -133,19 +133,24 @@ def test_sigterm_with_requests_stuck_in_a_hung_worker_drains_within_the_grace_an
     state = tmp_path / "state"
     gateway = Gateway(tmp_path, HUNG + f'\n[state]\ndir = "{state}"\n')
     answers: dict[int, bytes] = {}
+    heard = threading.Semaphore(0)  # released by each stream once its first bytes arrive
 
     def send(index: int) -> None:  # even: streamed
         body = json.dumps(message(f"r{index}", model="hung@1", stream=index % 2 == 0)).encode()
         with socket.create_connection((gateway.host, gateway.port), timeout=30) as connection:
             connection.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + PAID.encode()
                                + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            answers[index] = b"".join(iter(lambda: connection.recv(65536), b""))
+            first = connection.recv(65536)
+            if index % 2 == 0:
+                heard.release()
+            answers[index] = first + b"".join(iter(lambda: connection.recv(65536), b""))
 
     clients = [threading.Thread(target=send, args=(index,)) for index in range(4)]
     for client in clients:
         client.start()
     gateway.wait_for(lambda models: models["hung@1"]["workers"][0]["state"] == "busy")
-    time.sleep(0.3)  # the two streams have sent their headers (ping_interval_ms = 100)
+    for _ in range(2):  # the two streams have sent their headers (ping_interval_ms = 100)
+        assert heard.acquire(timeout=10), "a stream sent no headers"
     began = time.monotonic()
     gateway.process.send_signal(signal.SIGTERM)
     assert gateway.process.wait(30) == 0

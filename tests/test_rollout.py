@@ -76,8 +76,11 @@ def test_a_new_version_takes_traffic_only_once_its_backend_is_open():
         async with in_process(ScriptedBackend(), ONLY_FIRST, others={"scripted@2": gate}) as (client, _):
             rollout = rollout_of(client, config(weights={"scripted@2": 1}))
             reload = asyncio.ensure_future(rollout.reload())
-            await asyncio.sleep(0.05)
-            starting = {v["name"]: v["state"] for v in (await rollout.status())["versions"]}
+            async with asyncio.timeout(10):  # until the reload has begun to open @2
+                while "scripted@2" not in (
+                    starting := {v["name"]: v["state"] for v in (await rollout.status())["versions"]}
+                ):
+                    await asyncio.sleep(0.001)
             during = (await answer(client, "say:a"))["model"]
             gate.release.set()
             summary = await reload
