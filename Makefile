@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test clean vllm-env
+.PHONY: serve test lint clean vllm-env
 
 # vLLM's engine for models with `engine = "vllm"`, in its own virtualenv: it pins versions that
 # conflict with ferry's test dependencies (the CPU build wants transformers<5.20). Only the worker
@@ -44,6 +44,10 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
+
+# ruff as pinned in the test extra; its rules are in pyproject.toml's [tool.ruff.lint].
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

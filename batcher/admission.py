@@ -13,7 +13,8 @@ makes its deadline when paid traffic comes a little faster than its average)::
 
     wait(tier)   = first e in {free_in[i] + r x call}  with
                    batch x (batches dispatched by e)  >=  ahead + passing x e + MARGIN x sqrt(passing x e)
-    budget(tier) = wait_budget(tier) x  product over higher tiers h of  max(0, 1 - pressure(h) / wait_budget(h))
+    budget(tier) = wait_budget(tier) x  product over higher tiers h of
+                       max(0, 1 - pressure(h) / wait_budget(h))
 
 Why not queued work / drain rate: eight 200 ms workers that finish together release 400 places
 at once, so a free request waits 20 ms or 220 ms depending on which side of that moment it
@@ -168,7 +169,7 @@ class Rate:
     At a steady rate r it reads r; after a pause it falls back towards 0 within a few ``tau``.
     """
 
-    __slots__ = ("tau", "_value", "_updated")
+    __slots__ = ("_updated", "_value", "tau")
 
     def __init__(self, tau: float = 1.0) -> None:
         self.tau = tau

@@ -40,7 +40,9 @@ class QueueConfig:
         _require(0.0 <= self.aged_share <= 1.0, "aged_share", "a share in 0..1", self.aged_share)
         if self.wait_budgets is not None:
             budgets = self.wait_budgets
-            _require(len(budgets) == len(self.tiers), "wait_budgets", f"one per tier ({len(self.tiers)})", budgets)
+            _require(
+                len(budgets) == len(self.tiers), "wait_budgets", f"one per tier ({len(self.tiers)})", budgets
+            )
             _require(all(b > 0 for b in budgets), "wait_budgets", "seconds > 0", budgets)
 
     def deadline(self, tier: int) -> float:
@@ -60,7 +62,8 @@ class PoolConfig:
     """How many workers, and how the pool judges and repairs them."""
 
     workers: int = 8
-    hang_timeout: float = 1.0  # a call running longer is a hung worker (longer if the fleet's calls are: pool.py)
+    # a call running longer is a hung worker (longer if the fleet's calls are: pool.py)
+    hang_timeout: float = 1.0
     max_attempts: int = 3  # tries of one batch before it is split; of one input before it fails
     start_timeout: float = 120.0  # from spawn to `ready` (model load)
     restart_backoff: float = 0.1  # first wait before a restart; doubles on each failed start
@@ -134,7 +137,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.name), "name", "a model name", self.name)
-        _require(1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window)
+        _require(
+            1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window
+        )
         _require(self.placement in PLACEMENTS, "placement", f"one of {list(PLACEMENTS)}", self.placement)
         _require(self.num_gpus is None or 0 <= self.num_gpus <= 1024, "num_gpus", "0..1024", self.num_gpus)
         _require(all(0 <= v < math.inf for v in self.resources.values()), "resources", "amounts >= 0",
@@ -156,7 +161,12 @@ class ModelConfig:
         _check_tokenizer(self.tokenizer)
         if self.chat_template not in CHAT_TEMPLATES:
             path = os.path.expanduser(self.chat_template)
-            _require(os.path.isfile(path), "chat_template", f"one of {list(CHAT_TEMPLATES)} or a .jinja file", self.chat_template)
+            _require(
+                os.path.isfile(path),
+                "chat_template",
+                f"one of {list(CHAT_TEMPLATES)} or a .jinja file",
+                self.chat_template,
+            )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,7 +188,9 @@ class FixedModelConfig(ModelConfig):
         _require(len(self.worker) >= 1, "worker", "argv after `python -m workers`", list(self.worker))
         _require(1 <= self.max_batch <= 1024, "max_batch", "1..1024", self.max_batch)
         _require(0 <= self.max_wait_ms < math.inf, "max_wait_ms", "milliseconds >= 0", self.max_wait_ms)
-        _require(0 < self.hang_timeout_ms < math.inf, "hang_timeout_ms", "milliseconds > 0", self.hang_timeout_ms)
+        _require(
+            0 < self.hang_timeout_ms < math.inf, "hang_timeout_ms", "milliseconds > 0", self.hang_timeout_ms
+        )
         self.pool()  # checks workers and max_attempts with the pool's own rules
         self.batch_policy()  # checks the policy's name and options with its own rules
 
@@ -190,7 +202,11 @@ class FixedModelConfig(ModelConfig):
         """A fresh flush policy: ``max_batch`` and ``max_wait_ms`` where it takes them, then its options."""
         implied = {"max_batch": self.max_batch, "max_wait": self.max_wait_ms / 1000}
         factory = POLICIES.get(self.policy)
-        takes = {f.name for f in dataclasses.fields(factory) if f.init} if dataclasses.is_dataclass(factory) else set()
+        takes = (
+            {f.name for f in dataclasses.fields(factory) if f.init}
+            if dataclasses.is_dataclass(factory)
+            else set()
+        )
         params = {name: value for name, value in implied.items() if name in takes}
         return make_policy(self.policy, **params, **self.policy_options)
 
@@ -261,17 +277,30 @@ class ContinuousModelConfig(ModelConfig):
         super(ContinuousModelConfig, self).__post_init__()
         for name in ("block_size", "max_batch_tokens", "max_seqs"):
             _require(1 <= getattr(self, name) <= 1 << 20, name, "1..1048576", getattr(self, name))
-        _require(self.max_seqs <= self.max_batch_tokens, "max_seqs", f"<= max_batch_tokens ({self.max_batch_tokens})",
-                 self.max_seqs)
+        _require(
+            self.max_seqs <= self.max_batch_tokens,
+            "max_seqs",
+            f"<= max_batch_tokens ({self.max_batch_tokens})",
+            self.max_seqs,
+        )
         _require(self.num_blocks >= 0, "num_blocks", ">= 0", self.num_blocks)
         _require(0 <= self.kv_memory_gb < math.inf, "kv_memory_gb", "GiB >= 0", self.kv_memory_gb)
-        _require(not (self.num_blocks and self.kv_memory_gb), "kv_memory_gb", "num_blocks or kv_memory_gb, not both",
-                 self.kv_memory_gb)
+        _require(
+            not (self.num_blocks and self.kv_memory_gb),
+            "kv_memory_gb",
+            "num_blocks or kv_memory_gb, not both",
+            self.kv_memory_gb,
+        )
         _require(self.dtype in DTYPES, "dtype", f"one of {list(DTYPES)}", self.dtype)
         _require(self.device in ("", "cpu", "cuda"), "device", "'cpu' or 'cuda'", self.device)
         _require(1 <= self.threads <= 1024, "threads", "1..1024", self.threads)
         _require(self.affinity_bound >= 0, "affinity_bound", "tokens >= 0", self.affinity_bound)
-        _require(0 < self.stats_timeout_ms < math.inf, "stats_timeout_ms", "milliseconds > 0", self.stats_timeout_ms)
+        _require(
+            0 < self.stats_timeout_ms < math.inf,
+            "stats_timeout_ms",
+            "milliseconds > 0",
+            self.stats_timeout_ms,
+        )
         _require(0.0 <= self.temperature <= 1.0, "temperature", "a number in 0..1", self.temperature)
         _require(self.engine in ENGINES, "engine", f"one of {list(ENGINES)}", self.engine)
         _require(self.engine == "ferry" or not self.simulated, "engine", "'ferry' for a simulated model",

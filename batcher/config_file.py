@@ -46,7 +46,7 @@ def build_table(cls: type, table: object, where: str) -> object:
     values all name the place they came from."""
     if not isinstance(table, dict):
         # a config mistake is a ValueError, whatever its kind: the loader names where it came from
-        raise ValueError(f"{where}: expected a table, got {table!r}")  # noqa: TRY004
+        raise ValueError(f"{where}: expected a table, got {table!r}")
     fields = sorted(field.name for field in dataclasses.fields(cls))
     for name in table:
         if name not in fields:

@@ -80,12 +80,19 @@ class EnginePool:
         self.stats = ContinuousStats()
         self._readiness = Readiness(config.workers)
         self._replicas = [
-            Replica(i, queue, self.stats, self._changed, self._readiness.answered) for i in range(config.workers)
+            Replica(i, queue, self.stats, self._changed, self._readiness.answered)
+            for i in range(config.workers)
         ]
         timeout, pool = config.stats_timeout_ms / 1000, config.pool()
         for r in self._replicas:
-            r.supervisor = Supervisor(r.index, spawn, pool, self.stats, functools.partial(self._serve, r, timeout),
-                                      on_down=functools.partial(self._lost, r))
+            r.supervisor = Supervisor(
+                r.index,
+                spawn,
+                pool,
+                self.stats,
+                functools.partial(self._serve, r, timeout),
+                on_down=functools.partial(self._lost, r),
+            )
         self.router = Router([0] * config.workers, config.affinity_bound)
         self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
         self._queued = [0] * len(queue.tiers)  # tokens waiting in the replicas' tier queues, by tier
@@ -98,7 +105,9 @@ class EnginePool:
     def submit(self, job: Job, on_event: OnEvent) -> Ticket:
         """Route and queue a job, or fail it at once: too large (400) or shed (529)."""
         now = trio.current_time()
-        tier = len(self.queue_config.tiers) - 1 if job.tier is None else self.queue_config.tier_index(job.tier)
+        tier = (
+            len(self.queue_config.tiers) - 1 if job.tier is None else self.queue_config.tier_index(job.tier)
+        )
         wait = job.deadline if job.deadline is not None else self._patience(tier)
         hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
         ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
@@ -137,7 +146,7 @@ class EnginePool:
         engine's measured token rate, less the share of its step budget its decodes take."""
         config, up = self.config, [r for r in self._replicas if r.up]
         decoding = [(r.stats.running if r.stats else 0) / config.max_batch_tokens for r in up]
-        rate = sum(r.computed.value * max(0.0, 1.0 - share) for r, share in zip(up, decoding))
+        rate = sum(r.computed.value * max(0.0, 1.0 - share) for r, share in zip(up, decoding, strict=True))
         room = sum(max(0, PREFILL_STEPS * config.max_batch_tokens - r.prefilling) for r in up
                    if len(r.live) < config.max_seqs and r.free_blocks > 0)
         arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
@@ -196,7 +205,9 @@ class EnginePool:
     def _route(self, ticket: Ticket) -> Replica:
         """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
         up = any(r.up for r in self._replicas)
-        route = self.router.choose([r.load if r.up or not up else None for r in self._replicas], ticket.hashes)
+        route = self.router.choose(
+            [r.load if r.up or not up else None for r in self._replicas], ticket.hashes
+        )
         ticket.replica = route.replica
         job = ticket.job
         ticket.cost = len(job.prompt_tokens) - route.held_blocks * self.config.block_size + job.max_tokens
@@ -300,7 +311,9 @@ class EnginePool:
                     "send the request again for a whole answer"), retryable=True)
             elif ticket.attempts >= self.config.max_attempts:
                 ticket.state = Stage.ENDED
-                ticket.out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
+                ticket.out.fail(
+                    RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False
+                )
             else:
                 self.stats.reruns += 1
                 ticket.out.restart()
@@ -315,7 +328,10 @@ class EnginePool:
 
 @contextlib.asynccontextmanager
 async def open_engine_pool(
-    config: ContinuousModelConfig, queue: QueueConfig, spawn: Callable[[int], EngineProcess], tokenizer: Tokenizer
+    config: ContinuousModelConfig,
+    queue: QueueConfig,
+    spawn: Callable[[int], EngineProcess],
+    tokenizer: Tokenizer,
 ) -> AsyncIterator[EnginePool]:
     """Start a model's engines and the pool in front of them; stop both on exit."""
     async with trio.open_nursery() as nursery:

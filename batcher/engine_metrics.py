@@ -80,10 +80,14 @@ def engine_families(backends: Sequence[Exported]) -> Iterator:
     """The continuous families of every continuous backend, from its :class:`ContinuousStats`."""
     by_replica = ["model", "replica"]
     gauges = [(GaugeMetricFamily(name, text, labels=by_replica), field) for name, text, field in _GAUGES]
-    counters = [(CounterMetricFamily(name, text, labels=by_replica), field) for name, text, field in _COUNTERS]
+    counters = [
+        (CounterMetricFamily(name, text, labels=by_replica), field) for name, text, field in _COUNTERS
+    ]
     rate = GaugeMetricFamily("ferry_engine_generation_tokens_per_second",
                              "Tokens generated per second, recently.", labels=by_replica)
-    steps = HistogramMetricFamily("ferry_engine_step_tokens", "Tokens computed per engine step.", labels=["model"])
+    steps = HistogramMetricFamily(
+        "ferry_engine_step_tokens", "Tokens computed per engine step.", labels=["model"]
+    )
     reruns = CounterMetricFamily("ferry_engine_reruns", "Jobs re-run unseen after their engine died.",
                                  labels=["model"])
     interrupted = CounterMetricFamily("ferry_engine_interrupted_streams",

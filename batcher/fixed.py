@@ -165,7 +165,10 @@ class Batcher:
         if not self._admitted(request):
             return
         self.queue.push(request)
-        if self.queue.count >= self._wake_at_count or request.deadline - self._drop_before < self._wake_at_time:
+        if (
+            self.queue.count >= self._wake_at_count
+            or request.deadline - self._drop_before < self._wake_at_time
+        ):
             self._wakeup.set()
 
     def _admitted(self, request: Request) -> bool:
@@ -218,7 +221,9 @@ class Batcher:
             if queue.count:
                 self._expire(now)
             deadline = queue.next_deadline()
-            decision = policy.decide(QueueState(now, queue.count, queue.oldest_arrival(), pool.idle_count, deadline))
+            decision = policy.decide(
+                QueueState(now, queue.count, queue.oldest_arrival(), pool.idle_count, deadline)
+            )
             if isinstance(decision, Flush):
                 batch = queue.take(decision.size, now)
                 self.stats.flushes[decision.reason] += 1

@@ -60,13 +60,16 @@ class CoreCollector(Collector):
     def collect(self) -> Iterator:
         counters = [(CounterMetricFamily(name, text, labels=["model"]), field)
                     for name, text, field in _SHARED_COUNTERS]
-        wait = HistogramMetricFamily("ferry_queue_wait_seconds", "Arrival to dispatch.", labels=["model", "tier"])
+        wait = HistogramMetricFamily(
+            "ferry_queue_wait_seconds", "Arrival to dispatch.", labels=["model", "tier"]
+        )
         queued: dict[str, GaugeMetricFamily] = {}
         estimate = GaugeMetricFamily(
             "ferry_estimated_wait_seconds", "Estimated wait of a new request.", labels=["model", "tier"]
         )
         placement = GaugeMetricFamily(
-            "ferry_worker_placement", "1 per worker slot, labelled with where its worker runs (local, or ray:node).",
+            "ferry_worker_placement",
+            "1 per worker slot, labelled with where its worker runs (local, or ray:node).",
             labels=["model", "slot", "placement"],
         )
         by_mode: dict[str, list[Exported]] = {}

@@ -166,7 +166,9 @@ class IdleAware:
     def __post_init__(self) -> None:
         _check_batch(self.max_batch)
         _check_seconds("max_wait", self.max_wait)
-        _check(isinstance(self.reserve, int) and self.reserve >= 0, "reserve", "idle workers >= 0", self.reserve)
+        _check(
+            isinstance(self.reserve, int) and self.reserve >= 0, "reserve", "idle workers >= 0", self.reserve
+        )
 
     def decide(self, state: QueueState) -> Flush | Hold:
         if state.queued and state.queued < self.max_batch and state.idle_workers > self.reserve:
@@ -245,7 +247,12 @@ class AIMD:
         _check(isinstance(self.step, int) and self.step >= 1, "step", "an integer >= 1", self.step)
         _check(0.0 < self.backoff < 1.0, "backoff", "a factor in (0, 1)", self.backoff)
         _check_seconds("max_wait", self.max_wait)
-        _check(isinstance(self.start, int) and 1 <= self.start <= self.max_batch, "start", "1..max_batch", self.start)
+        _check(
+            isinstance(self.start, int) and 1 <= self.start <= self.max_batch,
+            "start",
+            "1..max_batch",
+            self.start,
+        )
         self.limit = self.start
 
     def decide(self, state: QueueState) -> Flush | Hold:

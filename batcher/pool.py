@@ -93,7 +93,17 @@ class WorkerInfo:
 
 
 class _Slot:
-    __slots__ = ("busy_since", "call", "call_ends", "idle_scope", "inbox", "index", "outbox", "state", "supervisor")
+    __slots__ = (
+        "busy_since",
+        "call",
+        "call_ends",
+        "idle_scope",
+        "inbox",
+        "index",
+        "outbox",
+        "state",
+        "supervisor",
+    )
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -255,12 +265,14 @@ class WorkerPool:
                             slot.index, kind, batch.id, len(requests))
                 self._failed(batch, slot, f"the model raised {kind}")
             elif len(reply.outputs) != len(requests):
-                self._failed(batch, slot, f"the model returned {len(reply.outputs)} outputs for {len(requests)} inputs")
+                self._failed(
+                    batch, slot, f"the model returned {len(reply.outputs)} outputs for {len(requests)} inputs"
+                )
             else:
                 answered = True
                 now = trio.current_time()
                 self._answered(len(requests), now - started)
-                for request, output in zip(requests, reply.outputs):
+                for request, output in zip(requests, reply.outputs, strict=False):
                     request.finish(output, now)
         return answered
 
@@ -300,8 +312,15 @@ class WorkerPool:
             self.stats.bisections += 1
             half = len(live) // 2
             for part in (live[:half], live[half:]):
-                piece = Batch(next(self._batch_ids), part, "bisect", suspect=True, last_error=error, hangs=batch.hangs,
-                              worker_faults=batch.worker_faults)
+                piece = Batch(
+                    next(self._batch_ids),
+                    part,
+                    "bisect",
+                    suspect=True,
+                    last_error=error,
+                    hangs=batch.hangs,
+                    worker_faults=batch.worker_faults,
+                )
                 self._retry.append(piece)
         else:
             self.stats.retries += 1
@@ -364,7 +383,9 @@ class WorkerPool:
         """The exit watch saw the worker die: an idle one stops waiting for work (a busy one's
         call fails on its own, as a crash or as undelivered)."""
         if slot.state is SlotState.IDLE:
-            log.warning("worker %d (pid %s) died while idle; restarting it", slot.index, slot.supervisor.worker.pid)
+            log.warning(
+                "worker %d (pid %s) died while idle; restarting it", slot.index, slot.supervisor.worker.pid
+            )
             self._down(slot)
             slot.idle_scope.cancel()
 
@@ -385,7 +406,9 @@ class WorkerPool:
         are still served."""
         if not batch.worker_faults:
             return math.inf
-        return min((request.deadline for request in batch.requests), default=math.inf) + self.config.hang_timeout
+        return (
+            min((request.deadline for request in batch.requests), default=math.inf) + self.config.hang_timeout
+        )
 
     def _watched(self) -> Iterator[Batch]:
         """The batches whose requests may run out of time before a call of theirs ends: those in
@@ -414,7 +437,12 @@ class WorkerPool:
                 self.stats.timed_out += 1
                 last = f"last: {batch.last_error}" if batch.last_error else "its call was still running"
                 after = request.deadline + hang - request.arrival
-                request.fail(WorkersFailed(f"no worker could serve it by its deadline ({after:.3f}s after arrival); {last}"), now)
+                request.fail(
+                    WorkersFailed(
+                        f"no worker could serve it by its deadline ({after:.3f}s after arrival); {last}"
+                    ),
+                    now,
+                )
         return batch.prune()
 
     def _send(self, slot: _Slot, batch: Batch) -> None:

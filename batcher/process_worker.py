@@ -123,7 +123,9 @@ class ProcessWorker(PipeProcess):
         except WorkerLost as exc:  # it died before reading the call (a kill racing the send)
             raise NotDelivered(f"{exc} before accepting the call") from None
         if accepted != Accepted(request.id):
-            raise ProtocolError(f"expected accepted {request.id} after run_batch {request.id}, got {accepted.kind}")
+            raise ProtocolError(
+                f"expected accepted {request.id} after run_batch {request.id}, got {accepted.kind}"
+            )
         reply = await self._receive()
         if not isinstance(reply, Result | Error):
             raise ProtocolError(f"expected result or error, got {reply.kind}")

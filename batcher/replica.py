@@ -257,7 +257,9 @@ class Replica:
                 await self._read(worker, stats_timeout)
                 nursery.cancel_scope.cancel()
         except* (WorkerLost, ProtocolError) as group:
-            log.warning("engine %d (pid %s) lost: %s; restarting it", self.index, worker.pid, group.exceptions[0])
+            log.warning(
+                "engine %d (pid %s) lost: %s; restarting it", self.index, worker.pid, group.exceptions[0]
+            )
         return self.served
 
     def down(self) -> list[Ticket]:
@@ -283,7 +285,9 @@ class Replica:
                 messages = await worker.receive()
                 self._step(messages, trio.current_time())
                 continue
-            log.warning("engine %d (pid %s) sent no stats for %.1fs: killing it", self.index, worker.pid, timeout)
+            log.warning(
+                "engine %d (pid %s) sent no stats for %.1fs: killing it", self.index, worker.pid, timeout
+            )
             return
 
     def _step(self, messages: list[Message], now: float) -> None:
@@ -324,7 +328,9 @@ class Replica:
         usage = frame.usage
         if frame.reason in STOP_REASONS:
             stop = STOP_REASONS[frame.reason]
-            ticket.out.finish(stop, Usage(usage.prompt_tokens, usage.output_tokens, usage.cached_tokens), ticket.queued)
+            ticket.out.finish(
+                stop, Usage(usage.prompt_tokens, usage.output_tokens, usage.cached_tokens), ticket.queued
+            )
         elif frame.reason == "too_long":
             ticket.out.fail(TooLarge(f"the request outgrew the KV cache of its replica ({self.total_blocks} "
                                      "blocks) while it ran"), retryable=False)
@@ -335,7 +341,9 @@ class Replica:
         last = self.stats
         if last is not None and stats.step > last.step:
             steps = stats.step - last.step
-            self._pool_stats.step_tokens.observe((stats.computed_tokens - last.computed_tokens) / steps, steps)
+            self._pool_stats.step_tokens.observe(
+                (stats.computed_tokens - last.computed_tokens) / steps, steps
+            )
         busy = stats.waiting > 0 or self.queue.count + len(self.reruns) > 0  # backlogged: saturated
         self.computed.update(now, stats.computed_tokens, busy and self.busy)
         self.generated.update(now, stats.generated_tokens)
@@ -345,8 +353,14 @@ class Replica:
 
     def status(self) -> WorkerStatus:
         worker = self.supervisor.worker
-        engine = {name: getattr(self.stats, name) for name in ("running", "waiting", "used_blocks", "free_blocks",
-                                                                "total_blocks")} if self.stats else {}
+        engine = (
+            {
+                name: getattr(self.stats, name)
+                for name in ("running", "waiting", "used_blocks", "free_blocks", "total_blocks")
+            }
+            if self.stats
+            else {}
+        )
         pid = worker.pid if self.up and worker else None
         details = {"queued": self.queue.count + len(self.reruns), "load_tokens": self.load, **engine}
         state = "up" if self.up else "starting"

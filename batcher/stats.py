@@ -42,7 +42,7 @@ class Histogram:
     def cumulative(self) -> list[tuple[str, int]]:
         """(upper bound, observations at or below it) pairs, ending with "+Inf"."""
         running, pairs = 0, []
-        for bound, count in zip([*map(str, self.bounds), "+Inf"], self.counts):
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], self.counts, strict=False):
             running += count
             pairs.append((bound, running))
         return pairs

@@ -22,9 +22,9 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from batcher.backend import Delta, Finished, Job, Started, Usage  # noqa: E402
-from batcher.config import FixedModelConfig, QueueConfig  # noqa: E402
-from gateway.bridge import Bridge  # noqa: E402
+from batcher.backend import Delta, Finished, Job, Started, Usage
+from batcher.config import FixedModelConfig, QueueConfig
+from gateway.bridge import Bridge
 
 
 class InstantBackend:
@@ -58,12 +58,12 @@ async def measure(sequential: int, bursts: int, burst: int = 50) -> dict[str, fl
     await bridge.start()
     try:
         started = time.perf_counter()
-        for index in range(sequential):
+        for _index in range(sequential):
             await answered(bridge)
         round_trip = (time.perf_counter() - started) / sequential
         hops_before = bridge.hops_to_trio + bridge.hops_to_asyncio
         cpu, wall = time.process_time(), time.perf_counter()
-        for index in range(bursts):
+        for _index in range(bursts):
             await asyncio.gather(*(answered(bridge) for _ in range(burst)))
         count = bursts * burst
         return {

@@ -70,7 +70,9 @@ class Shot:
     request_id: str = ""  # from the request-id header: its usage record
 
 
-async def fire(session: aiohttp.ClientSession, url: str, body: bytes, shots: list[Shot], timeout: float) -> float:
+async def fire(
+    session: aiohttp.ClientSession, url: str, body: bytes, shots: list[Shot], timeout: float
+) -> float:
     """Send every shot at its time; return the generator's worst lag behind the schedule."""
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.1
@@ -86,7 +88,7 @@ async def fire(session: aiohttp.ClientSession, url: str, body: bytes, shots: lis
                 shot.request_id = reply.headers.get("request-id", "")
                 shot.retry_after = int(reply.headers.get("retry-after-ms", 0)) / 1000
                 shot.expired = reply.status == 529 and b"not dispatched within" in answer
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             shot.status = -1
         shot.answered = loop.time()
 
@@ -189,7 +191,7 @@ def summarize(
 def schedule(args: argparse.Namespace) -> list[Shot]:
     times = poisson(args.rate, args.duration, args.seed)
     tiers = tier_mix(len(times), {"paid": args.paid_share, "free": 1 - args.paid_share}, args.seed)
-    return [Shot(tier, float(t)) for t, tier in zip(times, tiers)]
+    return [Shot(tier, float(t)) for t, tier in zip(times, tiers, strict=False)]
 
 
 def configured(workers: int, state: str | None = None) -> str:
@@ -224,11 +226,15 @@ def virtual(args: argparse.Namespace) -> dict:
     async def run() -> None:
         start = trio.current_time() + 1.0
         times = np.array([s.scheduled for s in shots]) + start
-        by_arrival.update(zip(times.tolist(), shots))
+        by_arrival.update(zip(times.tolist(), shots, strict=False))
         tier = np.array([names.index(s.tier) for s in shots])
         deadlines = times + np.array([queue.deadline(i) for i in tier])
-        spawn = lambda slot: SimulatedWorker(constant(SERVICE), record=False)
-        async with open_batcher(spawn, model.pool(), model.batch_policy(), queue, batcher=ReplayBatcher) as batcher:
+        def spawn(slot):
+            return SimulatedWorker(constant(SERVICE), record=False)
+
+        async with open_batcher(
+            spawn, model.pool(), model.batch_policy(), queue, batcher=ReplayBatcher
+        ) as batcher:
             await batcher.answer("warm up", "paid")  # admission plans with the call time of answered calls
             batcher.feed(Replay(batcher, times, tier, names, deadlines, ended))
             await all_ended.wait()
@@ -257,7 +263,9 @@ async def burst(args: argparse.Namespace, scratch: str) -> dict:
                                          headers={"content-type": "application/json"}) as session:
             # warm up: admission plans with the call time of answered calls
             for _ in range(3):
-                async with session.post(f"{url}/v1/messages", data=body, headers={"x-api-key": KEYS["paid"]}) as r:
+                async with session.post(
+                    f"{url}/v1/messages", data=body, headers={"x-api-key": KEYS["paid"]}
+                ) as r:
                     await r.read()
             cpu_before = process_cpu(process.pid)
             gc.collect()
@@ -291,7 +299,9 @@ def waits_over_budget(metrics: str) -> dict[str, int]:
         for tier, limit in BUDGET.items():
             within = [s.value for s in family.samples if s.labels.get("tier") == tier
                       and s.name.endswith("_bucket") and float(s.labels["le"]) == limit]
-            total = [s.value for s in family.samples if s.labels.get("tier") == tier and s.name.endswith("_count")]
+            total = [
+                s.value for s in family.samples if s.labels.get("tier") == tier and s.name.endswith("_count")
+            ]
             if within and total:
                 over[tier] = int(total[0] - within[0])
     return over
@@ -299,7 +309,9 @@ def waits_over_budget(metrics: str) -> dict[str, int]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=8, help="sleep workers of 200 ms (capacity 250/s each)")
+    parser.add_argument(
+        "--workers", type=int, default=8, help="sleep workers of 200 ms (capacity 250/s each)"
+    )
     parser.add_argument("--rate", type=float, default=6000.0, help="offered requests/s, both tiers")
     parser.add_argument("--paid-share", type=float, default=0.5)
     parser.add_argument("--duration", type=float, default=20.0)

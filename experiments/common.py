@@ -18,10 +18,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on a server or in CI
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from batcher.sim.arrivals import Trace, poisson  # noqa: E402
-from batcher.sim.simulate import Scenario, Simulation, simulate  # noqa: E402
+from batcher.sim.arrivals import Trace, poisson
+from batcher.sim.simulate import Scenario, Simulation, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SERVICE = 0.200  # seconds per call, any batch size
@@ -41,7 +41,9 @@ POLICIES: dict[str, dict[str, Any]] = {
 }
 
 
-def poisson_scenario(rate: float, duration: float, policy: str = "size_or_timeout", seed: int = 0, **fields: Any) -> Scenario:
+def poisson_scenario(
+    rate: float, duration: float, policy: str = "size_or_timeout", seed: int = 0, **fields: Any
+) -> Scenario:
     """Poisson arrivals, half paid and half free, on the reference GPU."""
     budget = SLO if policy == "slack_driven" else None
     trace = Trace.of(poisson(rate, duration, seed), HALF, seed, budget)
@@ -53,7 +55,8 @@ def run(scenario: Scenario, label: str = "") -> Simulation:
     result = simulate(scenario)
     report = result.report
     print(
-        f"  {label or scenario.policy}: {report.offered:,} requests, p95 {report.latency.p95 * 1000:,.0f} ms, "
+        f"  {label or scenario.policy}: {report.offered:,} requests, "
+        f"p95 {report.latency.p95 * 1000:,.0f} ms, "
         f"dropped {report.dropped}, {result.cpu_seconds:.1f} CPU s",
         file=sys.stderr,
         flush=True,

@@ -146,7 +146,9 @@ def summary(name: str, results: list[dict]) -> dict:
     tokens = sum(r["tokens"] for r in results)
 
     def q(values, p):
-        return statistics.quantiles(values, n=100, method="inclusive")[p - 1] if len(values) > 1 else values[0]
+        return (
+            statistics.quantiles(values, n=100, method="inclusive")[p - 1] if len(values) > 1 else values[0]
+        )
 
     return {"mode": name, "requests": len(results), "output tokens": tokens, "tokens/s": tokens / span,
             "TTFT p50 ms": 1000 * q(ttft, 50), "TTFT p95 ms": 1000 * q(ttft, 95),
@@ -169,7 +171,9 @@ def main() -> None:
     longest = max(m for _, _, m in workload(args.requests, 1.0, args.seed))
     with tempfile.TemporaryDirectory() as state:
         path = Path(state) / "bench.toml"
-        path.write_text(config(model_dir, args.max_batch, longest, args.dtype) + f'\n[state]\ndir = "{state}"\n')
+        path.write_text(
+            config(model_dir, args.max_batch, longest, args.dtype) + f'\n[state]\ndir = "{state}"\n'
+        )
         threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # see the module doc
         server = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--config", str(path)],
                                   stdout=subprocess.PIPE, text=True, env={**os.environ, **threads})
@@ -183,13 +187,20 @@ def main() -> None:
             load_before = os.getloadavg()[0]
             rows = []
             for rate in args.rates:
-                jobs, arrivals = workload(args.requests, rate, args.seed), f"{rate:g}/s" if rate else "all at once"
+                jobs, arrivals = (
+                    workload(args.requests, rate, args.seed),
+                    f"{rate:g}/s" if rate else "all at once",
+                )
                 runs: dict[str, list[dict]] = {name: [] for name, _ in MODES}
                 for _ in range(args.repeat):
                     for name, model in MODES:
                         started = time.monotonic()
                         runs[name].append(summary(name, asyncio.run(phase(url, model, jobs))))
-                        print(f"{arrivals}, {name}: {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+                        print(
+                            f"{arrivals}, {name}: {time.monotonic() - started:.1f} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 for name, _ in MODES:
                     rows.append({"arrivals": arrivals, "mode": name, **{
                         column: statistics.median_low(run[column] for run in runs[name])
@@ -199,9 +210,12 @@ def main() -> None:
             server.terminate()
             server.wait(60)
     command = "python -m experiments.continuous_vs_fixed " + " ".join(sys.argv[1:])
-    text = (f"# Continuous batching against static batches (SmolLM2-135M, CPU)\n\n`{command}`\n\n"
-            f"Medians of {args.repeat} runs each; load average {load_before:.2f} before, {load_after:.2f} after.\n\n"
-            f"{markdown(rows)}\n")
+    text = (
+        f"# Continuous batching against static batches (SmolLM2-135M, CPU)\n\n`{command}`\n\n"
+        f"Medians of {args.repeat} runs each; "
+        f"load average {load_before:.2f} before, {load_after:.2f} after.\n\n"
+        f"{markdown(rows)}\n"
+    )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "continuous_vs_fixed.md").write_text(text)
     print(text)

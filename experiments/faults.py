@@ -32,12 +32,19 @@ def main() -> None:
             scenario = poisson_scenario(LOAD, args.duration, workers=WORKERS, faults=plan)
             result = run(scenario, f"{kind} {probability}")
             report = result.report
-            rows.append({
-                "fault": kind, "% of calls": 100 * probability,
-                "goodput/s": round(report.completed / args.duration), "failed": report.dropped,
-                "p50 ms": ms(report.latency.p50), "p99 ms": ms(report.latency.p99),
-                "restarts": report.restarts, "retries": report.retries, "GPU busy %": 100 * report.busy_fraction,
-            })
+            rows.append(
+                {
+                    "fault": kind,
+                    "% of calls": 100 * probability,
+                    "goodput/s": round(report.completed / args.duration),
+                    "failed": report.dropped,
+                    "p50 ms": ms(report.latency.p50),
+                    "p99 ms": ms(report.latency.p99),
+                    "restarts": report.restarts,
+                    "retries": report.retries,
+                    "GPU busy %": 100 * report.busy_fraction,
+                }
+            )
 
     figure, (goodput, tail) = plt.subplots(1, 2, figsize=(11, 4.2))
     for kind in ("crash", "hang"):
@@ -46,7 +53,12 @@ def main() -> None:
         goodput.plot(x, [r["goodput/s"] for r in points], marker="o", label=kind)
         tail.plot(x, [r["p99 ms"] for r in points], marker="o", label=kind)
     goodput.axhline(LOAD, color="grey", lw=0.8, ls="--", label="offered")
-    goodput.set(xlabel="fault probability per call (%)", ylabel="answers per second", title="goodput", ylim=(0, LOAD * 1.1))
+    goodput.set(
+        xlabel="fault probability per call (%)",
+        ylabel="answers per second",
+        title="goodput",
+        ylim=(0, LOAD * 1.1),
+    )
     tail.set(xlabel="fault probability per call (%)", ylabel="p99 latency (ms)", yscale="log", title="p99")
     for axis in (goodput, tail):
         axis.grid(alpha=0.3, which="both")
@@ -60,15 +72,15 @@ The pool kills and restarts a worker that crashed or hung, and retries its batch
 faults of workers (not of inputs) cost time, not answers:
 
 - **Crashes** cost about half a call and a restart. Up to 20 % of calls crashing, every request is
-  answered ({at('crash', 0.2, 'failed')} failed) and goodput holds at {at('crash', 0.2, 'goodput/s'):,}/s; p99 grows from
-  {at('crash', 0.0, 'p99 ms'):.0f} ms (no fault) to {at('crash', 0.01, 'p99 ms'):.0f} ms at 1 % and
-  {at('crash', 0.2, 'p99 ms'):.0f} ms at 20 %.
+  answered ({at("crash", 0.2, "failed")} failed) and goodput holds at
+  {at("crash", 0.2, "goodput/s"):,}/s; p99 grows from {at("crash", 0.0, "p99 ms"):.0f} ms (no fault) to
+  {at("crash", 0.01, "p99 ms"):.0f} ms at 1 % and {at("crash", 0.2, "p99 ms"):.0f} ms at 20 %.
 - **Hangs** are dearer: a hung call holds its worker and its batch for the 1 s hang timeout (five service
-  times). At 1 % p99 is {at('hang', 0.01, 'p99 ms'):.0f} ms; from 2 % more than one request in a hundred
-  rides a hung batch and p99 jumps to {at('hang', 0.02, 'p99 ms'):,.0f} ms (timeout + retry); at 10 %
-  {at('hang', 0.1, 'p99 ms'):,.0f} ms, still with every request answered. At 20 % the hung time eats the
-  spare capacity of a fleet at 60 % load: the queue grows, {at('hang', 0.2, 'failed'):,} requests are refused
-  after 30 s in the queue, and goodput falls to {at('hang', 0.2, 'goodput/s'):,}/s.
+  times). At 1 % p99 is {at("hang", 0.01, "p99 ms"):.0f} ms; from 2 % more than one request in a hundred
+  rides a hung batch and p99 jumps to {at("hang", 0.02, "p99 ms"):,.0f} ms (timeout + retry); at 10 %
+  {at("hang", 0.1, "p99 ms"):,.0f} ms, still with every request answered. At 20 % the hung time eats the
+  spare capacity of a fleet at 60 % load: the queue grows, {at("hang", 0.2, "failed"):,} requests are refused
+  after 30 s in the queue, and goodput falls to {at("hang", 0.2, "goodput/s"):,}/s.
 """
     write("faults", rows, figure, summary, "python -m experiments.faults")
 

@@ -61,10 +61,12 @@ def main() -> None:
             row[f"p{q} diff %"] = 100 * (r - v) / v
         rows.append(row)
         curves.append((row["scenario"], simulated, real))
-        print(f"  {row['scenario']}: p50 {row['p50 diff %']:+.1f} %, p95 {row['p95 diff %']:+.1f} %", flush=True)
+        print(
+            f"  {row['scenario']}: p50 {row['p50 diff %']:+.1f} %, p95 {row['p95 diff %']:+.1f} %", flush=True
+        )
 
     figure, axes = plt.subplots(1, len(curves), figsize=(13, 4))
-    for axis, (title, simulated, real) in zip(axes, curves):
+    for axis, (title, simulated, real) in zip(axes, curves, strict=False):
         for label, values, style in (("virtual time", simulated, "-"), ("real processes", real, "--")):
             ordered = np.sort(values) * 1000
             axis.plot(ordered, np.arange(1, len(ordered) + 1) / len(ordered), style, label=label)

@@ -64,7 +64,9 @@ def main() -> None:
                          "workers for p95 <= 500 ms": needed if needed is not None else "never"})
 
     figure, axis = plt.subplots(figsize=(7.5, 4.5))
-    for (label, marker, size) in zip(VARIANTS, "osDv^x", (11, 8, 5, 6, 6, 6)):  # some lines coincide
+    for label, marker, size in zip(
+        VARIANTS, "osDv^x", (11, 8, 5, 6, 6, 6), strict=False
+    ):  # some lines coincide
         points = [r for r in rows if r["policy"] == label and r["workers for p95 <= 500 ms"] != "never"]
         axis.plot([r["offered/s"] for r in points], [r["workers for p95 <= 500 ms"] for r in points],
                   marker=marker, markersize=size, label=label)
@@ -74,7 +76,9 @@ def main() -> None:
     axis.legend(fontsize=8)
 
     def need(label: str, load: int):
-        return next(r["workers for p95 <= 500 ms"] for r in rows if r["policy"] == label and r["offered/s"] == load)
+        return next(
+            r["workers for p95 <= 500 ms"] for r in rows if r["policy"] == label and r["offered/s"] == load
+        )
 
     summary = f"""
 Smallest fleet of 200 ms reference workers that answers every request with p95 <= 500 ms,

@@ -48,7 +48,9 @@ def main() -> None:
         points = [r for r in rows if r["policy"] == label]
         latency.plot(LOADS, [r["p95 ms"] for r in points], marker="o", label=label)
         batch.plot(LOADS, [r["mean batch"] for r in points], marker="o", label=label)
-    latency.set(xlabel="offered req/s", ylabel="p95 latency (ms)", title="call = 50 ms + 5 ms x batch, 10 workers")
+    latency.set(
+        xlabel="offered req/s", ylabel="p95 latency (ms)", title="call = 50 ms + 5 ms x batch, 10 workers"
+    )
     batch.set(xlabel="offered req/s", ylabel="mean batch size", title="batch size")
     for axis in (latency, batch):
         axis.grid(alpha=0.3)
@@ -62,16 +64,18 @@ def main() -> None:
 With a constant service time (experiments 1-3) a bigger batch is free, and AIMD has nothing to learn.
 When the call grows with the batch (here 50 ms + 5 ms per input), a full batch of 50 costs 300 ms.
 
-- At 1,200 req/s, AIMD's batches average {at(aimd, 1200, 'mean batch'):.0f} inputs and its p95 is
-  {at(aimd, 1200, 'p95 ms'):.0f} ms; SizeOrTimeout's p95 is {at('size_or_timeout', 1200, 'p95 ms'):.0f} ms
-  (batches of {at('size_or_timeout', 1200, 'mean batch'):.0f}) and IdleAware's {at('idle_aware', 1200, 'p95 ms'):.0f} ms.
+- At 1,200 req/s, AIMD's batches average {at(aimd, 1200, "mean batch"):.0f} inputs and its p95 is
+  {at(aimd, 1200, "p95 ms"):.0f} ms; SizeOrTimeout's p95 is {at("size_or_timeout", 1200, "p95 ms"):.0f} ms
+  (batches of {at("size_or_timeout", 1200, "mean batch"):.0f}) and IdleAware's
+  {at("idle_aware", 1200, "p95 ms"):.0f} ms.
 - But a target on the call is a cap on capacity: batches of about 30 in 200 ms give 10 workers
   1,500 req/s, against 1,667 for full batches of 50 in 300 ms. At 1,600 req/s AIMD is overloaded
-  (p95 {at(aimd, 1600, 'p95 ms'):,.0f} ms) while SizeOrTimeout ({at('size_or_timeout', 1600, 'p95 ms'):,.0f} ms) and
-  IdleAware ({at('idle_aware', 1600, 'p95 ms'):,.0f} ms) keep up. Set the target from the latency budget, not below it.
+  (p95 {at(aimd, 1600, "p95 ms"):,.0f} ms) while SizeOrTimeout
+  ({at("size_or_timeout", 1600, "p95 ms"):,.0f} ms) and IdleAware
+  ({at("idle_aware", 1600, "p95 ms"):,.0f} ms) keep up. Set the target from the latency budget, not below it.
 - At low load all three send small batches at once or nearly: AIMD and IdleAware
-  {at(aimd, 100, 'p95 ms'):.0f} and {at('idle_aware', 100, 'p95 ms'):.0f} ms at 100 req/s, SizeOrTimeout
-  {at('size_or_timeout', 100, 'p95 ms'):.0f} ms (it waits for T).
+  {at(aimd, 100, "p95 ms"):.0f} and {at("idle_aware", 100, "p95 ms"):.0f} ms at 100 req/s, SizeOrTimeout
+  {at("size_or_timeout", 100, "p95 ms"):.0f} ms (it waits for T).
 """
     write("growing_calls", rows, figure, summary, "python -m experiments.growing_calls")
 

@@ -32,9 +32,9 @@ import aiohttp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from batcher.sim.arrivals import poisson  # noqa: E402
-from batcher.sim.report import Latency  # noqa: E402
-from gateway.config import DEFAULT_TOML  # noqa: E402
+from batcher.sim.arrivals import poisson
+from batcher.sim.report import Latency
+from gateway.config import DEFAULT_TOML
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
@@ -69,8 +69,10 @@ class Run:
                 f"{self.generator_cpu_s * 1000 / max(self.offered, 1):.3f} | {self.driver_lag_s * ms:.1f} |")
 
 
-HEADER = ("| offered/s | for | requests | achieved | p50 ms | p95 ms | p99 ms | errors | gateway CPU ms/req | "
-          "generator CPU ms/req | driver lag ms |\n|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| offered/s | for | requests | achieved | p50 ms | p95 ms | p99 ms | errors | gateway CPU ms/req | "
+    "generator CPU ms/req | driver lag ms |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def process_cpu(pid: int) -> float:
@@ -100,7 +102,7 @@ async def run_once(session: aiohttp.ClientSession, url: str, body: bytes, rate: 
             async with session.post(url, data=body) as reply:
                 await reply.read()
                 status = reply.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             errors[type(exc).__name__] += 1
             return
         now = loop.time()
@@ -180,8 +182,9 @@ async def main(args: argparse.Namespace) -> list[Run]:
                 gc.collect()
                 gc.disable()
                 try:
-                    run = await run_once(session, f"{url}/v1/messages", body, rate, args.duration, args.timeout,
-                                         args.seed, pid)
+                    run = await run_once(
+                        session, f"{url}/v1/messages", body, rate, args.duration, args.timeout, args.seed, pid
+                    )
                 finally:
                     gc.enable()
                 print(run.row(), flush=True)
@@ -196,7 +199,9 @@ async def main(args: argparse.Namespace) -> list[Run]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rate", type=float, nargs="+", default=[1600.0], help="requests/s; several: a sweep")
+    parser.add_argument(
+        "--rate", type=float, nargs="+", default=[1600.0], help="requests/s; several: a sweep"
+    )
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per rate")
     parser.add_argument("--url", help="a running gateway (loopback); default: start ferry serve here")
     parser.add_argument("--pid", type=int, help="with --url: the gateway's pid, for its CPU time")
@@ -224,4 +229,6 @@ if __name__ == "__main__":
           f"{max(held):,.0f}/s" if held else "no rate held")
     if arguments.json:
         pathlib.Path(arguments.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(arguments.json).write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+        pathlib.Path(arguments.json).write_text(
+            json.dumps([dataclasses.asdict(r) for r in results], indent=1)
+        )

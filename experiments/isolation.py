@@ -57,7 +57,9 @@ def main() -> None:
     for axis in (latency, dropped):
         axis.axvspan(BEFORE, BEFORE + BURST, color="orange", alpha=0.15)
         axis.grid(alpha=0.3)
-    latency.set(ylabel="p95 latency (ms)", yscale="log", title="burst of 3x capacity (shaded), 8 workers, 30 % paid")
+    latency.set(
+        ylabel="p95 latency (ms)", yscale="log", title="burst of 3x capacity (shaded), 8 workers, 30 % paid"
+    )
     dropped.set(ylabel="refused (%)", xlabel="arrival second")
     latency.legend()
 

@@ -85,7 +85,7 @@ class Paged:
                 block_tables=[self.tables[b] for b in members],
                 samples=[Sample(GREEDY, 0) if last[b] else None for b in members],
             )
-            for b, token in zip(members, self.runner.execute(batch)):
+            for b, token in zip(members, self.runner.execute(batch), strict=False):
                 if token is not None:
                     self.tokens[b] = [*self.prompts[b], token]
         return time.perf_counter() - started

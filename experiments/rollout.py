@@ -46,9 +46,9 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from batcher.sim.arrivals import poisson  # noqa: E402
-from experiments.http_load import process_cpu, start_gateway  # noqa: E402
-from gateway.usage import read_usage  # noqa: E402
+from batcher.sim.arrivals import poisson
+from experiments.http_load import process_cpu, start_gateway
+from gateway.usage import read_usage
 
 KEY = "sk-rollout-paid-01"
 ALIAS = "ferry-large"
@@ -70,10 +70,14 @@ def config(state: str, versions: list[str], weights: dict[str, float], broken: b
 class Generator:
     """Poisson arrivals on schedule, whatever the server does; what each request got."""
 
-    def __init__(self, session: aiohttp.ClientSession, url: str, rate: float, duration: float, seed: int) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, rate: float, duration: float, seed: int
+    ) -> None:
         self.session, self.url = session, url
         self.times = poisson(rate, duration, seed)
-        self.sent: list[tuple[float, float, int, str, str]] = []  # sent, answered, status, version, request id
+        self.sent: list[
+            tuple[float, float, int, str, str]
+        ] = []  # sent, answered, status, version, request id
         self.failed: dict[str, int] = {}
         self.lag = 0.0
 
@@ -93,8 +97,8 @@ class Generator:
         await asyncio.gather(*pending)
 
     async def _one(self, index: int) -> None:
-        body = ('{"model":"%s","max_tokens":16,"messages":[{"role":"user","content":"r%d"}],'
-                '"metadata":{"user_id":"session-%d"}}' % (ALIAS, index, index)).encode()
+        body = (f'{{"model":"{ALIAS}","max_tokens":16,"messages":[{{"role":"user","content":"r{index}"}}],'
+                f'"metadata":{{"user_id":"session-{index}"}}}}').encode()
         sent = time.monotonic()
         try:
             async with self.session.post(self.url, data=body) as reply:
@@ -110,11 +114,17 @@ class Generator:
     def share(self, start: float, end: float) -> tuple[int, float, float]:
         """Requests sent after ``start`` and answered before ``end``: how many, the new
         version's share of them, and their p99 latency (seconds, send to answer)."""
-        counted = [(v, answered - sent) for sent, answered, _, v, _ in self.sent if sent >= start and answered <= end]
+        counted = [
+            (v, answered - sent) for sent, answered, _, v, _ in self.sent if sent >= start and answered <= end
+        ]
         if not counted:
             return 0, float("nan"), float("nan")
         versions = [v for v, _ in counted]
-        return len(counted), versions.count(NEW) / len(counted), float(np.percentile([t for _, t in counted], 99))
+        return (
+            len(counted),
+            versions.count(NEW) / len(counted),
+            float(np.percentile([t for _, t in counted], 99)),
+        )
 
 
 class Admin:
@@ -165,19 +175,35 @@ async def main(args: argparse.Namespace) -> int:
             _, before = await admin("GET", "/status")
             began = time.monotonic()
             process.send_signal(signal.SIGHUP)
-            while (await admin("GET", "/status"))[1]["result"]["last_reload"] == before["result"]["last_reload"]:
+            while (await admin("GET", "/status"))[1]["result"]["last_reload"] == before["result"][
+                "last_reload"
+            ]:
                 await asyncio.sleep(0.005)
             steps.append(("50/50 (SIGHUP)", began, time.monotonic(), 0.5))
             await asyncio.sleep(args.stage)
-            await reload("50/50, broken file refused", config(state, [OLD, NEW], {OLD: 0, NEW: 1}, broken=True),
-                         0.5, expect=400)
+            await reload(
+                "50/50, broken file refused",
+                config(state, [OLD, NEW], {OLD: 0, NEW: 1}, broken=True),
+                0.5,
+                expect=400,
+            )
             await asyncio.sleep(args.stage)
             await reload("100/0", config(state, [OLD, NEW], {OLD: 0, NEW: 1}), 1.0)
             await asyncio.sleep(args.stage)
             marks["rollback"] = began = time.monotonic()
             command = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gateway.cli", "weights", ALIAS, f"{OLD}=1", f"{NEW}=0", "--config", str(path),
-                cwd=pathlib.Path(__file__).resolve().parent.parent, stdout=subprocess.DEVNULL)
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "weights",
+                ALIAS,
+                f"{OLD}=1",
+                f"{NEW}=0",
+                "--config",
+                str(path),
+                cwd=pathlib.Path(__file__).resolve().parent.parent,
+                stdout=subprocess.DEVNULL,
+            )
             await command.wait()
             marks["rollback command"] = time.monotonic() - began
             steps.append(("rollback (ferry weights)", began, time.monotonic(), 0.0))
@@ -206,16 +232,19 @@ def report(args, generator: Generator, steps, marks, gateway_cpu: float, workdir
     for _, _, status, _, _ in generator.sent:
         statuses[status] = statuses.get(status, 0) + 1
     once = sorted(ids) == sorted(r.request_id for r in records) and len(set(ids)) == len(ids)
-    print(f"\n{len(generator.times):,} requests offered at {args.rate:,.0f}/s over {8 * args.stage:g} s; "
-          f"answers by status {statuses}; transport failures {generator.failed or 'none'}; "
-          f"generator lag {1000 * generator.lag:.1f} ms; latency p50 / p99 / max "
-          f"{' / '.join(f'{1000 * x:.0f}' for x in np.percentile([a - s for s, a, *_ in generator.sent], [50, 99, 100]))}"
-          f" ms; gateway CPU {1000 * gateway_cpu / len(generator.times):.3f} "
-          f"ms/request")
+    latency = np.percentile([a - s for s, a, *_ in generator.sent], [50, 99, 100])
+    print(
+        f"\n{len(generator.times):,} requests offered at {args.rate:,.0f}/s over {8 * args.stage:g} s; "
+        f"answers by status {statuses}; transport failures {generator.failed or 'none'}; "
+        f"generator lag {1000 * generator.lag:.1f} ms; latency p50 / p99 / max "
+        f"{' / '.join(f'{1000 * x:.0f}' for x in latency)}"
+        f" ms; gateway CPU {1000 * gateway_cpu / len(generator.times):.3f} "
+        f"ms/request"
+    )
     print(f"usage records {len(records):,}; one per answer, none twice: {once}\n")
     print("| stage | requests counted | v2 weight | v2 observed | off by | p99 |\n|---|---|---|---|---|---|")
     worst = 0.0
-    for (name, _, in_force, weight), following in zip(steps, [*steps[1:], None]):
+    for (name, _, in_force, weight), following in zip(steps, [*steps[1:], None], strict=False):
         end = following[1] if following else float("inf")
         count, share, p99 = generator.share(in_force, end)
         off = abs(share - weight) * 100
@@ -226,10 +255,12 @@ def report(args, generator: Generator, steps, marks, gateway_cpu: float, workdir
     after = [(sent, v) for sent, _, _, v, _ in generator.sent if start <= sent < marks["forward"]]
     last_new = max((sent for sent, v in after if v == NEW), default=start) - start
     first_old = min((sent for sent, v in after if v == OLD), default=float("nan")) - start
-    print(f"\nrollback: `ferry weights` ran {1000 * marks['rollback command']:.0f} ms (process start to exit); "
-          f"the last request the new version answered was sent {1000 * last_new:.0f} ms after the command "
-          f"started, and a request sent {1000 * first_old:.0f} ms after it was the old version's; "
-          f"the same change over the admin socket: {1000 * marks['weights over the socket']:.1f} ms")
+    print(
+        f"\nrollback: `ferry weights` ran {1000 * marks['rollback command']:.0f} ms (process start to exit); "
+        f"the last request the new version answered was sent {1000 * last_new:.0f} ms after the command "
+        f"started, and a request sent {1000 * first_old:.0f} ms after it was the old version's; "
+        f"the same change over the admin socket: {1000 * marks['weights over the socket']:.1f} ms"
+    )
     ok = once and not generator.failed and set(statuses) == {200} and worst <= 2.0
     print(f"\n{'PASS' if ok else 'FAIL'}: every request answered once with one usage record, "
           f"split within 2 points at every stage (worst {worst:.2f})")

@@ -45,12 +45,20 @@ def main() -> None:
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     report = result.report
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rows = [{
-        "requests": report.offered, "virtual s": result.virtual_seconds, "CPU s": result.cpu_seconds,
-        "wall s": result.wall_seconds, "requests per CPU s": round(result.requests_per_cpu_second),
-        "virtual s per wall s": result.virtual_seconds / result.wall_seconds, "peak memory MB": round(peak_mb),
-        "p95 ms": report.latency.p95 * 1000, "mean batch": report.mean_batch, "profiled": args.profile,
-    }]
+    rows = [
+        {
+            "requests": report.offered,
+            "virtual s": result.virtual_seconds,
+            "CPU s": result.cpu_seconds,
+            "wall s": result.wall_seconds,
+            "requests per CPU s": round(result.requests_per_cpu_second),
+            "virtual s per wall s": result.virtual_seconds / result.wall_seconds,
+            "peak memory MB": round(peak_mb),
+            "p95 ms": report.latency.p95 * 1000,
+            "mean batch": report.mean_batch,
+            "profiled": args.profile,
+        }
+    ]
     figure, axis = plt.subplots(figsize=(6.5, 4))
     axis.plot([p.cpu_seconds for p in told], [p.ended / 1e6 for p in told], marker="o")
     axis.set(xlabel="CPU seconds", ylabel="requests ended (millions)",
@@ -59,8 +67,10 @@ def main() -> None:
     summary = f"""
 {args.duration / 3600:g} h of arrivals at {args.rate:,.0f} req/s ({report.offered:,} requests) through the
 production batcher and pool in virtual time took **{result.cpu_seconds:,.0f} CPU seconds**
-({result.wall_seconds:,.0f} s wall): **{result.requests_per_cpu_second:,.0f} simulated requests per CPU second**,
-{result.virtual_seconds / result.wall_seconds:,.0f} virtual seconds per wall second, peak memory {peak_mb:,.0f} MB.
+({result.wall_seconds:,.0f} s wall):
+**{result.requests_per_cpu_second:,.0f} simulated requests per CPU second**,
+{result.virtual_seconds / result.wall_seconds:,.0f} virtual seconds per wall second,
+peak memory {peak_mb:,.0f} MB.
 
 Before the trace feed, the open-loop driver stopped the clock at every arrival (a `trio.sleep_until`
 each): 26,000 requests per CPU second, about 4.6 minutes of CPU for the same hour, nine tenths of it

@@ -89,7 +89,7 @@ class StaticBatcher:
         ``ignore_eos``. The batch runs until its longest answer is done."""
         if not prompts or len(max_tokens) != len(prompts):
             raise ValueError(f"max_tokens: expected one per prompt ({len(prompts)}), got {len(max_tokens)}")
-        for i, (prompt, limit) in enumerate(zip(prompts, max_tokens)):
+        for i, (prompt, limit) in enumerate(zip(prompts, max_tokens, strict=False)):
             if not prompt or limit < 1 or len(prompt) + limit > self.max_model_len:
                 raise ValueError(
                     f"prompts[{i}]: expected 1 or more tokens and max_tokens >= 1 within the model's "

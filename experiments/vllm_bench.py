@@ -36,10 +36,10 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from gateway.config import DEFAULT_TOML  # noqa: E402
-from experiments.http_load import process_cpu, start_gateway  # noqa: E402
-from experiments.vllm_server import VLLM_PYTHON, VllmOpenAIServer, vllm_installed  # noqa: E402
-from workers.convert import ensure_converted  # noqa: E402
+from experiments.http_load import process_cpu, start_gateway
+from experiments.vllm_server import VLLM_PYTHON, VllmOpenAIServer, vllm_installed
+from gateway.config import DEFAULT_TOML
+from workers.convert import ensure_converted
 
 KEY = "sk-bench-0001"
 SERVERS = ("ferry", "ferry+vllm", "vllm", "default")

@@ -39,16 +39,26 @@ def main() -> None:
                 })
     capacity = []
     for workers in FLEETS:  # offered at twice capacity: what a worker serves flat out
-        report = run(poisson_scenario(2 * workers * PER_GPU, 20.0, workers=workers), f"{workers} workers flat out").report
-        capacity.append({"workers": workers, "offered/s": round(report.offered_rate),
-                         "achieved/s": round(report.achieved_rate),
-                         "per worker/s": round(report.achieved_rate / workers), "mean batch": report.mean_batch})
+        report = run(
+            poisson_scenario(2 * workers * PER_GPU, 20.0, workers=workers), f"{workers} workers flat out"
+        ).report
+        capacity.append(
+            {
+                "workers": workers,
+                "offered/s": round(report.offered_rate),
+                "achieved/s": round(report.achieved_rate),
+                "per worker/s": round(report.achieved_rate / workers),
+                "mean batch": report.mean_batch,
+            }
+        )
 
     figure, axes = plt.subplots(1, len(FLEETS), figsize=(11, 4.2), sharey=True)
-    for axis, workers in zip(axes, FLEETS):
+    for axis, workers in zip(axes, FLEETS, strict=False):
         for load in LOADS:
             points = [r for r in rows if r["workers"] == workers and r["offered/s"] == load]
-            axis.plot([r["T ms"] for r in points], [r["p95 ms"] for r in points], marker="o", label=f"{load} req/s")
+            axis.plot(
+                [r["T ms"] for r in points], [r["p95 ms"] for r in points], marker="o", label=f"{load} req/s"
+            )
         axis.plot(WAITS_MS, [w + SERVICE * 1000 for w in WAITS_MS], "k:", label="T + 200 ms")
         axis.axhline(SLO * 1000, color="red", lw=0.8, ls="--", label="500 ms budget")
         axis.axvline(150, color="grey", lw=0.6)
@@ -58,10 +68,14 @@ def main() -> None:
     axes[-1].legend(fontsize=8)
 
     def p95(workers: int, load: int, wait: int) -> float:
-        return next(r["p95 ms"] for r in rows if (r["workers"], r["offered/s"], r["T ms"]) == (workers, load, wait))
+        return next(
+            r["p95 ms"] for r in rows if (r["workers"], r["offered/s"], r["T ms"]) == (workers, load, wait)
+        )
 
     low = [p95(16, 20, w) - w for w in WAITS_MS]
-    worst_150 = {w: max(p95(w, load, wait) for load in LOADS for wait in WAITS_MS if wait <= 150) for w in FLEETS}
+    worst_150 = {
+        w: max(p95(w, load, wait) for load in LOADS for wait in WAITS_MS if wait <= 150) for w in FLEETS
+    }
     summary = f"""
 Claims of the capacity arithmetic, checked in virtual time with the production batcher and pool:
 

@@ -32,7 +32,9 @@ from batcher.types import Request, State
 BUDGETS = (1.0, 0.3)  # paid, free: the embedded default's wait budgets
 
 
-async def kill_workers(batcher: Batcher, every: float, seed: int, kills: list[tuple[float, int, str]]) -> None:
+async def kill_workers(
+    batcher: Batcher, every: float, seed: int, kills: list[tuple[float, int, str]]
+) -> None:
     """SIGKILL a random live worker every ``every`` seconds, whatever it is doing."""
     pick = random.Random(seed)
     while True:

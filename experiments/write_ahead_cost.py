@@ -75,7 +75,9 @@ class Served:
                 self.url = "http://" + line.rsplit("http://", 1)[1].strip()
                 break
         else:
-            raise RuntimeError(f"ferry serve from {tree} did not start: {(scratch / 'log').read_text()[-2000:]}")
+            raise RuntimeError(
+                f"ferry serve from {tree} did not start: {(scratch / 'log').read_text()[-2000:]}"
+            )
         self.latencies: list[float] = []
         self.cpu = 0.0
         self.requests = 0
@@ -129,8 +131,23 @@ def record_cost(rounds: int, per_round: int, scratch: pathlib.Path) -> dict[str,
     count = 0
     for index in range(rounds):
         for name in (("journaled", "without") if index % 2 == 0 else ("without", "journaled")):
-            records = [UsageRecord(f"{name}-{index}-{i}", time.time(), "t", "k", "m@1", 10, 20, 0.01, 0.02, 200,
-                                   "end_turn", "completed") for i in range(per_round)]
+            records = [
+                UsageRecord(
+                    f"{name}-{index}-{i}",
+                    time.time(),
+                    "t",
+                    "k",
+                    "m@1",
+                    10,
+                    20,
+                    0.01,
+                    0.02,
+                    200,
+                    "end_turn",
+                    "completed",
+                )
+                for i in range(per_round)
+            ]
             began = time.perf_counter()
             for record in records:
                 if name == "journaled":
@@ -147,14 +164,19 @@ def record_cost(rounds: int, per_round: int, scratch: pathlib.Path) -> dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--before", type=pathlib.Path, required=True, help="a checkout without the write-ahead")
+    parser.add_argument(
+        "--before", type=pathlib.Path, required=True, help="a checkout without the write-ahead"
+    )
     parser.add_argument("--slices", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=1.0, help="each slice's length")
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ferry-write-ahead-") as scratch:
         root = pathlib.Path(scratch)
-        gateways = {"before": Served(args.before.resolve(), root / "before"), "after": Served(ROOT, root / "after")}
+        gateways = {
+            "before": Served(args.before.resolve(), root / "before"),
+            "after": Served(ROOT, root / "after"),
+        }
         try:
             asyncio.run(side_by_side(gateways, args.slices, args.seconds, args.clients))
         finally:

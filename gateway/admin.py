@@ -72,8 +72,9 @@ def _checked(token_sha256: str):
         except AdminError as exc:
             return web.json_response({"error": str(exc)}, status=exc.status)
         except web.HTTPException as exc:
-            return web.json_response({"error": f"{request.method} {request.path[:100]}: {exc.reason.lower()}"},
-                                     status=exc.status)
+            return web.json_response(
+                {"error": f"{request.method} {request.path[:100]}: {exc.reason.lower()}"}, status=exc.status
+            )
 
     return middleware
 
@@ -114,10 +115,18 @@ async def _weights(request: web.Request) -> str:
     alias, weights = body.get("alias"), body.get("weights")
     if not isinstance(alias, str) or not alias:
         raise AdminError(400, "alias: expected an alias name")
-    ok = isinstance(weights, dict) and weights and all(
-        isinstance(w, int | float) and not isinstance(w, bool) and 0 <= w < math.inf for w in weights.values())
+    ok = (
+        isinstance(weights, dict)
+        and weights
+        and all(
+            isinstance(w, int | float) and not isinstance(w, bool) and 0 <= w < math.inf
+            for w in weights.values()
+        )
+    )
     if not ok:
-        raise AdminError(400, f"weights: expected {{version: weight >= 0, ...}}, got {json.dumps(weights)[:200]}")
+        raise AdminError(
+            400, f"weights: expected {{version: weight >= 0, ...}}, got {json.dumps(weights)[:200]}"
+        )
     with _refusals():
         return request.app[ROLLOUT].set_weights(alias, weights)
 
@@ -136,7 +145,7 @@ async def start_admin(rollout: Rollout, config: FerryConfig) -> web.AppRunner:
     """Listen on the admin socket (refusing one another live ferry owns); return the runner."""
     path = config.admin_socket()
     digest = config.admin.token_sha256 or _draw_token(config.state.path(ADMIN_TOKEN))
-    if os.path.exists(path):
+    if os.path.exists(path):  # noqa: ASYNC240 - one stat of a local path, at start-up
         if _answers(path):
             raise RuntimeError(f"admin socket {path} is in use by another ferry serve; set [admin] socket")
         os.unlink(path)  # left by a ferry that did not stop cleanly

@@ -43,9 +43,30 @@ class Piece:
 class Answer:
     """Feed it a job's events in order (:meth:`push`); read the outcome once :attr:`done`."""
 
-    __slots__ = ("_matcher", "_max_tokens", "_tokenizer", "_safety", "_lookback", "_streaming", "_screened",
-                 "_unscreened", "_marks", "_consumed", "_released", "_covered_end", "_covered_tokens", "_refused",
-                 "_generated", "credited", "parts", "done", "stop_reason", "stop_sequence", "error", "blocked")
+    __slots__ = (
+        "_consumed",
+        "_covered_end",
+        "_covered_tokens",
+        "_generated",
+        "_lookback",
+        "_marks",
+        "_matcher",
+        "_max_tokens",
+        "_refused",
+        "_released",
+        "_safety",
+        "_screened",
+        "_streaming",
+        "_tokenizer",
+        "_unscreened",
+        "blocked",
+        "credited",
+        "done",
+        "error",
+        "parts",
+        "stop_reason",
+        "stop_sequence",
+    )
 
     def __init__(
         self, stops: tuple[str, ...], max_tokens: int, tokenizer: Tokenizer,
@@ -105,7 +126,9 @@ class Answer:
             raise self.error
         if not self.done:
             raise RuntimeError("the answer is not finished")
-        return Completion("".join(self.parts), self.stop_reason or "end_turn", self.stop_sequence, self.credited)
+        return Completion(
+            "".join(self.parts), self.stop_reason or "end_turn", self.stop_sequence, self.credited
+        )
 
     def _delta(self, delta: Delta) -> str:
         text, tokens, limit = delta.text, delta.tokens, self._max_tokens - self._generated

@@ -178,11 +178,16 @@ def stream_stop(stop_reason: str, stop_sequence: str | None, output_tokens: int)
     """The end of a stream, in the order the Messages API sends it: the text block's stop, the
     message's stop reason and output usage, then ``message_stop``."""
     stop = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-    return b"".join((
-        sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
-        sse("message_delta", {"type": "message_delta", "delta": stop, "usage": {"output_tokens": output_tokens}}),
-        sse("message_stop", {"type": "message_stop"}),
-    ))
+    return b"".join(
+        (
+            sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            sse(
+                "message_delta",
+                {"type": "message_delta", "delta": stop, "usage": {"output_tokens": output_tokens}},
+            ),
+            sse("message_stop", {"type": "message_stop"}),
+        )
+    )
 
 
 def stream_error(error: BaseException) -> bytes:

@@ -130,7 +130,10 @@ def error_reply(kind: ErrorKind, message: str) -> tuple[int, bytes]:
 def retry_after_headers(seconds: float) -> dict[str, str]:
     """``Retry-After`` in whole seconds (HTTP allows no fraction; rounded up, at least 1) and
     ``retry-after-ms`` with the estimate itself, which the Anthropic SDKs read first."""
-    return {"Retry-After": str(max(1, math.ceil(seconds))), "retry-after-ms": str(max(1, round(seconds * 1000)))}
+    return {
+        "Retry-After": str(max(1, math.ceil(seconds))),
+        "retry-after-ms": str(max(1, round(seconds * 1000))),
+    }
 
 
 def dumps(value: Any) -> bytes:
@@ -192,7 +195,9 @@ def content_text(content: object, where: str) -> str:
     if isinstance(content, str):
         return checked_text(content, where)
     if not isinstance(content, list):
-        raise InvalidRequest(f"{where}: expected a string or an array of text blocks, got {json_type(content)}")
+        raise InvalidRequest(
+            f"{where}: expected a string or an array of text blocks, got {json_type(content)}"
+        )
     at_most(len(content), MAX_BLOCKS, where, "content blocks")
     texts = []
     for index, block in enumerate(content):
@@ -241,7 +246,9 @@ def json_type(value: object) -> str:
 
 
 def show(value: object) -> str:
-    return short(json.dumps(value)) if isinstance(value, int | float | str | bool | None) else json_type(value)
+    return (
+        short(json.dumps(value)) if isinstance(value, int | float | str | bool | None) else json_type(value)
+    )
 
 
 def short(value: object, limit: int = 80) -> str:

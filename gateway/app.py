@@ -73,8 +73,11 @@ class Gateway:
         self.catalog = Catalog.of(config.models, config.aliases)
         self.metrics = metrics
         self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
-        self.idempotency = IdempotencyStore(config.state.path("idempotency.sqlite"), config.state.idempotency_ttl_s,
-                                            config.state.idempotency_max_entries)
+        self.idempotency = IdempotencyStore(
+            config.state.path("idempotency.sqlite"),
+            config.state.idempotency_ttl_s,
+            config.state.idempotency_max_entries,
+        )
         self.pins = Pins()
         self.created = int(time.time())
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
@@ -203,7 +206,9 @@ class Gateway:
         status, payload = await self._answer_whole(entry, codec, model, job)
         return await self._write_whole(request, entry, status, payload)
 
-    async def _answer_whole(self, entry: Entry, codec: Codec, model: ServedModel, job: Job) -> tuple[int, bytes]:
+    async def _answer_whole(
+        self, entry: Entry, codec: Codec, model: ServedModel, job: Job
+    ) -> tuple[int, bytes]:
         """Wait for the whole answer; the status and JSON body to send (raises its error)."""
         handle = await self.admit(entry, model, job)
         answer = self._answer(job, model, streaming=False)
@@ -217,7 +222,9 @@ class Gateway:
         entry.stop_reason, entry.owed = completion.stop_reason, completion.output_tokens
         return 200, codec.whole(self._head(entry), completion, answer.blocked is not None)
 
-    async def _write_whole(self, request: web.Request, entry: Entry, status: int, payload: bytes) -> web.StreamResponse:
+    async def _write_whole(
+        self, request: web.Request, entry: Entry, status: int, payload: bytes
+    ) -> web.StreamResponse:
         """Send a whole answer, then count it delivered: latency and usage end at the last byte.
         A client that left as it was written (its connection already closing) is recorded as a
         stream's is: 499, cancelled, no output billed, and nothing for aiohttp to log."""
@@ -261,8 +268,12 @@ class Gateway:
                     self._count_blocked(answer, model)
                     entry.stop_reason = answer.stop_reason
                     text = encoder.text(piece.text)  # before the stop: it opens what the stop closes
-                    stop = encoder.stop(answer.stop_reason or "end_turn", answer.stop_sequence, answer.credited,
-                                        answer.blocked is not None)
+                    stop = encoder.stop(
+                        answer.stop_reason or "end_turn",
+                        answer.stop_sequence,
+                        answer.credited,
+                        answer.blocked is not None,
+                    )
                     self.ledger.bill_ahead(entry, 200, piece.tokens)  # billed before the client has it all
                     await stream.send(text + stop, end=True)
                     entry.status, entry.outcome = 200, Outcome.COMPLETED
@@ -291,7 +302,9 @@ class Gateway:
     async def metrics_text(self, request: web.Request) -> web.Response:
         """Prometheus text format: every ferry_* family (docs/admission.md, "Metrics")."""
         snapshots = await self.bridge.snapshots() if self.bridge.running else {}
-        return web.Response(body=self.metrics.exposition(snapshots), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=self.metrics.exposition(snapshots), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         """The versions that take traffic, then the aliases, in the shape the client speaks."""
@@ -354,7 +367,9 @@ def _dumps(value: object) -> str:
 
 
 def _error(status: int, kind: api.ErrorKind, message: str) -> web.Response:
-    return web.Response(status=status, body=api.dumps(api.error_body(kind, message)), content_type="application/json")
+    return web.Response(
+        status=status, body=api.dumps(api.error_body(kind, message)), content_type="application/json"
+    )
 
 
 class _LiveKeys:

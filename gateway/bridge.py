@@ -61,7 +61,7 @@ class Handle:
     """One submitted job. The asyncio side awaits :meth:`wait` for its events, in order; the
     last one is a ``Finished`` or a ``Failed``."""
 
-    __slots__ = ("model", "job", "events", "ended", "left", "_waiter", "outbox", "ticket")
+    __slots__ = ("_waiter", "ended", "events", "job", "left", "model", "outbox", "ticket")
 
     def __init__(self, model: str, job: Job) -> None:
         self.model = model
@@ -151,7 +151,12 @@ class Bridge:
 
     @property
     def running(self) -> bool:
-        return self.ended is not None and self._ready is not None and self._ready.done() and not self.ended.done()
+        return (
+            self.ended is not None
+            and self._ready is not None
+            and self._ready.done()
+            and not self.ended.done()
+        )
 
     def submit(self, model: str, job: Job) -> Handle:
         """Hand one job to a model's backend; read its events with ``await handle.wait()``."""
@@ -261,7 +266,7 @@ class Bridge:
         error: BaseException | None = None
         try:
             trio.run(self._main)
-        except BaseException as exc:  # noqa: BLE001 - handed to the asyncio side, which decides
+        except BaseException as exc:
             log.exception("the trio core failed")
             error = exc
         self._call_asyncio(self._core_ended, error)

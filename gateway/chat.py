@@ -89,7 +89,9 @@ def make_template(spec: str, tokenizer_path: str | None = None) -> ChatTemplate:
         with open(path, encoding="utf-8") as file:
             return Jinja(file.read(), path)
     except OSError as exc:
-        raise ValueError(f"chat_template: expected 'labelled', 'model' or a .jinja file, got {spec!r} ({exc})") from None
+        raise ValueError(
+            f"chat_template: expected 'labelled', 'model' or a .jinja file, got {spec!r} ({exc})"
+        ) from None
 
 
 def _from_model(tokenizer_path: str | None) -> Jinja:

@@ -29,7 +29,12 @@ def demo(args: argparse.Namespace) -> int:
         f"{args.rate:g} requests/s for {args.duration:g} s, half paid, half free"
     )
     report = trio.run(
-        open_loop, spawn, args.rate, args.duration, {"paid": 0.5, "free": 0.5}, PoolConfig(workers=args.workers)
+        open_loop,
+        spawn,
+        args.rate,
+        args.duration,
+        {"paid": 0.5, "free": 0.5},
+        PoolConfig(workers=args.workers),
     )
     print(report.table())
     return 0 if not report.errors else 1
@@ -55,7 +60,9 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
     sub.set_defaults(run=demo)
     add_serve_command(commands)
     add_control_commands(commands)
-    sub = commands.add_parser("simulate", help=simulate.main.__doc__, description=simulate.__doc__.split("\n\n")[0])
+    sub = commands.add_parser(
+        "simulate", help=simulate.main.__doc__, description=simulate.__doc__.split("\n\n")[0]
+    )
     simulate.add_arguments(sub)
     sub.set_defaults(run=simulate.main)
     return parser

@@ -102,11 +102,17 @@ class ServerConfig:
     def __post_init__(self) -> None:
         _require(bool(self.host), "host", "an address", self.host)
         _require(0 <= self.port <= 65535, "port", "0..65535", self.port)
-        _require(1024 <= self.max_body_bytes <= 1 << 30, "max_body_bytes", "1 KiB..1 GiB", self.max_body_bytes)
-        _require(self.shutdown_grace_ms >= 0, "shutdown_grace_ms", "milliseconds >= 0", self.shutdown_grace_ms)
+        _require(
+            1024 <= self.max_body_bytes <= 1 << 30, "max_body_bytes", "1 KiB..1 GiB", self.max_body_bytes
+        )
+        _require(
+            self.shutdown_grace_ms >= 0, "shutdown_grace_ms", "milliseconds >= 0", self.shutdown_grace_ms
+        )
         for name in ("ping_interval_ms", "header_timeout_ms", "body_timeout_ms", "idle_timeout_ms"):
             _require(getattr(self, name) > 0, name, "milliseconds > 0", getattr(self, name))
-        _require(1 <= self.max_connections <= 1_000_000, "max_connections", "1..1000000", self.max_connections)
+        _require(
+            1 <= self.max_connections <= 1_000_000, "max_connections", "1..1000000", self.max_connections
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -154,7 +160,12 @@ class LimitsConfig:
     def __post_init__(self) -> None:
         _require(self.store in ("memory", "redis"), "store", "'memory' or 'redis'", self.store)
         _require(0.0 <= self.lease_share <= 1.0, "lease_share", "a share in 0..1", self.lease_share)
-        _require(1 <= self.redis_timeout_ms <= 10_000, "redis_timeout_ms", "1..10000 milliseconds", self.redis_timeout_ms)
+        _require(
+            1 <= self.redis_timeout_ms <= 10_000,
+            "redis_timeout_ms",
+            "1..10000 milliseconds",
+            self.redis_timeout_ms,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,7 +178,9 @@ class StateConfig:
 
     def __post_init__(self) -> None:
         _require(self.idempotency_ttl_s >= 1, "idempotency_ttl_s", "seconds >= 1", self.idempotency_ttl_s)
-        _require(self.idempotency_max_entries >= 1, "idempotency_max_entries", ">= 1", self.idempotency_max_entries)
+        _require(
+            self.idempotency_max_entries >= 1, "idempotency_max_entries", ">= 1", self.idempotency_max_entries
+        )
 
     def path(self, name: str) -> str:
         """``name`` inside the state directory, which is created private (0700) if missing."""
@@ -253,7 +266,12 @@ class FerryConfig:
         for alias in self.aliases:
             _require(alias.name not in seen, f"aliases.{alias.name}", "a name no model uses", alias.name)
             for version, _ in alias.weights:
-                _require(version in versions, f"aliases.{alias.name}", f"model versions, one of {versions}", version)
+                _require(
+                    version in versions,
+                    f"aliases.{alias.name}",
+                    f"model versions, one of {versions}",
+                    version,
+                )
 
     def admin_socket(self) -> str:
         """Where the admin interface listens."""
@@ -277,7 +295,9 @@ def _aliases(table: object) -> tuple[AliasConfig, ...]:
     _require(isinstance(table, dict), "aliases", "a table of aliases", table)
     aliases = []
     for name, weights in table.items():  # type: ignore[union-attr]
-        _require(isinstance(weights, dict), f"aliases.{name}", "a table of model versions to weights", weights)
+        _require(
+            isinstance(weights, dict), f"aliases.{name}", "a table of model versions to weights", weights
+        )
         try:
             aliases.append(AliasConfig(name, tuple(weights.items())))
         except ValueError as exc:

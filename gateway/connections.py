@@ -17,9 +17,10 @@ connection is wrapped in a :class:`_Connection`, a pass-through protocol that kn
                   │ a byte of the next request arrives: AWAITING again
 
 At the cap, a new connection makes room by closing the oldest IDLE connection, else the oldest
-AWAITING one if it has been at its headers for a second (a slow sender), so ``/healthz`` and real clients get in while slow-lorises are
-shed; only when every connection runs a request is the newcomer refused with a 503 in the JSON
-error shape. The counts are exported at ``/metrics`` (:class:`ConnectionCollector`).
+AWAITING one if it has been at its headers for a second (a slow sender), so ``/healthz`` and real
+clients get in while slow-lorises are shed; only when every connection runs a request is the
+newcomer refused with a 503 in the JSON error shape. The counts are exported at ``/metrics``
+(:class:`ConnectionCollector`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ async def read_body(request: web.Request, timeout: float) -> bytes:
         async with asyncio.timeout(timeout):
             return await request.read()
     except TimeoutError:
-        raise api.RequestTimeout(f"body: not received within {timeout * 1000:.0f} ms of the headers") from None
+        raise api.RequestTimeout(
+            f"body: not received within {timeout * 1000:.0f} ms of the headers"
+        ) from None
     except web.RequestPayloadError as exc:
         request.content.feed_eof()  # the parser stops at a body it cannot read: nothing more will come
         raise api.UnreadableBody(_unreadable(request, exc)) from None
@@ -123,7 +126,9 @@ class ConnectionGuard:
     def __init__(self, cap: int, header_timeout: float) -> None:
         self.cap = cap
         self.header_timeout = header_timeout
-        self._phases: dict[Phase, dict[_Connection, None]] = {phase: {} for phase in Phase if phase is not Phase.CLOSED}
+        self._phases: dict[Phase, dict[_Connection, None]] = {
+            phase: {} for phase in Phase if phase is not Phase.CLOSED
+        }
         self._by_handler: dict[asyncio.Protocol, _Connection] = {}
         self._lingering = 0
         self._drained: asyncio.Future[None] | None = None  # while drained() waits for BUSY to empty
@@ -188,7 +193,12 @@ class ConnectionGuard:
             phases[phase][connection] = None  # dicts keep insertion order: oldest first
             if phase is Phase.AWAITING:
                 self._arm(connection)
-        if left is Phase.BUSY and self._drained is not None and not phases[Phase.BUSY] and not self._drained.done():
+        if (
+            left is Phase.BUSY
+            and self._drained is not None
+            and not phases[Phase.BUSY]
+            and not self._drained.done()
+        ):
             self._drained.set_result(None)
 
     def _arm(self, connection: _Connection) -> None:
@@ -239,7 +249,7 @@ class ConnectionGuard:
 class _Connection(asyncio.Protocol):
     """aiohttp's protocol for one connection, passed every event, and its phase beside it."""
 
-    __slots__ = ("guard", "inner", "transport", "phase", "since")
+    __slots__ = ("guard", "inner", "phase", "since", "transport")
 
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard
@@ -308,7 +318,9 @@ class GuardedSite(web.BaseSite):
 
     __slots__ = ("_guard", "_host", "_port")
 
-    def __init__(self, runner: web.BaseRunner, guard: ConnectionGuard, host: str, port: int, *, backlog: int) -> None:
+    def __init__(
+        self, runner: web.BaseRunner, guard: ConnectionGuard, host: str, port: int, *, backlog: int
+    ) -> None:
         super().__init__(runner, backlog=backlog)
         self._guard = guard
         self._host = host
@@ -338,7 +350,9 @@ class ConnectionCollector(Collector):
         for phase, count in self.guard.counts().items():
             open_.add_metric([phase], count)
         closed = CounterMetricFamily(
-            "ferry_connections_closed", "Connections the gateway closed or refused, by reason.", labels=["reason"]
+            "ferry_connections_closed",
+            "Connections the gateway closed or refused, by reason.",
+            labels=["reason"],
         )
         for reason, count in self.guard.closed.items():
             closed.add_metric([reason], count)

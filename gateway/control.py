@@ -55,7 +55,9 @@ def _address(args: argparse.Namespace) -> tuple[str, str]:
         return value if isinstance(value, dict) else {}
 
     state = os.path.expanduser(table("state").get("dir", StateConfig().dir))
-    path = args.socket or os.path.expanduser(table("admin").get("socket") or os.path.join(state, ADMIN_SOCKET))
+    path = args.socket or os.path.expanduser(
+        table("admin").get("socket") or os.path.join(state, ADMIN_SOCKET)
+    )
     token = os.environ.get("FERRY_ADMIN_TOKEN")
     if token is None:
         try:
@@ -133,14 +135,30 @@ def render_status(status: dict) -> str:
         lines.append(f"last reload at {when}: {'ok' if last['ok'] else 'refused'}: {last['message']}")
     rows = [("VERSION", "STATE", "READY", "WORKERS", "IN FLIGHT", "QUEUED", "PLACEMENT")]
     for v in status["versions"]:
-        rows.append((v["name"], v["state"], "yes" if v["ready"] else "no", f"{v['workers_up']}/{v['workers']}",
-                     str(v["in_flight"]), _queued(v), ",".join(v.get("placements", ())) or "-"))
+        rows.append(
+            (
+                v["name"],
+                v["state"],
+                "yes" if v["ready"] else "no",
+                f"{v['workers_up']}/{v['workers']}",
+                str(v["in_flight"]),
+                _queued(v),
+                ",".join(v.get("placements", ())) or "-",
+            )
+        )
     lines += ["", *_table(rows), ""]
     rows = [("ALIAS", "VERSION", "WEIGHT", "IN FILE", "SET BY")]
     for alias in status["aliases"]:
         for version in sorted({*alias["weights"], *alias["file"]}):
-            rows.append((alias["name"], version, _share(alias["weights"], version), _share(alias["file"], version),
-                         alias["set_by"]))
+            rows.append(
+                (
+                    alias["name"],
+                    version,
+                    _share(alias["weights"], version),
+                    _share(alias["file"], version),
+                    alias["set_by"],
+                )
+            )
     return "\n".join(lines + _table(rows))
 
 
@@ -155,7 +173,10 @@ def _share(shares: dict, version: str) -> str:
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip()
+        for row in rows
+    ]
 
 
 def add_control_commands(commands) -> None:
@@ -168,7 +189,9 @@ def add_control_commands(commands) -> None:
     }
     for name, (run, help_text) in runs.items():
         sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--config", help="the config file ferry serve runs (finds its admin socket and token)")
+        sub.add_argument(
+            "--config", help="the config file ferry serve runs (finds its admin socket and token)"
+        )
         sub.add_argument("--socket", help="the admin socket (overrides the config's)")
         sub.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the answer")
         if name == "drain":

@@ -59,7 +59,7 @@ def error_middleware(max_body_bytes: int):
             error: BaseException = api.body_too_large(max_body_bytes)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes a 500
+        except Exception as exc:
             if api.error_kind(exc) is api.INTERNAL:
                 log.exception("unexpected error in %s %s", request.method, request.path)
             error = exc

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -212,8 +213,9 @@ class FallbackLimiter:
         while self.up and key in self.pending:
             refund = self.pending.pop(key)
             try:
-                await self._call(lambda: self.shared.refund(key, refund.limits, refund.tokens, refund.requests),
-                                 None)
+                await self._call(
+                    functools.partial(self.shared.refund, key, refund.limits, refund.tokens, refund.requests),
+                    None)
             except (_Down, *FAILURES) as exc:
                 later = self.pending.setdefault(key, _Refund(refund.limits, 0, 0))
                 later.tokens, later.requests = later.tokens + refund.tokens, later.requests + refund.requests
@@ -262,11 +264,14 @@ class LimiterCollector(Collector):
 
     def collect(self) -> Iterator:
         limiter = self.limiter
-        up = GaugeMetricFamily("ferry_limiter_store_up", "1 while the shared limits store (Redis) answers, else 0.")
+        up = GaugeMetricFamily(
+            "ferry_limiter_store_up", "1 while the shared limits store (Redis) answers, else 0."
+        )
         up.add_metric([], 1 if limiter.up else 0)
         yield up
         pending = GaugeMetricFamily(
-            "ferry_limiter_refunds_pending", "Keys with refunds not yet in Redis (queued, or waiting for it).")
+            "ferry_limiter_refunds_pending", "Keys with refunds not yet in Redis (queued, or waiting for it)."
+        )
         pending.add_metric([], len(limiter.pending))
         yield pending
         for name, help_text, value in (

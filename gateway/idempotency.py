@@ -51,7 +51,9 @@ CREATE TABLE IF NOT EXISTS idempotency (
 );
 """
 # A table from before answers expired gets stored_at = 0: its rows count as expired.
-_MIGRATIONS = {"idempotency": {"stored_at": "ALTER TABLE idempotency ADD COLUMN stored_at REAL NOT NULL DEFAULT 0"}}
+_MIGRATIONS = {
+    "idempotency": {"stored_at": "ALTER TABLE idempotency ADD COLUMN stored_at REAL NOT NULL DEFAULT 0"}
+}
 _INDEX = "CREATE INDEX IF NOT EXISTS idempotency_stored_at ON idempotency (stored_at)"
 _INSERT = "INSERT OR IGNORE INTO idempotency VALUES (?, ?, ?, ?, ?, ?)"
 _SELECT = "SELECT fingerprint, status, body, stored_at FROM idempotency WHERE key_id = ? AND idem_key = ?"
@@ -82,7 +84,9 @@ class IdempotencyStore:
         self.ttl = ttl
         self.max_entries = max_entries
         self._clock = clock
-        self._writer = SqliteWriter(private_database(path), _SCHEMA + _INDEX + ";", "idempotency-writer", _MIGRATIONS)
+        self._writer = SqliteWriter(
+            private_database(path), _SCHEMA + _INDEX + ";", "idempotency-writer", _MIGRATIONS
+        )
         self._db: sqlite3.Connection | None = None  # the reader thread's own connection
         self._reader = concurrent.futures.ThreadPoolExecutor(
             1, "idempotency-reader", initializer=self._open_reader, initargs=(path,)
@@ -99,7 +103,9 @@ class IdempotencyStore:
         self._reader.submit(lambda: self._db.close()).result()  # type: ignore[union-attr]
         self._reader.shutdown()
 
-    async def run(self, key_id: str, idem_key: str, body: bytes, compute: Callable[[], Awaitable[Answer]]) -> Answer:
+    async def run(
+        self, key_id: str, idem_key: str, body: bytes, compute: Callable[[], Awaitable[Answer]]
+    ) -> Answer:
         """The answer for this (key, Idempotency-Key): stored, awaited, or computed once now."""
         scope, digest = (key_id, idem_key), fingerprint(body)
         while True:

@@ -85,7 +85,8 @@ class Entry:
     outcome: Outcome = Outcome.FAILED
     stop_reason: str | None = None
     owed: int = 0  # output tokens in a whole answer not yet written
-    recorded: bool = True  # False: an idempotent repeat (replayed or refused) ran nothing, so nothing is recorded
+    # False: an idempotent repeat (replayed or refused) ran nothing, so nothing is recorded
+    recorded: bool = True
     billed: UsageRecord | None = None  # the record written ahead of the last bytes, if any
 
     def delivered(self, tokens: int, now: float | None = None) -> None:

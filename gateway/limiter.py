@@ -40,7 +40,9 @@ def open_limiter(config: LimitsConfig, registry: CollectorRegistry | None = None
     if config.store == "memory":
         return MemoryLimiter()
     timeout = config.redis_timeout_ms / 1000
-    shared = FallbackLimiter(RedisLimiter.from_url(config.redis_url, timeout=timeout), MemoryLimiter(), timeout)
+    shared = FallbackLimiter(
+        RedisLimiter.from_url(config.redis_url, timeout=timeout), MemoryLimiter(), timeout
+    )
     if registry is not None:
         registry.register(LimiterCollector(shared))
     return LeasedLimiter(shared, config.lease_share) if config.lease_share > 0 else shared
@@ -58,14 +60,17 @@ class MemoryLimiter:
 
     async def acquire(self, key: str, limits: Limits, tokens: float, requests: float = 1) -> Verdict:
         now, capacities = self._clock(), limits.capacities
-        verdict, self._buckets[key] = charge(self._state(key, capacities, now), capacities, (tokens, requests), now)
+        verdict, self._buckets[key] = charge(
+            self._state(key, capacities, now), capacities, (tokens, requests), now
+        )
         return verdict
 
     async def refund(self, key: str, limits: Limits, tokens: float, requests: float = 0) -> None:
         now, capacities = self._clock(), limits.capacities
         state = self._state(key, capacities, now)
         self._buckets[key] = tuple(
-            refund(bucket, capacity, amount, now) for bucket, capacity, amount in zip(state, capacities, (tokens, requests))
+            refund(bucket, capacity, amount, now)
+            for bucket, capacity, amount in zip(state, capacities, (tokens, requests), strict=False)
         )
 
     async def aclose(self) -> None:
@@ -195,7 +200,9 @@ class LeasedLimiter:
     gateway may hold one slice per key for ``ttl`` seconds; leftovers go back to the shared store.
     """
 
-    def __init__(self, shared: Limiter, share: float = 0.02, ttl: float = 1.0, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, shared: Limiter, share: float = 0.02, ttl: float = 1.0, clock: Clock = time.monotonic
+    ) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"lease share: expected 0 < share <= 1, got {share}")
         self._shared = shared
@@ -207,18 +214,25 @@ class LeasedLimiter:
     async def acquire(self, key: str, limits: Limits, tokens: float, requests: float = 1) -> Verdict:
         now = self._clock()
         lease = self._leases.get(key)
-        if lease is not None and lease.expires > now and lease.tokens >= tokens and lease.requests >= requests:
+        if (
+            lease is not None
+            and lease.expires > now
+            and lease.tokens >= tokens
+            and lease.requests >= requests
+        ):
             lease.tokens -= tokens
             lease.requests -= requests
             return Verdict(True)
         await self._return(key)
         slice_tokens, slice_requests = (
             amount if math.isinf(capacity) else max(amount, capacity * self._share)
-            for amount, capacity in zip((tokens, requests), limits.capacities)
+            for amount, capacity in zip((tokens, requests), limits.capacities, strict=False)
         )
         verdict = await self._shared.acquire(key, limits, slice_tokens, slice_requests)
         if verdict.admitted:
-            self._leases[key] = _Lease(slice_tokens - tokens, slice_requests - requests, now + self._ttl, limits)
+            self._leases[key] = _Lease(
+                slice_tokens - tokens, slice_requests - requests, now + self._ttl, limits
+            )
             return verdict
         return await self._shared.acquire(key, limits, tokens, requests)  # no slice: just this one
 

@@ -29,7 +29,9 @@ class Throttle:
     """At most ``burst`` events per ``interval`` pass; the others are counted, and the next one
     that passes carries the count of those suppressed since the last."""
 
-    def __init__(self, interval: float = INTERVAL, burst: int = 1, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval: float = INTERVAL, burst: int = 1, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.interval = interval
         self.burst = burst
         self._clock = clock

@@ -29,7 +29,10 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         by_tier = ["model", "tier"]
         self.requests = Counter(
-            "ferry_requests", "Requests answered, by HTTP status.", [*by_tier, "status"], registry=self.registry
+            "ferry_requests",
+            "Requests answered, by HTTP status.",
+            [*by_tier, "status"],
+            registry=self.registry,
         )
         self.ttft = Histogram(
             "ferry_ttft_seconds", "Time to first token: arrival to the first text sent.", by_tier,
@@ -45,11 +48,15 @@ class Metrics:
         )
         self.admission_rejects = Counter(
             "ferry_admission_rejects",
-            "Requests refused, by reason: rate_limit (429), shed (529 at admission), expired (529 in the queue).",
-            [*by_tier, "reason"], registry=self.registry,
+            "Requests refused, by reason: rate_limit (429), shed (529 at admission), "
+            "expired (529 in the queue).",
+            [*by_tier, "reason"],
+            registry=self.registry,
         )
         self.safety_blocks = Counter(
-            "ferry_safety_blocks", "Inputs refused or outputs replaced by the safety stage.", ["model", "stage"],
+            "ferry_safety_blocks",
+            "Inputs refused or outputs replaced by the safety stage.",
+            ["model", "stage"],
             registry=self.registry,
         )
         self.alias_requests = Counter(

@@ -69,6 +69,8 @@ def splits_of(models: Sequence[ModelConfig], aliases: Sequence[AliasConfig]) -> 
 def served_model(model: ModelConfig, where: str) -> ServedModel:
     """A model's tokenizer and template, loaded once: a bad one names its model."""
     try:
-        return ServedModel(model, make_tokenizer(model.tokenizer), make_template(model.chat_template, model.tokenizer))
+        return ServedModel(
+            model, make_tokenizer(model.tokenizer), make_template(model.chat_template, model.tokenizer)
+        )
     except ValueError as exc:
         raise ValueError(f"{where}.{exc}") from None

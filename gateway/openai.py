@@ -90,8 +90,10 @@ def finish_reason(stop_reason: str, blocked: bool) -> str:
 
 def models_body(names: list[str], created: int) -> dict[str, Any]:
     """``GET /v1/models`` in OpenAI's shape."""
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "ferry"}
-                                       for name in names]}
+    return {
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": created, "owned_by": "ferry"} for name in names],
+    }
 
 
 # --- Requests ------------------------------------------------------------------------------
@@ -173,10 +175,14 @@ def _chat_turns(messages: object) -> tuple[str, tuple[tuple[str, str], ...]]:
     for index, message in enumerate(messages):
         where = f"messages.{index}"
         if not isinstance(message, dict):
-            raise InvalidRequest(f"{where}: expected an object with role and content, got {json_type(message)}")
+            raise InvalidRequest(
+                f"{where}: expected an object with role and content, got {json_type(message)}"
+            )
         role = required(message, "role", where)
         if role not in ("system", "developer", "user", "assistant"):
-            raise InvalidRequest(f"{where}.role: expected one of system, developer, user, assistant, got {show(role)}")
+            raise InvalidRequest(
+                f"{where}.role: expected one of system, developer, user, assistant, got {show(role)}"
+            )
         text = content_text(required(message, "content", where), f"{where}.content")
         if role in ("system", "developer"):
             system.append(text)
@@ -222,8 +228,16 @@ class _Route:
     def whole(self, head: Head, completion: api.Completion, blocked: bool) -> bytes:
         choice = {"index": 0, **self._answer(completion.text), "logprobs": None,
                   "finish_reason": finish_reason(completion.stop_reason, blocked)}
-        return api.dumps({"id": head.request_id, "object": self.object, "created": head.created,
-                          "model": head.model, "choices": [choice], "usage": _usage(head, completion.output_tokens)})
+        return api.dumps(
+            {
+                "id": head.request_id,
+                "object": self.object,
+                "created": head.created,
+                "model": head.model,
+                "choices": [choice],
+                "usage": _usage(head, completion.output_tokens),
+            }
+        )
 
     @staticmethod
     def _input(document: dict[str, Any]) -> dict[str, Any]:
@@ -252,8 +266,14 @@ class ChatCompletions(_Route):
         return {"message": {"role": "assistant", "content": text, "refusal": None}}
 
     def stream(self, head: Head) -> Chunks:
-        return Chunks(head, "chat.completion.chunk", self.include_usage, lambda text: {"delta": {"content": text}},
-                      opening={"delta": {"role": "assistant", "content": ""}}, closing={"delta": {}})
+        return Chunks(
+            head,
+            "chat.completion.chunk",
+            self.include_usage,
+            lambda text: {"delta": {"content": text}},
+            opening={"delta": {"role": "assistant", "content": ""}},
+            closing={"delta": {}},
+        )
 
 
 class Completions(_Route):

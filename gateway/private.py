@@ -2,9 +2,10 @@
 
 The idempotency store keeps whole response bodies and the usage table says who asked what and
 when, so neither may be readable by other users of the machine, whatever the umask. A database
-is created 0600 before SQLite opens it (the directory 0700 by ``StateConfig.path``); SQLite gives the ``-wal`` and ``-shm`` files it creates
-later the database's own mode. Files or a directory left wider by an older version or by hand
-are tightened at start-up, with one warning line each (a name and a mode, nothing they hold).
+is created 0600 before SQLite opens it (the directory 0700 by ``StateConfig.path``); SQLite gives
+the ``-wal`` and ``-shm`` files it creates later the database's own mode. Files or a directory
+left wider by an older version or by hand are tightened at start-up, with one warning line each
+(a name and a mode, nothing they hold).
 """
 
 from __future__ import annotations
@@ -36,4 +37,6 @@ def _tighten(path: str, mode: int) -> None:
     current = stat.S_IMODE(os.stat(path).st_mode)
     if current & ~mode:
         os.chmod(path, current & mode)
-        log.warning("state %s had mode %04o, readable by others: tightened to %04o", path, current, current & mode)
+        log.warning(
+            "state %s had mode %04o, readable by others: tightened to %04o", path, current, current & mode
+        )

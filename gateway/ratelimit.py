@@ -88,16 +88,18 @@ def charge(
 ) -> tuple[Verdict, tuple[Bucket, ...]]:
     """Take ``amounts`` from every bucket at once, or from none; return the verdict and new state."""
     levels = [level_at(b, c, now) for b, c in zip(buckets, capacities, strict=True)]
-    if any(amount > capacity for amount, capacity in zip(amounts, capacities)):
+    if any(amount > capacity for amount, capacity in zip(amounts, capacities, strict=False)):
         return Verdict(False, math.inf), tuple(Bucket(level, now) for level in levels)
     short = [
         (amount - level) / (capacity / 60.0)
-        for amount, level, capacity in zip(amounts, levels, capacities)
+        for amount, level, capacity in zip(amounts, levels, capacities, strict=False)
         if amount > level
     ]
     if short:
         return Verdict(False, max(short)), tuple(Bucket(level, now) for level in levels)
-    return Verdict(True), tuple(Bucket(level - amount, now) for level, amount in zip(levels, amounts))
+    return Verdict(True), tuple(
+        Bucket(level - amount, now) for level, amount in zip(levels, amounts, strict=False)
+    )
 
 
 def refund(bucket: Bucket, capacity: float, amount: float, now: float) -> Bucket:

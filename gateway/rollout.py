@@ -72,27 +72,40 @@ def plan(running: FerryConfig, new: FerryConfig, versions: Mapping[str, tuple[Mo
     for section in FIXED_SECTIONS:
         before, after = getattr(running, section), getattr(new, section)
         if before != after:
-            fields = [f.name for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name)]
+            fields = [
+                f.name
+                for f in dataclasses.fields(before)
+                if getattr(before, f.name) != getattr(after, f.name)
+            ]
             raise ValueError(f"{section}.{fields[0]}: cannot change while ferry serve runs "
                              f"({getattr(before, fields[0])!r} -> {getattr(after, fields[0])!r}); restart it")
     tiers, new_tiers = [t.name for t in running.tiers], [t.name for t in new.tiers]
     if tiers != new_tiers:
-        raise ValueError(f"tiers: names and order cannot change while ferry serve runs ({tiers} -> {new_tiers}); "
-                         "their wait budgets can")
+        raise ValueError(
+            f"tiers: names and order cannot change while ferry serve runs ({tiers} -> {new_tiers}); "
+            "their wait budgets can"
+        )
     opened, revived = [], []
     for index, model in enumerate(new.models):
         config, state = versions.get(model.name, (None, None))
         if config is not None and _settings(config) != _settings(model):
-            changed = [f.name for f in dataclasses.fields(model) if getattr(config, f.name, None) != getattr(model, f.name)
-                       and f.name != "aliases"]
-            raise ValueError(f"models[{index}]: {model.name!r} is running with other settings ({', '.join(changed)}); "
-                             "a version's settings cannot change: give the new ones a new version name")
+            changed = [
+                f.name
+                for f in dataclasses.fields(model)
+                if getattr(config, f.name, None) != getattr(model, f.name) and f.name != "aliases"
+            ]
+            raise ValueError(
+                f"models[{index}]: {model.name!r} is running with other settings ({', '.join(changed)}); "
+                "a version's settings cannot change: give the new ones a new version name"
+            )
         if state is None or state in (State.STOPPED, State.STOPPING):
             opened.append(model)
         elif state is State.DRAINING:
             revived.append(model.name)
     listed = {model.name for model in new.models}
-    drained = tuple(name for name, (_, state) in versions.items() if state is State.SERVING and name not in listed)
+    drained = tuple(
+        name for name, (_, state) in versions.items() if state is State.SERVING and name not in listed
+    )
     return Plan(tuple(opened), tuple(revived), drained)
 
 
@@ -165,13 +178,17 @@ class Rollout:
         async with self._lock:
             begun = time.monotonic()
             try:
-                changes = plan(self.applied, new, {n: (v.served.config, v.state) for n, v in self.versions.items()})
+                changes = plan(
+                    self.applied, new, {n: (v.served.config, v.state) for n, v in self.versions.items()}
+                )
                 index = {model.name: i for i, model in enumerate(new.models)}
                 for model in changes.open:  # before its tokenizer is read: preparing may write it
                     await self._prepare(model, f"models[{index[model.name]}]")
                 served = [served_model(model, f"models[{index[model.name]}]") for model in changes.open]
             except ValueError as exc:
-                raise ValueError(exc if str(exc).startswith(self.source) else f"{self.source}: {exc}") from None
+                raise ValueError(
+                    exc if str(exc).startswith(self.source) else f"{self.source}: {exc}"
+                ) from None
             await self._apply_settings(new)
             await self._open(served, new)
             for name in changes.revive:
@@ -216,8 +233,14 @@ class Rollout:
             before[model.name] = self.versions.get(model.name)  # a stopped one stays stopped if this fails
             self.versions[model.name] = Version(model, State.STARTING)
             gateway.metrics.track(model.name, new.queue().tiers)
-        outcomes = await asyncio.gather(*(gateway.bridge.open(model.config) for model in served), return_exceptions=True)
-        failed = {model.name: error for model, error in zip(served, outcomes) if isinstance(error, BaseException)}
+        outcomes = await asyncio.gather(
+            *(gateway.bridge.open(model.config) for model in served), return_exceptions=True
+        )
+        failed = {
+            model.name: error
+            for model, error in zip(served, outcomes, strict=False)
+            if isinstance(error, BaseException)
+        }
         for model in served:
             if failed:
                 if model.name not in failed:
@@ -260,7 +283,9 @@ class Rollout:
         """A new split for an alias, in effect for the next request (no lock: a rollback never
         waits behind a reload). Versions left out get no traffic; each named must be serving."""
         if alias not in self._splits():
-            raise LookupError(f"alias {alias!r} is not configured; aliases: {', '.join(sorted(self._splits()))}")
+            raise LookupError(
+                f"alias {alias!r} is not configured; aliases: {', '.join(sorted(self._splits()))}"
+            )
         for version in weights:
             state = self.versions[version].state.value if version in self.versions else "not a version here"
             if state != State.SERVING.value:
@@ -351,4 +376,9 @@ class Rollout:
             "file": file[alias].shares if alias in file else {},
             "set_by": "ferry weights" if alias in self.overrides else "file",
         } for alias, split in self._splits().items()]
-        return {"config": self.source, "versions": versions, "aliases": aliases, "last_reload": self.last_reload}
+        return {
+            "config": self.source,
+            "versions": versions,
+            "aliases": aliases,
+            "last_reload": self.last_reload,
+        }

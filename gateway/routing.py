@@ -49,9 +49,13 @@ class Split:
         object.__setattr__(self, "weights", ordered)
         total = sum(w for _, w in ordered)
         if not ordered or any(w < 0 for _, w in ordered) or total <= 0:
-            raise ValueError(f"{self.alias}: expected weights >= 0 adding up to more than 0, got {dict(ordered)}")
+            raise ValueError(
+                f"{self.alias}: expected weights >= 0 adding up to more than 0, got {dict(ordered)}"
+            )
         tops = itertools.accumulate(w / total for _, w in ordered)
-        object.__setattr__(self, "_bands", tuple((top, v) for (v, w), top in zip(ordered, tops) if w > 0))
+        object.__setattr__(
+            self, "_bands", tuple((top, v) for (v, w), top in zip(ordered, tops, strict=False) if w > 0)
+        )
 
     @property
     def shares(self) -> dict[str, float]:

@@ -63,7 +63,9 @@ async def serve(
             announce(f"ferry serve: the scheduling core did not start: {leaves(exc)}")
             return 1
         app = make_app(config, bridge)
-        guard = ConnectionGuard(_connection_cap(config.server.max_connections), config.server.header_timeout_ms / 1000)
+        guard = ConnectionGuard(
+            _connection_cap(config.server.max_connections), config.server.header_timeout_ms / 1000
+        )
         app.middlewares.append(guard.track)
         app[GATEWAY].metrics.registry.register(ConnectionCollector(guard))
         rollout = Rollout(app[GATEWAY], reread or (lambda: config), source)
@@ -74,7 +76,9 @@ async def serve(
             return 1
         app.on_shutdown.append(lambda _: admin.cleanup())
         app.on_shutdown.append(lambda _: rollout.aclose())
-        app.on_shutdown.append(functools.partial(_drain, guard, bridge, config.server.shutdown_grace_ms / 1000))
+        app.on_shutdown.append(
+            functools.partial(_drain, guard, bridge, config.server.shutdown_grace_ms / 1000)
+        )
         loop.add_signal_handler(signal.SIGHUP, reload_on_signal(rollout, announce))
         runner = web.AppRunner(
             app,
@@ -166,7 +170,9 @@ def serve_command(args) -> int:
             print(f"ferry serve: demo key for tier {key.tier}: {key.key}")
     _raise_open_file_limit()
     say = functools.partial(print, flush=True)
-    running = serve(config, say, reread=functools.partial(_load, args), source=args.config or "<embedded default>")
+    running = serve(
+        config, say, reread=functools.partial(_load, args), source=args.config or "<embedded default>"
+    )
     try:
         import uvloop
     except ImportError:
@@ -183,7 +189,9 @@ def _connection_cap(configured: int) -> int:
     available = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - FD_RESERVE
     if configured <= available:
         return configured
-    log.warning("max_connections %d is over the open-file limit less %d: using %d", configured, FD_RESERVE, available)
+    log.warning(
+        "max_connections %d is over the open-file limit less %d: using %d", configured, FD_RESERVE, available
+    )
     return max(1, available)
 
 

@@ -48,7 +48,7 @@ class _Automaton:
     of some stop sequence, ``depth[s]`` its length and ``done[s]`` the longest stop sequence
     that ends there (its own prefix, or one reached through a failure link), if any."""
 
-    __slots__ = ("children", "fail", "depth", "done")
+    __slots__ = ("children", "depth", "done", "fail")
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.children: list[dict[str, int]] = [{}]
@@ -96,7 +96,7 @@ def _automaton(stops: tuple[str, ...]) -> _Automaton:
 class StopMatcher:
     """Feed it pieces of output in order; :meth:`feed` says what may be shown."""
 
-    __slots__ = ("stops", "stopped", "_automaton", "_state", "_held", "_longest")
+    __slots__ = ("_automaton", "_held", "_longest", "_state", "stopped", "stops")
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(dict.fromkeys(stops)) if stops else ()

@@ -103,7 +103,9 @@ class HuggingFaceTokenizer:
 
         file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
         if not os.path.isfile(file):
-            raise ValueError(f"tokenizer: expected 'bytes' or a tokenizer.json (or a directory with one), got {path!r}")
+            raise ValueError(
+                f"tokenizer: expected 'bytes' or a tokenizer.json (or a directory with one), got {path!r}"
+            )
         self.name = path
         self._vocabulary = Vocabulary.from_file(file)
 

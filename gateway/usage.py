@@ -40,7 +40,9 @@ CREATE TABLE IF NOT EXISTS usage (
     outcome       TEXT
 )
 """
-_MIGRATIONS = {"usage": {"outcome": "ALTER TABLE usage ADD COLUMN outcome TEXT"}}  # columns added since the first release
+_MIGRATIONS = {
+    "usage": {"outcome": "ALTER TABLE usage ADD COLUMN outcome TEXT"}
+}  # columns added since the first release
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,7 +60,8 @@ class UsageRecord:
     total_s: float
     status: int  # the HTTP status the client got
     stop_reason: str | None
-    outcome: str | None = None  # what happened (gateway.ledger.Outcome); None in rows written before it existed
+    # what happened (gateway.ledger.Outcome); None in rows written before it existed
+    outcome: str | None = None
 
 
 _FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]
@@ -89,7 +92,9 @@ def read_usage(path: str) -> list[UsageRecord]:
     """Every record in a usage table, oldest first."""
     connection = sqlite3.connect(path)
     try:
-        rows: Iterable[tuple] = connection.execute(f"SELECT {', '.join(_FIELDS)} FROM usage ORDER BY recorded_at")
+        rows: Iterable[tuple] = connection.execute(
+            f"SELECT {', '.join(_FIELDS)} FROM usage ORDER BY recorded_at"
+        )
         return [UsageRecord(*row) for row in rows]
     finally:
         connection.close()

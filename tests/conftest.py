@@ -13,6 +13,102 @@ from experiments.redis_server import RedisServer
 from tests.ray_cluster import ray_cluster  # noqa: F401 - the session's Ray cluster, for tests/test_ray_*.py
 from workers.faults import FaultPlan
 
+# The level of each test file, so that `pytest -m pure` runs the fast set in seconds (the levels are
+# registered as markers in pyproject.toml; docs/architecture.md says how to run each). A new test
+# file must be added here: collection fails until it is.
+LEVELS = {
+    # pure: pure cores and the production scheduler under MockClock; no torch, no child process, no socket.
+    "test_admission.py": "pure",
+    "test_answer.py": "pure",
+    "test_api.py": "pure",
+    "test_arrivals.py": "pure",
+    "test_batcher.py": "pure",
+    "test_block_manager.py": "pure",
+    "test_burst.py": "pure",
+    "test_chat.py": "pure",
+    "test_chat_template.py": "pure",
+    "test_config.py": "pure",
+    "test_continuous_admission.py": "pure",
+    "test_cost_model.py": "pure",
+    "test_engine_pool.py": "pure",
+    "test_ledger.py": "pure",
+    "test_llm_replay.py": "pure",
+    "test_metrics.py": "pure",
+    "test_openai_api.py": "pure",
+    "test_policies.py": "pure",
+    "test_pool_faults.py": "pure",
+    "test_protocol.py": "pure",
+    "test_ratelimit.py": "pure",
+    "test_ray_config.py": "pure",
+    "test_reload_plan.py": "pure",
+    "test_router.py": "pure",
+    "test_routing.py": "pure",
+    "test_scheduler.py": "pure",
+    "test_simulate.py": "pure",
+    "test_static_generate.py": "pure",
+    "test_stops.py": "pure",
+    "test_tier_queue.py": "pure",
+    "test_token_load.py": "pure",
+    "test_token_stream.py": "pure",
+    "test_tokenizer.py": "pure",
+    "test_usage_idempotency_safety.py": "pure",
+    # engine: torch and the engine's model, runner and sampler on tiny checkpoints or SmolLM2.
+    "test_convert.py": "engine",
+    "test_engine_core.py": "engine",
+    "test_engine_model.py": "engine",
+    "test_model.py": "engine",
+    "test_sampler.py": "engine",
+    "test_static_batch.py": "engine",
+    # system: real processes, real HTTP (or an in-process server on loopback), real threads on the real
+    # clock, redis-server, Ray.
+    "test_chaos.py": "system",
+    "test_continuous_http.py": "system",
+    "test_continuous_model.py": "system",
+    "test_engine_pool_processes.py": "system",
+    "test_engine_worker.py": "system",
+    "test_event_path.py": "system",
+    "test_gateway_admission.py": "system",
+    "test_gateway_bridge.py": "system",
+    "test_gateway_connections.py": "system",
+    "test_gateway_edges.py": "system",
+    "test_gateway_faults.py": "system",
+    "test_gateway_fuzz.py": "system",
+    "test_gateway_http.py": "system",
+    "test_gateway_leaving.py": "system",
+    "test_limiter_busy.py": "system",
+    "test_limiter_redis.py": "system",
+    "test_mode_status.py": "system",
+    "test_modes.py": "system",
+    "test_openai_sdk.py": "system",
+    "test_ray_gateways.py": "system",
+    "test_ray_placement.py": "system",
+    "test_redis_outage.py": "system",
+    "test_redis_server.py": "system",
+    "test_reload_process.py": "system",
+    "test_rollout.py": "system",
+    "test_usage_sigkill.py": "system",
+    "test_vllm_config.py": "system",
+    "test_vllm_engine.py": "system",
+    "test_worker_processes.py": "system",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test with its file's level; refuse a test file that has none."""
+    unclassified = set()
+    for item in items:
+        name = item.path.name
+        level = LEVELS.get(name)
+        if level is None:
+            unclassified.add(name)
+        else:
+            item.add_marker(getattr(pytest.mark, level))
+    if unclassified:
+        raise pytest.UsageError(
+            f"test files without a level: {', '.join(sorted(unclassified))}; add each to LEVELS in "
+            "tests/conftest.py as pure, engine or system"
+        )
+
 
 class Spawner:
     """A Spawn for the pool: simulated workers, with a fault plan per slot if asked.

@@ -28,7 +28,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from batcher.admission import BatchLoad
 from batcher.backend import Delta, Failed, Finished, Job, Snapshot, Started, Status, Usage
-from gateway.config import parse_config
 from batcher.stats import Stats
 from batcher.types import RequestFailed
 from gateway.app import make_app
@@ -113,7 +112,11 @@ def _script(text: str, input_tokens: int) -> list:
     if kind == "fail-before":
         return [Failed(RequestFailed("the input failed on its own"), retryable=False)]
     if kind == "fail-after":
-        return [Started(0.0), *deltas, Failed(RequestFailed("the worker was lost"), retryable=True, tokens_sent=sent)]
+        return [
+            Started(0.0),
+            *deltas,
+            Failed(RequestFailed("the worker was lost"), retryable=True, tokens_sent=sent),
+        ]
     if kind == "hang":
         return [Started(0.0)]
     raise ValueError(f"unknown script {text!r}")

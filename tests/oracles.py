@@ -72,7 +72,7 @@ def transformers_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: l
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.generation_config.eos_token_id = None
     answers = []
-    for prompt, n in zip(prompts, max_tokens):
+    for prompt, n in zip(prompts, max_tokens, strict=False):
         config = GenerationConfig(max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
         out = model.generate(torch.tensor([prompt]), generation_config=config)
         answers.append(out[0, len(prompt) :].tolist())

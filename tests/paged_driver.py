@@ -124,7 +124,7 @@ class PagedDriver:
             chunks.append(chunk)
         self.mixed_steps += 1 in chunks and any(c > 1 for c in chunks)
         batch = ForwardBatch(ids, positions, slots, query_lens, context_lens, tables, samples)
-        for seq, chunk, token in zip(order, chunks, self.runner.execute(batch)):
+        for seq, chunk, token in zip(order, chunks, self.runner.execute(batch), strict=False):
             seq.computed += chunk
             if token is not None:
                 seq.tokens.append(token)

@@ -127,7 +127,9 @@ def walk(load: BatchLoad, tier: int, extra: int, margin: float) -> float:
     st.floats(0.0, 0.9),
     st.sampled_from([0.0, MARGIN]),
 )
-def test_the_closed_form_agrees_with_walking_batch_by_batch(workers, call, batch, phases, queued, share, margin):
+def test_the_closed_form_agrees_with_walking_batch_by_batch(
+    workers, call, batch, phases, queued, share, margin
+):
     free_in = tuple(call * phase for phase in phases[:workers])
     paid_rate = share * workers * batch / call
     load = BatchLoad(queued, free_in, batch, call, (paid_rate, 0.0))

@@ -20,7 +20,11 @@ def token(text: str) -> Delta:
 
 def test_tokens_are_delivered_with_the_text_that_covers_them():
     answer = Answer(("STOP",), 100, BYTES)
-    pieces = [answer.push([Started(0.0), token("Hi ")]), answer.push([token("ST")]), answer.push([token("ay"), END])]
+    pieces = [
+        answer.push([Started(0.0), token("Hi ")]),
+        answer.push([token("ST")]),
+        answer.push([token("ay"), END]),
+    ]
     assert [(p.text, p.tokens) for p in pieces] == [("Hi ", 1), ("", 0), ("STay", 2)]
     assert answer.done and answer.stop_reason == "end_turn" and answer.credited == 3
 

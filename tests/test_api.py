@@ -34,7 +34,9 @@ def test_a_minimal_request_parses_with_defaults():
 
 
 def test_fields_that_say_they_are_not_used_pass():
-    request = anthropic.parse_message_request(body(tools=[], tool_choice={"type": "none"}, thinking={"type": "disabled"}))
+    request = anthropic.parse_message_request(
+        body(tools=[], tool_choice={"type": "none"}, thinking={"type": "disabled"})
+    )
     assert request == anthropic.MessageRequest(model="m", messages=(("user", "hi"),), max_tokens=10)
 
 
@@ -66,15 +68,27 @@ def test_text_blocks_are_joined_and_ignored_fields_pass():
         (body(messages=[{"content": "x"}]), "messages.0.role: field required"),
         (body(messages=[{"role": "system", "content": "x"}]), "messages.0.role: expected one of"),
         (body(messages=[{"role": "user"}]), "messages.0.content: field required"),
-        (body(messages=[{"role": "user", "content": None}]), "messages.0.content: expected a string or an array"),
-        (body(messages=[{"role": "user", "content": [{"type": "image"}]}]), "messages.0.content.0.type: fixed-mode"),
-        (body(messages=[{"role": "user", "content": [{"type": "text"}]}]), "messages.0.content.0.text: field required"),
-        (body(messages=[{"role": "user", "content": "\ud800"}]), "messages.0.content: expected valid Unicode"),
+        (
+            body(messages=[{"role": "user", "content": None}]),
+            "messages.0.content: expected a string or an array",
+        ),
+        (
+            body(messages=[{"role": "user", "content": [{"type": "image"}]}]),
+            "messages.0.content.0.type: fixed-mode",
+        ),
+        (
+            body(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+            "messages.0.content.0.text: field required",
+        ),
+        (
+            body(messages=[{"role": "user", "content": "\ud800"}]),
+            "messages.0.content: expected valid Unicode",
+        ),
         (body(max_tokens=...), "max_tokens: field required"),
         (body(max_tokens=0), "max_tokens: expected an integer >= 1, got 0"),
         (body(max_tokens=1.5), "max_tokens: expected an integer >= 1, got 1.5"),
         (body(max_tokens=True), "max_tokens: expected an integer >= 1, got true"),
-        (body(max_tokens="9"), "max_tokens: expected an integer >= 1, got \"9\""),
+        (body(max_tokens="9"), 'max_tokens: expected an integer >= 1, got "9"'),
         (body(temperature=2), "temperature: expected a number in 0..1, got 2"),
         (body(temperature="hot"), "temperature: expected a number in 0..1"),
         (body(stream="yes"), "stream: expected a boolean"),
@@ -83,7 +97,10 @@ def test_text_blocks_are_joined_and_ignored_fields_pass():
         (body(stop_sequences=[""]), "stop_sequences: expected non-empty strings"),
         (body(stop_sequences=[1]), "stop_sequences.0: expected a string"),
         (body(metadata=[]), "metadata: expected an object"),
-        (body(tools=[{"name": "t", "input_schema": {}}]), "tools: not supported by this server, got an array"),
+        (
+            body(tools=[{"name": "t", "input_schema": {}}]),
+            "tools: not supported by this server, got an array",
+        ),
         (body(tool_choice={"type": "any"}), "tool_choice: not supported by this server, got an object"),
         (body(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking: not supported by this server"),
         (body(mcp_servers=[{"url": "x"}]), "mcp_servers: not supported by this server"),
@@ -102,13 +119,20 @@ def test_every_bad_field_is_named(raw, names):
         # Each count is refused before its items are read: these items are all malformed, and
         # the error names the limit, not the first bad item.
         (body(stop_sequences=[0] * 17), "stop_sequences: at most 16 stop sequences per request, got 17"),
-        (body(stop_sequences=["x" * 257]), "stop_sequences.0: at most 256 characters in a stop sequence, got 257"),
+        (
+            body(stop_sequences=["x" * 257]),
+            "stop_sequences.0: at most 256 characters in a stop sequence, got 257",
+        ),
         (body(messages=[0] * 100_001), "messages: at most 100,000 messages per request, got 100,001"),
-        (body(messages=[{"role": "user", "content": [0] * 1001}]),
-         "messages.0.content: at most 1,000 content blocks, got 1,001"),
+        (
+            body(messages=[{"role": "user", "content": [0] * 1001}]),
+            "messages.0.content: at most 1,000 content blocks, got 1,001",
+        ),
         (body(system=[0] * 1001), "system: at most 1,000 content blocks, got 1,001"),
-        (body(system="s" * (1 << 20), messages=[{"role": "user", "content": "u" * ((1 << 20) + 1)}]),
-         "messages: at most 2,097,152 characters of text in system and messages together, got 2,097,153"),
+        (
+            body(system="s" * (1 << 20), messages=[{"role": "user", "content": "u" * ((1 << 20) + 1)}]),
+            "messages: at most 2,097,152 characters of text in system and messages together, got 2,097,153",
+        ),
     ],
 )
 def test_every_limit_is_refused_with_a_400_that_names_it(raw, names):
@@ -118,9 +142,12 @@ def test_every_limit_is_refused_with_a_400_that_names_it(raw, names):
 
 
 def test_requests_at_every_limit_pass():
-    request = anthropic.parse_message_request(body(
-        stop_sequences=["s" * 256] * 16, messages=[{"role": "user", "content": [{"type": "text", "text": "t"}] * 1000}],
-    ))
+    request = anthropic.parse_message_request(
+        body(
+            stop_sequences=["s" * 256] * 16,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "t"}] * 1000}],
+        )
+    )
     assert len(request.stop_sequences) == 16 and request.messages == (("user", "t" * 1000),)
 
 
@@ -132,10 +159,16 @@ def test_the_issues_hostile_body_is_refused_on_the_count_of_its_stop_sequences()
 
 
 def test_the_prompt_is_system_then_labelled_turns():
-    request = anthropic.parse_message_request(body(
-        system="be brief", messages=[{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
-    ))
-    assert Labelled().render(request.system, request.messages) == "System: be brief\n\nUser: hello\n\nAssistant: hi"
+    request = anthropic.parse_message_request(
+        body(
+            system="be brief",
+            messages=[{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}],
+        )
+    )
+    assert (
+        Labelled().render(request.system, request.messages)
+        == "System: be brief\n\nUser: hello\n\nAssistant: hi"
+    )
     request = anthropic.parse_message_request(body())
     assert Labelled().render(request.system, request.messages) == "User: hi"
 
@@ -157,7 +190,9 @@ def test_context_window_counts_prompt_plus_max_tokens():
         ("ab", (), 2, api.Completion("ab", "end_turn", None, 2)),
     ],
 )
-def test_an_answer_stops_at_the_earliest_stop_sequence_then_at_max_tokens(output, stops, max_tokens, expected):
+def test_an_answer_stops_at_the_earliest_stop_sequence_then_at_max_tokens(
+    output, stops, max_tokens, expected
+):
     answer = Answer(stops, max_tokens, BYTES)
     answer.push([Started(0.0), Delta(output, BYTES.count(output)), Finished("end_turn", Usage(1, 1))])
     assert answer.completion() == expected
@@ -196,10 +231,17 @@ def test_a_stream_sends_the_events_in_the_messages_api_order():
     ]
     assert all(data["type"] == name for name, data in events)
     start = events[0][1]["message"]
-    assert (start["content"], start["stop_reason"], start["usage"]) == ([], None, {"input_tokens": 7, "output_tokens": 0})
+    assert (start["content"], start["stop_reason"], start["usage"]) == (
+        [],
+        None,
+        {"input_tokens": 7, "output_tokens": 0},
+    )
     assert events[3][1]["delta"] == {"type": "text_delta", "text": "olleh"}
-    assert events[5][1] == {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
-                            "usage": {"output_tokens": 5}}
+    assert events[5][1] == {
+        "type": "message_delta",
+        "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+        "usage": {"output_tokens": 5},
+    }
 
 
 def test_an_empty_answer_streams_no_delta_and_an_error_event_has_the_error_body():
@@ -207,7 +249,10 @@ def test_an_empty_answer_streams_no_delta_and_an_error_event_has_the_error_body(
     names = [name for name, _ in parse_sse(empty)]
     assert names == ["content_block_start", "content_block_stop", "message_delta", "message_stop"]
     [(name, data)] = parse_sse(anthropic.stream_error(Overloaded("busy")))
-    assert (name, data) == ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
+    assert (name, data) == (
+        "error",
+        {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}},
+    )
 
 
 @pytest.mark.parametrize(
@@ -218,13 +263,22 @@ def test_an_empty_answer_streams_no_delta_and_an_error_event_has_the_error_body(
         (api.NotFound("x"), 404, "not_found_error", {}),
         (api.RequestTooLarge("x"), 413, "request_too_large", {}),
         (Overloaded("x"), 529, "overloaded_error", {"Retry-After": "1", "retry-after-ms": "1000"}),
-        (Overloaded("x", retry_after=0.31), 529, "overloaded_error", {"Retry-After": "1", "retry-after-ms": "310"}),
+        (
+            Overloaded("x", retry_after=0.31),
+            529,
+            "overloaded_error",
+            {"Retry-After": "1", "retry-after-ms": "310"},
+        ),
         (api.RateLimited("x", 2.5), 429, "rate_limit_error", {"Retry-After": "3", "retry-after-ms": "2500"}),
         (RequestFailed("x"), 500, "api_error", {}),
     ],
 )
 def test_the_error_table(error, status, kind, headers):
-    assert api.error_response(error) == (status, api.dumps(api.error_body(api.ErrorKind(status, kind), "x")), headers)
+    assert api.error_response(error) == (
+        status,
+        api.dumps(api.error_body(api.ErrorKind(status, kind), "x")),
+        headers,
+    )
 
 
 def test_an_unexpected_error_is_a_500_that_reveals_nothing():
@@ -242,8 +296,13 @@ def test_bare_statuses_map_through_the_same_table():
 
 def test_models_list_names_the_versions():
     assert anthropic.models_body(["a@1", "b@2"], "2026-01-01T00:00:00Z") == {
-        "data": [{"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z"} for n in ("a@1", "b@2")],
-        "has_more": False, "first_id": "a@1", "last_id": "b@2",
+        "data": [
+            {"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z"}
+            for n in ("a@1", "b@2")
+        ],
+        "has_more": False,
+        "first_id": "a@1",
+        "last_id": "b@2",
     }
 
 
@@ -251,7 +310,7 @@ def test_the_byte_tokenizer_counts_utf8_bytes():
     tokenizer = make_tokenizer("bytes")
     assert tokenizer.count("héllo") == 6
     assert tokenizer.truncate("héllo", 2) == "h" and tokenizer.truncate("héllo", 3) == "hé"
-    with pytest.raises(ValueError, match="tokenizer: expected 'bytes' or a tokenizer.json"):
+    with pytest.raises(ValueError, match=r"tokenizer: expected 'bytes' or a tokenizer.json"):
         make_tokenizer("bpe")
 
 

@@ -66,7 +66,10 @@ def test_a_read_trace_starts_at_zero_in_time_order_and_deadline_is_optional(tmp_
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("timestamp,tier\n0.0,paid\n0.1,gold\n", r"trace.csv:3: tier: expected one of \['paid', 'free'\], got 'gold'"),
+        (
+            "timestamp,tier\n0.0,paid\n0.1,gold\n",
+            r"trace.csv:3: tier: expected one of \['paid', 'free'\], got 'gold'",
+        ),
         ("timestamp,tier,deadline\n0.0,paid,soon\n", r"trace.csv:2: could not convert"),
         ("time,tier\n0.0,paid\n", "expected a header with timestamp,tier"),
         ("timestamp,tier\n", "the trace has no arrival"),

@@ -218,7 +218,7 @@ async def test_a_request_that_cannot_be_dispatched_by_its_deadline_is_overloaded
         outcomes = Outcomes(batcher)
         outcomes.add(texts("busy", 50))
         await trio.sleep(0.01)
-        with pytest.raises(Overloaded, match="not dispatched within 1.000s"):
+        with pytest.raises(Overloaded, match=r"not dispatched within 1.000s"):
             await batcher.answer("late", "paid", timeout=1.0)
         assert trio.current_time() == pytest.approx(1.01)
     assert "late" not in fleet.inputs_seen()

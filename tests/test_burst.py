@@ -34,7 +34,9 @@ def test_retry_after_is_within_a_quarter_of_the_real_drain_for_most_529s(quarter
     drain = quarter_paid["retry_after_vs_drain"]
     assert drain["median_ratio"] == pytest.approx(1.0, abs=0.05)
     assert drain["within_25_percent"] >= 0.85  # the rest: paid arrivals beyond the 2-sigma margin
-    assert quarter_paid["free"]["statuses"]["529 expired"] < 0.03 * quarter_paid["free"]["offered"]  # fluid: 25 %
+    assert (
+        quarter_paid["free"]["statuses"]["529 expired"] < 0.03 * quarter_paid["free"]["offered"]
+    )  # fluid: 25 %
 
 
 def test_paid_over_capacity_is_shed_too_with_retry_after_right_for_every_529():

@@ -43,8 +43,12 @@ def test_the_checks_catch_cross_talk_missing_usage_leaky_errors_and_duplicates()
     crossed = answered(1, mirror(good))  # request 1 got request 0's answer
     unbilled = answered(2, "")
     unbilled.output = mirror(unbilled)
-    leaky = answered(3, "", status=500, body={"type": "error", "error": {"type": "api_error", "message": "pid 42 died"}})
-    no_retry = answered(4, "", status=529, body={"type": "error", "error": {"type": "overloaded_error", "message": "x"}})
+    leaky = answered(
+        3, "", status=500, body={"type": "error", "error": {"type": "api_error", "message": "pid 42 died"}}
+    )
+    no_retry = answered(
+        4, "", status=529, body={"type": "error", "error": {"type": "overloaded_error", "message": "x"}}
+    )
     twice = answered(5, "", request_id="msg_0")
     twice.output = mirror(twice)
     lost = Shot(6, "free", True, "chaos 000006 x", scheduled=0.0, failure="ServerDisconnectedError")
@@ -60,9 +64,23 @@ def test_the_checks_catch_cross_talk_missing_usage_leaky_errors_and_duplicates()
 
 
 def test_a_stream_error_event_is_documented_only_with_its_status():
-    shot = Shot(0, "free", True, "chaos 000000 x", scheduled=0.0, status=200, request_id="msg_0", finished=0.1,
-                events=[("message_start", {}), ("ping", {}),
-                        ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "late"}})])
+    shot = Shot(
+        0,
+        "free",
+        True,
+        "chaos 000000 x",
+        scheduled=0.0,
+        status=200,
+        request_id="msg_0",
+        finished=0.1,
+        events=[
+            ("message_start", {}),
+            ("ping", {}),
+            ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "late"}}),
+        ],
+    )
     usage = [record("msg_0")]
-    assert judge("documented", [shot], usage, Rules(statuses=frozenset({529}))).documented == {"529 in stream": 1}
+    assert judge("documented", [shot], usage, Rules(statuses=frozenset({529}))).documented == {
+        "529 in stream": 1
+    }
     assert judge("not", [shot], usage, Rules(statuses=frozenset({500}))).violations != []

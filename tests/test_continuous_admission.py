@@ -61,7 +61,7 @@ def burst(n: int, offset: int = 0) -> list[Job]:
 async def serve_burst(pool, jobs: list[Job]) -> tuple[list[Client], float]:
     clients = [Client() for _ in jobs]
     arrival = trio.current_time()
-    for job, client in zip(jobs, clients):
+    for job, client in zip(jobs, clients, strict=True):
         pool.submit(job, client)
     for client in clients:
         await client.done.wait()

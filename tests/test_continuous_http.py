@@ -65,7 +65,12 @@ def gateway(tmp_path_factory):
 
 
 def body(text: str, max_tokens: int, **fields) -> dict:
-    return {"model": "sim@1", "max_tokens": max_tokens, "messages": [{"role": "user", "content": text}], **fields}
+    return {
+        "model": "sim@1",
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": text}],
+        **fields,
+    }
 
 
 async def stream(session, url: str, request: dict, leave_after: int | None = None) -> dict:
@@ -104,7 +109,9 @@ def records(gateway: Gateway, ids: set[str], seconds: float = 10.0) -> dict:
     path = os.path.join(gateway.log.parent, "usage.sqlite")
     deadline = time.monotonic() + seconds
     while True:
-        found = {r.request_id: r for r in read_usage(path) if r.request_id in ids} if os.path.exists(path) else {}
+        found = (
+            {r.request_id: r for r in read_usage(path) if r.request_id in ids} if os.path.exists(path) else {}
+        )
         if len(found) == len(ids) or time.monotonic() > deadline:
             return found
         time.sleep(0.05)
@@ -125,13 +132,19 @@ def interleaved(results: list[dict]) -> int:
     return sum(1 for (_, a), (_, b) in itertools.pairwise(order) if a != b)
 
 
-def test_a_stop_sequence_split_across_two_tokens_ends_the_answer_unshown_and_bills_the_text_before_it(gateway):
+def test_a_stop_sequence_split_across_two_tokens_ends_the_answer_unshown_and_bills_the_text_before_it(
+    gateway,
+):
     request = body("tell me something", 30)
     text = whole(gateway, request)["content"][0]["text"]
     at = next(i for i in range(3, 20) if text.find(text[i : i + 2]) == i)
     stop = text[at : at + 2]  # two characters: two tokens, two frames, two deltas
     reply = whole(gateway, {**request, "stop_sequences": [stop]})
-    assert (reply["content"][0]["text"], reply["stop_reason"], reply["stop_sequence"]) == (text[:at], "stop_sequence", stop)
+    assert (reply["content"][0]["text"], reply["stop_reason"], reply["stop_sequence"]) == (
+        text[:at],
+        "stop_sequence",
+        stop,
+    )
     assert reply["usage"]["output_tokens"] == at
     streamed = asyncio.run(_one_stream(gateway, {**request, "stop_sequences": [stop]}))
     assert streamed["text"] == text[:at] and stop not in "".join(streamed["text"])
@@ -148,27 +161,36 @@ async def _one_stream(gateway, request):
 def test_two_hundred_clients_that_leave_mid_stream_leave_no_sequence_and_no_block_behind(gateway):
     async def leave():
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            return await asyncio.gather(*(stream(session, gateway.url, body(f"client {i}", 400), leave_after=2)
-                                          for i in range(200)))
+            return await asyncio.gather(
+                *(stream(session, gateway.url, body(f"client {i}", 400), leave_after=2) for i in range(200))
+            )
 
     results = asyncio.run(leave())
-    assert all(r["status"] == 200 and len(r["text"]) >= 2 for r in results), [(r["status"], r["events"][-1:]) for r in results if r["status"] != 200][:3]
+    assert all(r["status"] == 200 and len(r["text"]) >= 2 for r in results), [
+        (r["status"], r["events"][-1:]) for r in results if r["status"] != 200
+    ][:3]
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         workers = engines(gateway)
-        if all((w["running"], w["waiting"], w["used_blocks"], w["queued"], w["load_tokens"]) == (0, 0, 0, 0, 0)
-               for w in workers):
+        if all(
+            (w["running"], w["waiting"], w["used_blocks"], w["queued"], w["load_tokens"]) == (0, 0, 0, 0, 0)
+            for w in workers
+        ):
             break
         time.sleep(0.1)
-    assert all((w["running"], w["waiting"], w["used_blocks"], w["queued"], w["load_tokens"]) == (0, 0, 0, 0, 0)
-               for w in workers), workers
+    assert all(
+        (w["running"], w["waiting"], w["used_blocks"], w["queued"], w["load_tokens"]) == (0, 0, 0, 0, 0)
+        for w in workers
+    ), workers
     left = records(gateway, {message_id(r) for r in results})
     assert len(left) == 200 and {(r.status, r.outcome) for r in left.values()} == {(499, "cancelled")}
 
 
 def test_a_repeated_long_system_prompt_hits_the_prefix_cache_of_the_replica_holding_it(gateway):
     system = " ".join(f"rule {i} is to be kind." for i in range(60))[:1000]  # 1,000 prompt tokens
-    shared = len(f"System: {system}\n\nUser: ".encode()) // 16 * 16  # the full blocks every such prompt shares
+    shared = (
+        len(f"System: {system}\n\nUser: ".encode()) // 16 * 16
+    )  # the full blocks every such prompt shares
 
     async def run():
         async with aiohttp.ClientSession() as session:
@@ -181,7 +203,9 @@ def test_a_repeated_long_system_prompt_hits_the_prefix_cache_of_the_replica_hold
             after_cold = await cache()
             # The holder gets a long stream with the same system prompt: busier than the other
             # replica, but within the bound, so the next request still goes there.
-            busy = asyncio.ensure_future(stream(session, gateway.url, {**body("keep busy", 300), "system": system}))
+            busy = asyncio.ensure_future(
+                stream(session, gateway.url, {**body("keep busy", 300), "system": system})
+            )
             after_busy = await cache()
             warm = await stream(session, gateway.url, {**body("second question", 5), "system": system})
             after_warm = await cache()
@@ -202,7 +226,9 @@ def prefix_cache(text: str) -> dict[str, dict[str, float]]:
     """Prefix-cache queries and hits of the model, by replica."""
     found: dict[str, dict[str, float]] = {"queries": {}, "hits": {}}
     for family in text_string_to_metric_families(text):
-        kind = {"ferry_engine_prefix_cache_queries": "queries", "ferry_engine_prefix_cache_hits": "hits"}.get(family.name)
+        kind = {"ferry_engine_prefix_cache_queries": "queries", "ferry_engine_prefix_cache_hits": "hits"}.get(
+            family.name
+        )
         for sample in family.samples if kind else ():
             if sample.labels.get("model") == "sim@1":
                 found[kind][sample.labels["replica"]] = sample.value
@@ -227,14 +253,21 @@ def test_metrics_parse_and_show_every_family_after_a_short_run(gateway):
     for i in range(3):
         whole(gateway, body(f"metrics {i}", 20))
     asyncio.run(_one_stream(gateway, body("metrics stream", 20)))
-    time.sleep(0.5)  # the engines' next reports
-    raw = gateway.request("GET", "/metrics")[2]
-    families = {f.name: f for f in text_string_to_metric_families(raw["raw"].decode())}
-    assert {name: families[name].type for name in FAMILIES} == FAMILIES
 
     def sample(family: str, suffix: str = "", **labels) -> float:
-        return sum(s.value for s in families[family].samples
+        return sum(s.value for s in (families[family].samples if family in families else ())
                    if s.name == family + suffix and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    deadline = time.monotonic() + 10
+    while True:  # until the engines' reports cover the run's steps
+        raw = gateway.request("GET", "/metrics")[2]
+        families = {f.name: f for f in text_string_to_metric_families(raw["raw"].decode())}
+        reported = sample("ferry_engine_generated_tokens", "_total", model="sim@1") >= 80
+        if reported and sample("ferry_engine_step_tokens", "_count", model="sim@1") > 0:
+            break
+        assert time.monotonic() < deadline, "the engines never reported the run's steps"
+        time.sleep(0.05)
+    assert {name: families[name].type for name in FAMILIES} == FAMILIES
 
     assert sample("ferry_ttft_seconds", "_count", model="sim@1", tier="paid") >= 4
     assert sample("ferry_time_per_output_token_seconds", "_count", model="sim@1", tier="paid") >= 4
@@ -257,8 +290,12 @@ def test_killing_an_engine_ends_its_streams_with_an_error_and_completes_the_rest
                            for i in range(4)]
                 await asyncio.sleep(0.2)  # streams 0, 2 on replica 0; 1, 3 on replica 1
                 loop = asyncio.get_running_loop()
-                wholes = [loop.run_in_executor(None, gateway.request, "POST", "/v1/messages", body(f"whole {i}", 150))
-                          for i in range(4)]  # whole 0, 2 on replica 0 (its load is lower again by now)
+                wholes = [
+                    loop.run_in_executor(
+                        None, gateway.request, "POST", "/v1/messages", body(f"whole {i}", 150)
+                    )
+                    for i in range(4)
+                ]  # whole 0, 2 on replica 0 (its load is lower again by now)
                 await asyncio.sleep(0.3)
                 os.kill(engines(gateway)[0]["pid"], signal.SIGKILL)
                 return await asyncio.gather(*streams), await asyncio.gather(*wholes)

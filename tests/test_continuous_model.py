@@ -66,8 +66,9 @@ def test_the_sdk_creates_and_streams_the_same_answer(client):
     reply = ask(client, "The pilot counts the cars")
     assert (reply.model, reply.role, reply.stop_reason) == ("tiny@1", "assistant", "max_tokens")
     assert reply.usage.output_tokens == 24 and reply.content[0].text
-    with client.messages.stream(model="tiny@1", max_tokens=24,
-                                messages=[{"role": "user", "content": "The pilot counts the cars"}]) as streaming:
+    with client.messages.stream(
+        model="tiny@1", max_tokens=24, messages=[{"role": "user", "content": "The pilot counts the cars"}]
+    ) as streaming:
         text = "".join(streaming.text_stream)
         final = streaming.get_final_message()
     assert text == reply.content[0].text == final.content[0].text
@@ -90,7 +91,11 @@ def test_a_stop_sequence_split_across_two_tokens_is_honoured_and_never_shown(tin
             break
     assert at is not None, pieces
     reply = ask(client, "Tickets cost 3 coins", stop_sequences=[stop])
-    assert (reply.content[0].text, reply.stop_reason, reply.stop_sequence) == (text[:at], "stop_sequence", stop)
+    assert (reply.content[0].text, reply.stop_reason, reply.stop_sequence) == (
+        text[:at],
+        "stop_sequence",
+        stop,
+    )
     streamed = asyncio.run(_stream(tiny, {**request, "stop_sequences": [stop]}))
     assert streamed["text"] == text[:at]
 
@@ -130,7 +135,9 @@ def test_smollm2_answers_a_real_question_whole_and_streamed(tmp_path):
         assert "Paris" in reply.content[0].text and reply.stop_reason == "end_turn"
         with smol.messages.stream(model="smollm2@1", max_tokens=20, messages=question) as streaming:
             assert "".join(streaming.text_stream) == reply.content[0].text
-        converted = converted_dir("smollm2-135m")  # the one-time conversion says what it did, or that it is done
+        converted = converted_dir(
+            "smollm2-135m"
+        )  # the one-time conversion says what it did, or that it is done
         assert any(line.startswith(f"{converted}: ") for line in gateway.lines), gateway.lines
     finally:
         assert gateway.stop() == 0

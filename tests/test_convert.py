@@ -165,7 +165,7 @@ def test_the_cache_directory_honours_xdg_cache_home(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert convert.models_dir() == tmp_path / ".cache" / "ferry" / "models"
     with pytest.raises(
-        ValueError, match="model: expected one of \\['smollm2-135m'\\] or a .gguf path, got 'gpt-5'"
+        ValueError, match=r"model: expected one of \['smollm2-135m'\] or a .gguf path, got 'gpt-5'"
     ):
         convert.find_gguf("gpt-5")
 

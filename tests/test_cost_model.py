@@ -109,7 +109,7 @@ def test_the_simulated_runner_sizes_its_cache_from_blocks_or_memory():
     assert SimulatedRunner(smol).num_blocks == 1024
     with pytest.raises(ValueError, match="give num_blocks or kv_memory_gb, not both"):
         SimulatedRunner(smol, num_blocks=10, kv_memory_gb=1.0)
-    with pytest.raises(ValueError, match="eos_prob: expected a probability in \\[0, 1\\], got 1.5"):
+    with pytest.raises(ValueError, match=r"eos_prob: expected a probability in \[0, 1\], got 1.5"):
         SimulatedRunner(smol, eos_prob=1.5)
 
 
@@ -150,6 +150,6 @@ def test_the_simulated_runner_ends_answers_with_eos_at_the_asked_rate():
     answers, reasons, _ = run_all(
         SimulatedRunner(smol, eos_prob=0.1, num_blocks=512), prompts, SamplingParams(max_tokens=100), 512
     )
-    ended = [answer for answer, reason in zip(answers, reasons) if reason is FinishReason.EOS]
+    ended = [answer for answer, reason in zip(answers, reasons, strict=False) if reason is FinishReason.EOS]
     assert all(answer[-1] == 2 and 2 not in answer[:-1] for answer in ended)
     assert len(ended) == 200 and 8 < sum(map(len, ended)) / 200 < 12  # geometric: a mean of 1 / 0.1

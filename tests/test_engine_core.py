@@ -96,7 +96,7 @@ def test_a_sequence_admitted_into_the_blocks_another_just_left_starts_from_its_o
         samples=[Sample(two, 0)],
     )
     tokens = [eng.step().tokens[1]]
-    assert [next_token([20, 21, 22, 23, 24])] + tokens == reference([20, 21, 22, 23, 24], two)[0]
+    assert [next_token([20, 21, 22, 23, 24]), *tokens] == reference([20, 21, 22, 23, 24], two)[0]
 
 
 def test_answers_equal_full_recompute_under_preemption_prefix_hits_chunks_and_slot_reuse():

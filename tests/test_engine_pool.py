@@ -279,7 +279,7 @@ async def test_steps_read_together_lose_no_token_and_show_no_stop_token(autojump
     # end-of-sequence id alone is not, whether streamed or whole.
     async with engines(workers=1, eos_prob=0.02) as (pool, spawn):
         streams, wholes = [Client() for _ in range(8)], [Client() for _ in range(8)]
-        for seed, (streamed, whole) in enumerate(zip(streams, wholes)):
+        for seed, (streamed, whole) in enumerate(zip(streams, wholes, strict=False)):
             pool.submit(job(seed, 45, stream=True), streamed)
             pool.submit(job(seed, 45, stream=False), whole)
         await until(lambda: all(c.delivered for c in streams))
@@ -289,7 +289,7 @@ async def test_steps_read_together_lose_no_token_and_show_no_stop_token(autojump
     ends = [client.events[-1] for client in streams + wholes]
     assert all(isinstance(end, Finished) for end in ends)
     assert {end.stop_reason for end in ends} == {"end_turn", "max_tokens"}  # some drew the end id
-    for client, end in zip(streams + wholes, ends):
+    for client, end in zip(streams + wholes, ends, strict=False):
         shown = end.usage.output_tokens - (end.stop_reason == "end_turn")  # the end id is not text
         assert client.delivered == len(client.text) == shown
     assert [c.text for c in streams] == [c.text for c in wholes]

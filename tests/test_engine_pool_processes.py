@@ -95,9 +95,14 @@ def test_the_tokens_of_one_engine_step_cross_to_the_http_side_in_one_hop(tmp_pat
                 return sse(await response.read())
 
             streams = await asyncio.gather(*(one(i) for i in range(16)))
-            await asyncio.sleep(0.5)  # the engine's report of its last steps
-            hops = bridge.hops_to_asyncio
-            snapshot = (await bridge.snapshots())["sim@1"]
+            hops = bridge.hops_to_asyncio  # every token has crossed: the streams are whole
+            async with asyncio.timeout(10):  # until the engine's report covers its last steps
+                while True:
+                    snapshot = (await bridge.snapshots())["sim@1"]
+                    engine = snapshot.stats.replicas[0].engine
+                    if engine.running == 0 and engine.generated_tokens >= 16 * 30:
+                        break
+                    await asyncio.sleep(0.01)
             return streams, hops, snapshot.stats.step_tokens.count
 
     streams, hops, steps = run(body)

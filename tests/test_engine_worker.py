@@ -190,7 +190,8 @@ async def test_an_engine_worker_exits_when_its_parent_dies_even_with_its_pipes_o
         "import os, subprocess, sys\n"
         "r_in, w_in = os.pipe(); r_out, w_out = os.pipe()\n"
         "holder = subprocess.Popen(['sleep', '120'], pass_fds=[w_in, r_out])\n"
-        f"worker = subprocess.Popen([sys.executable, '-m', 'workers', *{ENGINE!r}], stdin=r_in, stdout=w_out)\n"
+        f"worker = subprocess.Popen([sys.executable, '-m', 'workers', *{ENGINE!r}],\n"
+        "                          stdin=r_in, stdout=w_out)\n"
         "os.read(r_out, 1)\n"
         f"open({str(pid_file)!r}, 'w').write(f'{{worker.pid}} {{holder.pid}}')\n"
     )

@@ -21,8 +21,9 @@ def test_interleaved_streams_each_get_their_own_deltas_in_order():
         async with in_process(backend) as (client, bridge):
             async def one(index):
                 pieces = [f"{index}-{n} " for n in range(8)]
-                response = await client.post("/v1/messages", json=message("say:" + "|".join(pieces), stream=True),
-                                             headers=headers())
+                response = await client.post(
+                    "/v1/messages", json=message("say:" + "|".join(pieces), stream=True), headers=headers()
+                )
                 return pieces, sse(await response.read())
 
             results = await asyncio.gather(*(one(i) for i in range(20)))
@@ -35,7 +36,7 @@ def test_interleaved_streams_each_get_their_own_deltas_in_order():
         names = [name for name, _ in events if name != "ping"]
         assert names[:2] == ["message_start", "content_block_start"] and names[-3:] == [
             "content_block_stop", "message_delta", "message_stop"]
-        delta = [data for name, data in events if name == "message_delta"][0]
+        delta = next(data for name, data in events if name == "message_delta")
         assert delta["delta"]["stop_reason"] == "end_turn"
         assert delta["usage"]["output_tokens"] == len("".join(pieces).encode())
     assert hops < 20 * 10  # each tick's events for every stream crossed together
@@ -69,7 +70,7 @@ def test_a_stop_sequence_split_across_deltas_is_honoured_and_never_shown():
     streamed, whole = run(body)
     assert "".join(texts(streamed)) == "Hello " == whole["content"][0]["text"]
     assert not any("Hu" in text for text in texts(streamed))
-    delta = [data for name, data in streamed if name == "message_delta"][0]
+    delta = next(data for name, data in streamed if name == "message_delta")
     assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": "Human:"}
     assert (whole["stop_reason"], whole["stop_sequence"]) == ("stop_sequence", "Human:")
     assert delta["usage"]["output_tokens"] == whole["usage"]["output_tokens"] == len(b"Hello ")
@@ -78,12 +79,17 @@ def test_a_stop_sequence_split_across_deltas_is_honoured_and_never_shown():
 def test_a_failure_before_the_first_delta_gets_its_real_status_streamed_or_whole(tmp_path):
     async def body():
         async with in_process(ScriptedBackend(), state_dir=str(tmp_path)) as (client, _):
-            streamed = await client.post("/v1/messages", json=message("fail-before", stream=True), headers=headers())
+            streamed = await client.post(
+                "/v1/messages", json=message("fail-before", stream=True), headers=headers()
+            )
             whole = await client.post("/v1/messages", json=message("fail-before"), headers=headers())
             return (streamed.status, await streamed.json()), (whole.status, await whole.json())
 
     for status, reply in run(body):
-        assert status == 500 and reply["error"] == {"type": "api_error", "message": "the input failed on its own"}
+        assert status == 500 and reply["error"] == {
+            "type": "api_error",
+            "message": "the input failed on its own",
+        }
     records = read_usage(str(tmp_path / "usage.sqlite"))
     assert [(r.status, r.outcome, r.output_tokens) for r in records] == [(500, "failed", 0)] * 2
 
@@ -98,10 +104,17 @@ def test_a_stream_that_fails_after_sending_text_ends_with_an_error_event_and_bil
 
     status, events, whole_status = run(body)
     assert status == 200 and texts(events) == ["one ", "two "]
-    assert events[-1] == ("error", {"type": "error", "error": {"type": "api_error", "message": "the worker was lost"}})
+    assert events[-1] == (
+        "error",
+        {"type": "error", "error": {"type": "api_error", "message": "the worker was lost"}},
+    )
     assert whole_status == 500  # a whole answer is all or nothing
     stream_record, whole_record = read_usage(str(tmp_path / "usage.sqlite"))
-    assert (stream_record.status, stream_record.outcome, stream_record.output_tokens) == (200, "interrupted", 8)
+    assert (stream_record.status, stream_record.outcome, stream_record.output_tokens) == (
+        200,
+        "interrupted",
+        8,
+    )
     assert (whole_record.status, whole_record.outcome, whole_record.output_tokens) == (500, "failed", 0)
 
 

@@ -19,7 +19,6 @@ from batcher.sim.workers import SimulatedWorker, constant
 from batcher.types import Overloaded
 from gateway.bridge import Bridge, CoreStopped
 
-
 M = FixedModelConfig(name="m", worker=("echo",))
 
 

@@ -18,15 +18,32 @@ from tests.gateway_process import CONFIG, PAID, Gateway, message
 SECRET = b"sk-secret-never-logged-9999"
 PROMPT = b"a-private-prompt-never-logged"
 MALFORMED = [  # (bytes sent, what the log line says was wrong)
-    (b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + SECRET + b"\x01\r\n\r\n", "Invalid header value char"),
-    (b"POST /v1/messages HTTP/1.1\r\nx-api-key: " + SECRET + b"\r\nContent-Length: x" + PROMPT + b"\r\n\r\n",
-     "Invalid character in Content-Length"),
-    (b"POST /v1/messages HTTP/1.0\r\nx-api-key: " + SECRET + b"\r\n\r\n{\"messages\": \"" + PROMPT + b"\"}",
-     "Data after `Connection: close`"),  # an HTTP/1.0 body with no length: aiohttp quoted it whole
-    (b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nX-" + b"a" * 9000 + b": " + SECRET + b"\r\n\r\n",
-     "Got more than 8190 bytes when reading"),
-    (b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + PROMPT + b"\r\n0\r\n\r\n",
-     "Invalid character in chunk size"),
+    (
+        b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + SECRET + b"\x01\r\n\r\n",
+        "Invalid header value char",
+    ),
+    (
+        b"POST /v1/messages HTTP/1.1\r\nx-api-key: "
+        + SECRET
+        + b"\r\nContent-Length: x"
+        + PROMPT
+        + b"\r\n\r\n",
+        "Invalid character in Content-Length",
+    ),
+    (
+        b"POST /v1/messages HTTP/1.0\r\nx-api-key: " + SECRET + b'\r\n\r\n{"messages": "' + PROMPT + b'"}',
+        "Data after `Connection: close`",
+    ),  # an HTTP/1.0 body with no length: aiohttp quoted it whole
+    (
+        b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nX-" + b"a" * 9000 + b": " + SECRET + b"\r\n\r\n",
+        "Got more than 8190 bytes when reading",
+    ),
+    (
+        b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + PROMPT
+        + b"\r\n0\r\n\r\n",
+        "Invalid character in chunk size",
+    ),
 ]
 
 
@@ -55,7 +72,9 @@ def test_malformed_requests_leave_no_key_or_prompt_in_the_log_and_a_bounded_line
         assert gateway.request("GET", "/healthz", key=None)[0] == 200
     finally:
         assert gateway.stop() == 0
-    assert all(answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n", 1)[0] for answer in answers)
+    assert all(
+        answer.startswith(b"HTTP/1.") and b" 400 " in answer.split(b"\r\n", 1)[0] for answer in answers
+    )
     log = gateway.log.read_bytes()
     assert SECRET not in log and PROMPT not in log and b"Traceback" not in log
     lines = [line for line in log.decode().splitlines() if "Error handling request" in line]
@@ -167,7 +186,9 @@ def test_when_every_connection_runs_a_request_a_newcomer_gets_a_503_in_the_error
         held.append(connection)
     try:
         deadline = time.monotonic() + 10
-        while (answer := capped.request("GET", "/healthz", key=None))[0] == 200 and time.monotonic() < deadline:
+        while (answer := capped.request("GET", "/healthz", key=None))[
+            0
+        ] == 200 and time.monotonic() < deadline:
             time.sleep(0.02)  # until all five are queued in the core
         status, headers, reply = answer
     finally:

@@ -25,7 +25,9 @@ async def offer(gateway: Gateway, count: int, rate: float, model: str = "sleepy"
 
         async def one(index: int) -> tuple[int, str]:
             await asyncio.sleep(index / rate)
-            async with session.post(f"{gateway.url}/v1/messages", json=message(f"r{index}", model=model)) as reply:
+            async with session.post(
+                f"{gateway.url}/v1/messages", json=message(f"r{index}", model=model)
+            ) as reply:
                 body = await reply.json()
                 return reply.status, body["content"][0]["text"] if reply.status == 200 else str(body)
 
@@ -46,7 +48,9 @@ def test_a_worker_killed_under_load_fails_no_request(tmp_path):
         victim, results = asyncio.run(asyncio.wait_for(main(), 60))
         assert [status for status, _ in results] == [200] * 400
         assert [text for _, text in results] == [f"User: r{i}"[::-1] for i in range(400)]
-        sleepy = gateway.wait_for(lambda models: models["sleepy@1"]["workers"][victim["slot"]]["restarts"] == 1)
+        sleepy = gateway.wait_for(
+            lambda models: models["sleepy@1"]["workers"][victim["slot"]]["restarts"] == 1
+        )
         assert sleepy["sleepy@1"]["retries"] >= 1
         assert not alive(victim["pid"])
     finally:
@@ -83,8 +87,11 @@ def test_workers_that_cannot_start_stop_serve_with_the_reason(tmp_path):
 
 
 def test_a_fleet_that_crashes_on_every_call_answers_500_in_time_and_stays_not_ready(tmp_path):
-    config = (CONFIG.replace("wait_budget_ms = 10000", "wait_budget_ms = 1000")  # paid; hang_timeout 1 s
-              .replace('worker = ["echo", "--poison", "POISON"]', 'worker = ["echo", "--crash-on-call", "1"]'))
+    config = CONFIG.replace(
+        "wait_budget_ms = 10000", "wait_budget_ms = 1000"
+    ).replace(  # paid; hang_timeout 1 s
+        'worker = ["echo", "--poison", "POISON"]', 'worker = ["echo", "--crash-on-call", "1"]'
+    )
     gateway = Gateway(tmp_path, config)
     try:
         async def main():
@@ -126,19 +133,24 @@ def test_sigterm_with_requests_stuck_in_a_hung_worker_drains_within_the_grace_an
     state = tmp_path / "state"
     gateway = Gateway(tmp_path, HUNG + f'\n[state]\ndir = "{state}"\n')
     answers: dict[int, bytes] = {}
+    heard = threading.Semaphore(0)  # released by each stream once its first bytes arrive
 
     def send(index: int) -> None:  # even: streamed
         body = json.dumps(message(f"r{index}", model="hung@1", stream=index % 2 == 0)).encode()
         with socket.create_connection((gateway.host, gateway.port), timeout=30) as connection:
             connection.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + PAID.encode()
                                + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            answers[index] = b"".join(iter(lambda: connection.recv(65536), b""))
+            first = connection.recv(65536)
+            if index % 2 == 0:
+                heard.release()
+            answers[index] = first + b"".join(iter(lambda: connection.recv(65536), b""))
 
     clients = [threading.Thread(target=send, args=(index,)) for index in range(4)]
     for client in clients:
         client.start()
     gateway.wait_for(lambda models: models["hung@1"]["workers"][0]["state"] == "busy")
-    time.sleep(0.3)  # the two streams have sent their headers (ping_interval_ms = 100)
+    for _ in range(2):  # the two streams have sent their headers (ping_interval_ms = 100)
+        assert heard.acquire(timeout=10), "a stream sent no headers"
     began = time.monotonic()
     gateway.process.send_signal(signal.SIGTERM)
     assert gateway.process.wait(30) == 0
@@ -147,7 +159,10 @@ def test_sigterm_with_requests_stuck_in_a_hung_worker_drains_within_the_grace_an
         client.join()
     gateway.stop()
     assert drain < 2.0 + 1.5  # the grace, then the bounded answer window (it took twice the grace)
-    said = '{"type":"error","error":{"type":"overloaded_error","message":"the server is shutting down: not done within 2000 ms"}}'
+    said = (
+        '{"type":"error","error":{"type":"overloaded_error",'
+        '"message":"the server is shutting down: not done within 2000 ms"}}'
+    )
     for index, answer in sorted(answers.items()):
         if index % 2:  # a whole request: its 503, with when to retry
             assert answer.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in answer

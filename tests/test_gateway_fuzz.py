@@ -110,7 +110,10 @@ def test_random_json_bodies_get_an_answer_or_a_4xx(gateway, document):
 
 
 @FUZZ
-@given(headers=st.lists(st.tuples(header_names, header_values), max_size=6), body=st.binary(max_size=200) | st.just(json.dumps(mutated("hi", {})).encode()))
+@given(
+    headers=st.lists(st.tuples(header_names, header_values), max_size=6),
+    body=st.binary(max_size=200) | st.just(json.dumps(mutated("hi", {})).encode()),
+)
 def test_random_headers_and_bodies_get_an_answer_or_a_4xx(gateway, headers, body):
     answer(gateway, body, headers)
 

@@ -37,7 +37,9 @@ def test_the_sdk_creates_a_message_and_names_the_version(client):
 
 
 def test_the_sdk_streams_a_message(client):
-    with client.messages.stream(model="sleepy", max_tokens=5, messages=[{"role": "user", "content": "hello"}]) as stream:
+    with client.messages.stream(
+        model="sleepy", max_tokens=5, messages=[{"role": "user", "content": "hello"}]
+    ) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text == "olleh" and final.content[0].text == "olleh"
@@ -62,23 +64,41 @@ def sse_events(raw: bytes) -> list[str]:
 def test_a_slow_stream_pings_while_it_waits_then_sends_the_events_in_order(gateway):
     connection = socket.create_connection((gateway.host, gateway.port))
     body = json.dumps(message("hi", model="sleepy", stream=True)).encode()
-    connection.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + PAID.encode()
-                       + b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    connection.sendall(
+        b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: "
+        + PAID.encode()
+        + b"\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
     raw = b"".join(iter(lambda: connection.recv(65536), b""))
     connection.close()
     head, _, stream = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
     events = sse_events(stream)
     assert events[0] == "message_start" and events[1] == "ping"
-    assert [e for e in events if e != "ping"] == ["message_start", "content_block_start", "content_block_delta",
-                                                  "content_block_stop", "message_delta", "message_stop"]
+    assert [e for e in events if e != "ping"] == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
 
 
 def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event(gateway):
     connection = socket.create_connection((gateway.host, gateway.port))
     body = json.dumps(message("late", model="held@1", stream=True)).encode()  # free tier: 300 ms budget
-    connection.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + FREE.encode()
-                       + b"\r\nConnection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    connection.sendall(
+        b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: "
+        + FREE.encode()
+        + b"\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
     raw = b"".join(iter(lambda: connection.recv(65536), b""))
     connection.close()
     head, _, stream = raw.partition(b"\r\n\r\n")
@@ -92,7 +112,14 @@ def test_a_stream_that_fails_after_its_headers_ends_with_an_error_event(gateway)
 ERRORS = [
     # (body, headers, key, status, error type, words in the message)
     (b"{not json", {}, PAID, 400, "invalid_request_error", "body"),
-    ({"model": "echo", "messages": [{"role": "user", "content": "x"}]}, {}, PAID, 400, "invalid_request_error", "max_tokens"),
+    (
+        {"model": "echo", "messages": [{"role": "user", "content": "x"}]},
+        {},
+        PAID,
+        400,
+        "invalid_request_error",
+        "max_tokens",
+    ),
     (message(max_tokens="10"), {}, PAID, 400, "invalid_request_error", "max_tokens"),
     (message(messages="hi"), {}, PAID, 400, "invalid_request_error", "messages"),
     (message("x" * 250, max_tokens=10), {}, PAID, 400, "invalid_request_error", "context window"),
@@ -137,8 +164,9 @@ def test_a_poison_input_fails_alone_and_its_batch_mates_succeed(gateway):
 
 
 def test_the_bearer_header_and_the_free_tier_key_work(gateway):
-    status, _, reply = gateway.request("POST", "/v1/messages", message("abc"), {"Authorization": f"Bearer {FREE}"},
-                                       key=None)
+    status, _, reply = gateway.request(
+        "POST", "/v1/messages", message("abc"), {"Authorization": f"Bearer {FREE}"}, key=None
+    )
     assert (status, reply["content"][0]["text"], reply["model"]) == (200, "User: abc", "echo@1")
 
 
@@ -191,12 +219,20 @@ def test_aiohttp_limits_answer_oversized_headers_with_a_4xx(gateway):
     assert gateway.request("GET", "/healthz", key=None)[0] == 200
 
 
-@pytest.mark.parametrize(("key", "first"), [(b"sk-wrong-key-0000", b"HTTP/1.1 401 "), (PAID.encode(), b"HTTP/1.1 100 ")])
+@pytest.mark.parametrize(
+    ("key", "first"), [(b"sk-wrong-key-0000", b"HTTP/1.1 401 "), (PAID.encode(), b"HTTP/1.1 100 ")]
+)
 def test_expect_100_continue_is_answered_only_after_the_key_is_checked(gateway, key, first):
     body = json.dumps(message("continued")).encode()
     connection = socket.create_connection((gateway.host, gateway.port), timeout=10)
-    connection.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: " + key + b"\r\nExpect: 100-continue"
-                       + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    connection.sendall(
+        b"POST /v1/messages HTTP/1.1\r\nHost: t\r\nx-api-key: "
+        + key
+        + b"\r\nExpect: 100-continue"
+        + b"\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+    )
     answer = connection.recv(65536)
     assert answer.startswith(first)
     if first == b"HTTP/1.1 401 ":  # refused before the body was asked for: it is never sent

@@ -19,7 +19,9 @@ PLAN = Limits(tokens_per_minute=1000)
 
 
 def entry(request_id: str, input_tokens: int = 100, max_tokens: int = 400) -> Entry:
-    return Entry(request_id, "acme", "k-1234", "paid", "m@1", PLAN, input_tokens, max_tokens, time.monotonic())
+    return Entry(
+        request_id, "acme", "k-1234", "paid", "m@1", PLAN, input_tokens, max_tokens, time.monotonic()
+    )
 
 
 def samples(metrics: Metrics) -> dict:
@@ -55,12 +57,20 @@ def test_delivered_tokens_are_billed_and_the_rest_refunded(ledger):
     assert limited.retry_after == pytest.approx(0.12, abs=0.01)  # 2 tokens short at 1000/60 per s
     ledger.usage.close()
     (record,) = read_usage(ledger.usage.path)
-    assert (record.request_id, record.output_tokens, record.status, record.key_id) == ("r1", 30, 200, "k-1234")
+    assert (record.request_id, record.output_tokens, record.status, record.key_id) == (
+        "r1",
+        30,
+        200,
+        "k-1234",
+    )
     assert record.ttft_s is not None and record.total_s >= record.ttft_s
     found = samples(ledger.metrics)
     assert found[("ferry_requests_total", (("model", "m@1"), ("status", "200"), ("tier", "paid")))] == 1
     assert found[("ferry_time_per_output_token_seconds_count", (("model", "m@1"), ("tier", "paid")))] == 1
-    rejects = ("ferry_admission_rejects_total", (("model", "m@1"), ("reason", "rate_limit"), ("tier", "paid")))
+    rejects = (
+        "ferry_admission_rejects_total",
+        (("model", "m@1"), ("reason", "rate_limit"), ("tier", "paid")),
+    )
     assert found[rejects] == 1
 
 
@@ -74,7 +84,10 @@ def test_a_request_that_never_reached_a_model_gets_everything_back(ledger):
 
     asyncio.run(scenario())
     found = samples(ledger.metrics)
-    assert found[("ferry_admission_rejects_total", (("model", "m@1"), ("reason", "shed"), ("tier", "paid")))] == 1
+    assert (
+        found[("ferry_admission_rejects_total", (("model", "m@1"), ("reason", "shed"), ("tier", "paid")))]
+        == 1
+    )
 
 
 def test_a_charge_bigger_than_the_plan_is_a_400_naming_the_limit(ledger):

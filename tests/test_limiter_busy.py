@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.config import LimitsConfig
 from batcher.types import Shed
+from gateway.config import LimitsConfig
 from gateway.fallback import MIN_WAIT, REDIS_CONNECTIONS, FallbackLimiter
 from gateway.limiter import open_limiter
 from gateway.ratelimit import Limits
@@ -78,8 +78,10 @@ requests_per_minute = 300
         began = time.monotonic()
         statuses = asyncio.run(asyncio.wait_for(requests_at_once(gateway, BURST), 60))
         took = time.monotonic() - began
-        metrics = {name: gateway.metric(f"ferry_limiter_{name}")
-                   for name in ("fallbacks_total", "busy_total", "store_failures_total", "store_up", "late_total")}
+        metrics = {
+            name: gateway.metric(f"ferry_limiter_{name}")
+            for name in ("fallbacks_total", "busy_total", "store_failures_total", "store_up", "late_total")
+        }
     finally:
         assert gateway.stop() == 0
     assert set(statuses) == {200, 429}

@@ -4,7 +4,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batcher.admission import BatchLoad
 from batcher.backend import Snapshot, Status
-from gateway.metrics import Metrics
 from batcher.stats import Stats
 from gateway.metrics import Metrics
 
@@ -58,4 +57,7 @@ def test_several_backends_share_each_family_with_a_sample_per_model():
         metrics.track(model, ["paid"])
         snapshots[model] = snapshot(stats, BatchLoad((0,), (), 1, 0.0))
     retries = families(metrics, snapshots)["ferry_batch_retries"]
-    assert {s.labels["model"]: s.value for s in retries.samples if s.name.endswith("_total")} == {"a@1": 3, "b@1": 4}
+    assert {s.labels["model"]: s.value for s in retries.samples if s.name.endswith("_total")} == {
+        "a@1": 3,
+        "b@1": 4,
+    }

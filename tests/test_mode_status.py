@@ -96,7 +96,8 @@ def test_status_readyz_and_metrics_show_a_continuous_models_queued_tokens_and_no
     assert tokens > 40  # its prompt's tokens and the 40 it may generate
     assert (models["sim@1"]["queued_unit"], models["echo@1"]["queued_unit"]) == ("tokens", "requests")
     rows = {line.split()[0]: line for line in status.splitlines() if "@1" in line and "serving" in line}
-    assert rows["sim@1"].endswith(f"{tokens} tokens") and rows["echo@1"].endswith("0 requests")
+    assert rows["sim@1"].split()[-3:] == [str(tokens), "tokens", "local"]  # QUEUED, then PLACEMENT
+    assert rows["echo@1"].split()[-3:] == ["0", "requests", "local"]
 
     families = {f.name: f for f in text_string_to_metric_families(text)}
     by_model: dict[str, set[str]] = {"sim@1": set(), "echo@1": set()}

@@ -258,7 +258,7 @@ def test_config_reads_both_rope_spellings_and_refuses_the_rest():
     newer = {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}}
     assert read_rope(older) == read_rope(newer) == Rope(theta=5e5, rope_type="linear", factor=2.0)
     assert read_rope({}) == Rope(theta=10000.0)
-    with pytest.raises(ValueError, match="config.json rope type: expected one of .*, got 'yarn'"):
+    with pytest.raises(ValueError, match=r"config.json rope type: expected one of .*, got 'yarn'"):
         read_rope({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     shape = {
         "vocab_size": 8,
@@ -267,7 +267,7 @@ def test_config_reads_both_rope_spellings_and_refuses_the_rest():
         "num_hidden_layers": 1,
         "num_attention_heads": 2,
     }
-    with pytest.raises(ValueError, match="config.json attention_bias: biases are not supported"):
+    with pytest.raises(ValueError, match=r"config.json attention_bias: biases are not supported"):
         LlamaConfig.from_dict(shape | {"attention_bias": True})
     with pytest.raises(ValueError, match="expected a llama model"):
         LlamaConfig.from_dict(shape | {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})

@@ -11,10 +11,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config import parse_config
 from batcher.modes import MODES
 from gateway.app import GATEWAY, make_app
 from gateway.bridge import Bridge, open_backend
+from gateway.config import parse_config
 from gateway.rollout import Rollout
 from tests import toy_mode
 from tests.harness import CONFIG, headers, run

@@ -25,11 +25,24 @@ def chat(**fields) -> bytes:
 
 
 def test_a_chat_body_parses_into_the_shared_call():
-    parsed = openai.ChatCompletions.parse(chat(
-        messages=[{"role": "system", "content": "be"}, {"role": "developer", "content": [{"type": "text", "text": "brief"}]},
-                  {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "?"}],
-        max_tokens=9, temperature=1.5, top_p=0.5, seed=7, stop="##", user="u-1", frequency_penalty=0.2,
-    ))
+    parsed = openai.ChatCompletions.parse(
+        chat(
+            messages=[
+                {"role": "system", "content": "be"},
+                {"role": "developer", "content": [{"type": "text", "text": "brief"}]},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yo"},
+                {"role": "user", "content": "?"},
+            ],
+            max_tokens=9,
+            temperature=1.5,
+            top_p=0.5,
+            seed=7,
+            stop="##",
+            user="u-1",
+            frequency_penalty=0.2,
+        )
+    )
     assert parsed.call == Call("m", 9, "be\n\nbrief", (("user", "hi"), ("assistant", "yo"), ("user", "?")),
                                sampling=Sampling(1.5, 0.5, None, 7), stop_sequences=("##",), session="u-1")
     assert not parsed.include_usage
@@ -38,8 +51,14 @@ def test_a_chat_body_parses_into_the_shared_call():
 def test_max_completion_tokens_wins_and_defaults_follow_openai():
     assert openai.ChatCompletions.parse(chat(max_tokens=5, max_completion_tokens=3)).call.max_tokens == 3
     assert openai.ChatCompletions.parse(chat()).call.max_tokens is None  # the rest of the context window
-    completion = openai.Completions.parse(json.dumps({"model": "m", "prompt": ["once"], "stop": ["a", "b"]}).encode())
-    assert (completion.call.prompt, completion.call.max_tokens, completion.call.stop_sequences) == ("once", 16, ("a", "b"))
+    completion = openai.Completions.parse(
+        json.dumps({"model": "m", "prompt": ["once"], "stop": ["a", "b"]}).encode()
+    )
+    assert (completion.call.prompt, completion.call.max_tokens, completion.call.stop_sequences) == (
+        "once",
+        16,
+        ("a", "b"),
+    )
     streamed = openai.ChatCompletions.parse(chat(stream=True, stream_options={"include_usage": True}))
     assert streamed.call.stream and streamed.include_usage
 
@@ -51,7 +70,10 @@ def test_max_completion_tokens_wins_and_defaults_follow_openai():
         (b"[]", "body: expected a JSON object, got an array"),
         (chat(model=...), "model: field required"),
         (chat(messages=[]), "messages: expected a non-empty array"),
-        (chat(messages=[{"role": "tool", "content": "x"}]), "messages.0.role: expected one of system, developer"),
+        (
+            chat(messages=[{"role": "tool", "content": "x"}]),
+            "messages.0.role: expected one of system, developer",
+        ),
         (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages.0.content.0.type"),
         (chat(messages=[{"role": "assistant"}]), "messages.0.content: field required"),
         (chat(n=2), "n: only 1 choice per request is supported, got 2"),
@@ -67,7 +89,10 @@ def test_max_completion_tokens_wins_and_defaults_follow_openai():
         (chat(stop="x" * 257), "stop.0: at most 256 characters in a stop sequence, got 257"),
         (chat(stream="yes"), "stream: expected a boolean"),
         (chat(stream_options={"include_usage": True}), "stream_options: only allowed when stream is true"),
-        (chat(stream=True, stream_options={"include_usage": 1}), "stream_options: expected {include_usage: boolean}"),
+        (
+            chat(stream=True, stream_options={"include_usage": 1}),
+            "stream_options: expected {include_usage: boolean}",
+        ),
         (chat(tools=[{"type": "function"}]), "tools: not supported by this server"),
         (chat(logprobs=True), "logprobs: not supported by this server, got true"),
         (chat(response_format={"type": "json_object"}), "response_format: not supported"),
@@ -122,14 +147,24 @@ def read_chunks(raw: bytes) -> list[dict | str]:
                 events.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
     assert buffer == b""
     sdk = [event.data for event in SSEDecoder().iter_bytes(bytes([b]) for b in raw)]
-    assert sdk == [e if isinstance(e, str) else json.dumps(e, separators=(",", ":"), ensure_ascii=False) for e in events]
+    assert sdk == [
+        e if isinstance(e, str) else json.dumps(e, separators=(",", ":"), ensure_ascii=False) for e in events
+    ]
     return events
 
 
 def test_a_chat_stream_read_one_byte_at_a_time():
-    stream = openai.ChatCompletions.parse(chat(stream=True, stream_options={"include_usage": True})).stream(HEAD)
-    raw = stream.start() + stream.ping + stream.text("Hél") + stream.text("") + stream.text("lo") + stream.stop(
-        "end_turn", None, 6, blocked=False)
+    stream = openai.ChatCompletions.parse(chat(stream=True, stream_options={"include_usage": True})).stream(
+        HEAD
+    )
+    raw = (
+        stream.start()
+        + stream.ping
+        + stream.text("Hél")
+        + stream.text("")
+        + stream.text("lo")
+        + stream.stop("end_turn", None, 6, blocked=False)
+    )
     events = read_chunks(raw)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -144,7 +179,9 @@ def test_a_chat_stream_read_one_byte_at_a_time():
 
 
 def test_a_completion_stream_has_no_opening_and_no_usage_unless_asked():
-    stream = openai.Completions.parse(json.dumps({"model": "m", "prompt": "x", "stream": True}).encode()).stream(HEAD)
+    stream = openai.Completions.parse(
+        json.dumps({"model": "m", "prompt": "x", "stream": True}).encode()
+    ).stream(HEAD)
     assert stream.start() == b""
     events = read_chunks(stream.text("ab") + stream.stop("max_tokens", None, 2, blocked=False))
     assert [(e["choices"][0]["text"], e["choices"][0]["finish_reason"]) for e in events[:-1]] == [
@@ -162,15 +199,54 @@ def test_a_failure_after_the_headers_is_an_error_chunk_then_done():
 @pytest.mark.parametrize(
     ("error", "status", "kind", "code", "param", "headers"),
     [
-        (api.InvalidRequest("messages.0.content: field required"), 400, "invalid_request_error", None,
-         "messages.0.content", {}),
-        (api.AuthenticationFailed("invalid x-api-key"), 401, "invalid_request_error", "invalid_api_key", None, {}),
-        (api.NotFound("model: 'x' is not served here"), 404, "invalid_request_error", "model_not_found", "model", {}),
-        (api.RequestTooLarge("body: over the limit"), 413, "invalid_request_error", "request_too_large", "body", {}),
-        (api.RateLimited("slow down", 2.5), 429, "rate_limit_error", "rate_limit_exceeded", None,
-         {"Retry-After": "3", "retry-after-ms": "2500"}),
-        (Overloaded("busy", retry_after=0.31), 503, "server_error", "overloaded", None,
-         {"Retry-After": "1", "retry-after-ms": "310"}),
+        (
+            api.InvalidRequest("messages.0.content: field required"),
+            400,
+            "invalid_request_error",
+            None,
+            "messages.0.content",
+            {},
+        ),
+        (
+            api.AuthenticationFailed("invalid x-api-key"),
+            401,
+            "invalid_request_error",
+            "invalid_api_key",
+            None,
+            {},
+        ),
+        (
+            api.NotFound("model: 'x' is not served here"),
+            404,
+            "invalid_request_error",
+            "model_not_found",
+            "model",
+            {},
+        ),
+        (
+            api.RequestTooLarge("body: over the limit"),
+            413,
+            "invalid_request_error",
+            "request_too_large",
+            "body",
+            {},
+        ),
+        (
+            api.RateLimited("slow down", 2.5),
+            429,
+            "rate_limit_error",
+            "rate_limit_exceeded",
+            None,
+            {"Retry-After": "3", "retry-after-ms": "2500"},
+        ),
+        (
+            Overloaded("busy", retry_after=0.31),
+            503,
+            "server_error",
+            "overloaded",
+            None,
+            {"Retry-After": "1", "retry-after-ms": "310"},
+        ),
         (RequestFailed("failed"), 500, "server_error", None, None, {}),
         (KeyError("secret internals"), 500, "server_error", None, None, {}),
     ],
@@ -188,17 +264,33 @@ def test_an_unknown_route_is_not_an_unknown_model():
 
 
 def test_the_anthropic_codec_keeps_its_stream_and_passes_the_session():
-    parsed = Messages.parse(json.dumps({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}],
-                                        "metadata": {"user_id": "u-9"}}).encode())
+    parsed = Messages.parse(
+        json.dumps(
+            {
+                "model": "m",
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": "x"}],
+                "metadata": {"user_id": "u-9"},
+            }
+        ).encode()
+    )
     assert (parsed.call.session, parsed.call.max_tokens, parsed.call.turns) == ("u-9", 3, (("user", "x"),))
     stream = parsed.stream(Head("msg_1", "m@1", 1, 0))
     block = anthropic.BLOCK_START
     assert stream.stop("end_turn", None, 0, blocked=False).startswith(block)  # an empty answer's block
     stream = parsed.stream(Head("msg_1", "m@1", 1, 0))
     assert stream.text("a").startswith(block) and not stream.text("b").startswith(block)
-    with pytest.raises(api.InvalidRequest, match="metadata.user_id: expected a string"):
-        Messages.parse(json.dumps({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "x"}],
-                                   "metadata": {"user_id": 5}}).encode())
+    with pytest.raises(api.InvalidRequest, match=r"metadata.user_id: expected a string"):
+        Messages.parse(
+            json.dumps(
+                {
+                    "model": "m",
+                    "max_tokens": 3,
+                    "messages": [{"role": "user", "content": "x"}],
+                    "metadata": {"user_id": 5},
+                }
+            ).encode()
+        )
 
 
 def test_models_list_in_openai_shape():

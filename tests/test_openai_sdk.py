@@ -38,7 +38,11 @@ def test_a_whole_chat_completion_names_the_version_and_counts_its_tokens(gateway
         model="echo", messages=[{"role": "system", "content": "be brief"}, *HELLO], max_tokens=100,
         temperature=0.7, seed=42)
     prompt = "System: be brief\n\nUser: hello"
-    assert (reply.model, reply.object, reply.choices[0].message.role) == ("echo@1", "chat.completion", "assistant")
+    assert (reply.model, reply.object, reply.choices[0].message.role) == (
+        "echo@1",
+        "chat.completion",
+        "assistant",
+    )
     assert reply.choices[0].message.content == prompt and reply.choices[0].finish_reason == "stop"
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.usage.total_tokens) == (
         len(prompt), len(prompt), 2 * len(prompt))
@@ -47,7 +51,11 @@ def test_a_whole_chat_completion_names_the_version_and_counts_its_tokens(gateway
 
 def test_max_tokens_and_max_completion_tokens_cut_the_answer_with_finish_reason_length(gateway):
     client = sdk(gateway)
-    for limit in ({"max_tokens": 5}, {"max_completion_tokens": 5}, {"max_tokens": 50, "max_completion_tokens": 5}):
+    for limit in (
+        {"max_tokens": 5},
+        {"max_completion_tokens": 5},
+        {"max_tokens": 50, "max_completion_tokens": 5},
+    ):
         reply = client.chat.completions.create(model="echo", messages=HELLO, **limit)
         assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == ("User:", "length")
         assert reply.usage.completion_tokens == 5
@@ -68,12 +76,17 @@ def test_a_streamed_chat_completion_with_usage_in_the_last_chunk(gateway):
     assert text == "User: hello"[::-1][:8]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
-    assert chunks[-1].choices == [] and (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (11, 8)
+    assert chunks[-1].choices == [] and (
+        chunks[-1].usage.prompt_tokens,
+        chunks[-1].usage.completion_tokens,
+    ) == (11, 8)
     assert {c.model for c in chunks} == {"sleepy@1"} and len({c.id for c in chunks}) == 1
 
 
 def test_a_streamed_answer_cut_by_stop_without_usage(gateway):
-    chunks = list(sdk(gateway).chat.completions.create(model="echo", messages=HELLO, stream=True, stop=["ll"]))
+    chunks = list(
+        sdk(gateway).chat.completions.create(model="echo", messages=HELLO, stream=True, stop=["ll"])
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "User: he"
     assert chunks[-1].choices[0].finish_reason == "stop" and all(c.usage is None for c in chunks)
 
@@ -81,13 +94,26 @@ def test_a_streamed_answer_cut_by_stop_without_usage(gateway):
 def test_legacy_completions_take_the_raw_prompt(gateway):
     client = sdk(gateway)
     reply = client.completions.create(model="echo", prompt="abc def", max_tokens=5)
-    assert (reply.choices[0].text, reply.choices[0].finish_reason, reply.model) == ("abc d", "length", "echo@1")
+    assert (reply.choices[0].text, reply.choices[0].finish_reason, reply.model) == (
+        "abc d",
+        "length",
+        "echo@1",
+    )
     streamed = list(client.completions.create(model="echo", prompt="abc", stream=True))
-    assert "".join(c.choices[0].text for c in streamed) == "abc" and streamed[-1].choices[0].finish_reason == "stop"
+    assert (
+        "".join(c.choices[0].text for c in streamed) == "abc"
+        and streamed[-1].choices[0].finish_reason == "stop"
+    )
 
 
 def test_the_models_list_in_openai_shape(gateway):
-    assert [model.id for model in sdk(gateway).models.list()] == ["sleepy@1", "echo@1", "held@1", "sleepy", "echo"]
+    assert [model.id for model in sdk(gateway).models.list()] == [
+        "sleepy@1",
+        "echo@1",
+        "held@1",
+        "sleepy",
+        "echo",
+    ]
 
 
 def test_typed_errors(gateway):
@@ -106,7 +132,9 @@ def test_typed_errors(gateway):
 
 
 def test_overload_is_a_503_with_retry_after_the_sdk_sees_as_an_internal_server_error(gateway):
-    with pytest.raises(openai.InternalServerError) as caught:  # free tier, 300 ms budget, a batch that waits 60 s
+    with pytest.raises(
+        openai.InternalServerError
+    ) as caught:  # free tier, 300 ms budget, a batch that waits 60 s
         sdk(gateway, FREE).chat.completions.create(model="held@1", messages=HELLO)
     error = caught.value
     assert isinstance(error, openai.APIStatusError) and error.status_code == 503
@@ -116,7 +144,9 @@ def test_overload_is_a_503_with_retry_after_the_sdk_sees_as_an_internal_server_e
 
 def test_a_key_over_its_limit_gets_a_rate_limit_error_with_retry_after(gateway):
     client = sdk(gateway, LIMITED)
-    client.chat.completions.create(model="echo", messages=HELLO, max_tokens=40)  # 11 + 40 of 60 tokens a minute
+    client.chat.completions.create(
+        model="echo", messages=HELLO, max_tokens=40
+    )  # 11 + 40 of 60 tokens a minute
     with pytest.raises(openai.RateLimitError) as caught:
         client.chat.completions.create(model="echo", messages=HELLO, max_tokens=40)
     assert caught.value.status_code == 429 and int(caught.value.response.headers["Retry-After"]) >= 1
@@ -128,7 +158,13 @@ def test_the_anthropic_sdk_counts_tokens_and_sees_its_own_error_shape_on_the_sha
     assert client.messages.count_tokens(model="echo", messages=HELLO, system="be brief").input_tokens == len(
         "System: be brief\n\nUser: hello")
     assert [model.id for model in client.models.list()][:2] == ["sleepy@1", "echo@1"]
-    status, _, body = gateway.request("GET", "/v1/models", key="sk-unknown-key", headers={"anthropic-version": "2023-06-01"})
+    status, _, body = gateway.request(
+        "GET", "/v1/models", key="sk-unknown-key", headers={"anthropic-version": "2023-06-01"}
+    )
     assert (status, body["type"], body["error"]["type"]) == (401, "error", "authentication_error")
     status, _, body = gateway.request("GET", "/v1/models", key="sk-unknown-key")
-    assert (status, body["error"]["type"], body["error"]["code"]) == (401, "invalid_request_error", "invalid_api_key")
+    assert (status, body["error"]["type"], body["error"]["code"]) == (
+        401,
+        "invalid_request_error",
+        "invalid_api_key",
+    )

@@ -44,7 +44,9 @@ def test_a_hold_with_no_timer_waits_for_a_worker_only():
     assert (hold.until, hold.queued > 10**9) == (math.inf, True)
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [({"max_batch": 0}, "max_batch"), ({"max_wait": -1}, "max_wait")])
+@pytest.mark.parametrize(
+    ("kwargs", "field"), [({"max_batch": 0}, "max_batch"), ({"max_wait": -1}, "max_wait")]
+)
 def test_bad_settings_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SizeOrTimeout(**kwargs)
@@ -52,9 +54,9 @@ def test_bad_settings_name_the_field(kwargs, field):
 
 def test_policies_are_made_by_name_with_their_parameters():
     assert make_policy("size_or_timeout", max_batch=8, max_wait=0.05) == SizeOrTimeout(8, 0.05)
-    with pytest.raises(ValueError, match="policy: expected one of \\['aimd', .*'static'\\], got 'fifo'"):
+    with pytest.raises(ValueError, match=r"policy: expected one of \['aimd', .*'static'\], got 'fifo'"):
         make_policy("fifo")
-    with pytest.raises(ValueError, match="policy size_or_timeout: .*max_size"):
+    with pytest.raises(ValueError, match=r"policy size_or_timeout: .*max_size"):
         make_policy("size_or_timeout", max_size=8)
 
 
@@ -138,7 +140,17 @@ def test_aimd_grows_by_a_step_per_call_under_target_and_backs_off_above_it():
     policy = AIMD(max_batch=8, target=0.25, step=2, backoff=0.5, start=1)
     assert policy.decide(state(queued=5, idle=1)) == Flush(1, "size")
     limits = []
-    for size, seconds in [(1, 0.2), (3, 0.2), (2, 0.2), (3, 0.2), (5, 0.2), (7, 0.2), (8, 0.2), (8, 0.3), (1, 0.3)]:
+    for size, seconds in [
+        (1, 0.2),
+        (3, 0.2),
+        (2, 0.2),
+        (3, 0.2),
+        (5, 0.2),
+        (7, 0.2),
+        (8, 0.2),
+        (8, 0.3),
+        (1, 0.3),
+    ]:
         policy.observe(size, seconds)
         limits.append(policy.limit)
     assert limits == [3, 5, 7, 8, 8, 8, 8, 4, 2]  # never outside 1..max_batch
@@ -177,7 +189,14 @@ def test_every_policy_names_its_bad_field(name, params, field):
 
 
 def test_every_policy_is_made_by_name_with_defaults():
-    assert sorted(POLICIES) == ["aimd", "idle_aware", "no_batching", "size_or_timeout", "slack_driven", "static"]
+    assert sorted(POLICIES) == [
+        "aimd",
+        "idle_aware",
+        "no_batching",
+        "size_or_timeout",
+        "slack_driven",
+        "static",
+    ]
     for name in POLICIES:
         assert make_policy(name).decide(state(queued=0)) in (Hold(queued=1), Hold(queued=50))
     assert make_policy("idle_aware", max_batch=8, reserve=2) == IdleAware(8, 0.15, 2)

@@ -76,7 +76,12 @@ async def forty_on_one_worker(fleet: Spawner):
     pool = PoolConfig(workers=1, hang_timeout=HANG)
     async with open_batcher(fleet, pool, SizeOrTimeout(50, T), BUDGETS) as batcher:
         outcomes = Outcomes(batcher)
-        yield batcher, outcomes, outcomes.add(texts("paid", 20), "paid"), outcomes.add(texts("free", 20), "free")
+        yield (
+            batcher,
+            outcomes,
+            outcomes.add(texts("paid", 20), "paid"),
+            outcomes.add(texts("free", 20), "free"),
+        )
 
 
 async def test_a_fleet_that_crashes_on_every_call_fails_each_request_by_its_budget_plus_one_hang_timeout(

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import parse_config
 from batcher.ray_placement import Ask, fitting_nodes
+from gateway.config import parse_config
 from tests.test_config import MINIMAL
 
-RAY_MODEL = MINIMAL + 'placement = "ray"\nnum_gpus = 0.5\naccelerator_type = "H100"\n' + "resources = { nvlink = 1 }\n"
+RAY_MODEL = (
+    MINIMAL
+    + 'placement = "ray"\nnum_gpus = 0.5\naccelerator_type = "H100"\n'
+    + "resources = { nvlink = 1 }\n"
+)
 
 
 def test_a_ray_placed_model_and_the_ray_table_load_with_every_field():

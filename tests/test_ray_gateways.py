@@ -7,8 +7,8 @@ address, no Ray installed."""
 from __future__ import annotations
 
 import http.client
-import signal
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -16,8 +16,8 @@ import time
 import pytest
 
 from batcher.config import FixedModelConfig
-from batcher.ray_placement import ray_workers
 from batcher.process_worker import ProcessWorker
+from batcher.ray_placement import ray_workers
 from tests.gateway_process import CONFIG, PAID, ROOT, Gateway, message
 from tests.test_reload_process import ferry
 

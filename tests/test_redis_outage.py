@@ -51,7 +51,9 @@ async def level_in_redis(url: str, key: str) -> float:
         await client.aclose()
 
 
-def test_the_limiter_falls_back_to_local_buckets_and_back_when_redis_is_frozen_stopped_or_restarted(redis_server):
+def test_the_limiter_falls_back_to_local_buckets_and_back_when_redis_is_frozen_stopped_or_restarted(
+    redis_server,
+):
     async def scenario():
         limiter = open_limiter(LimitsConfig(store="redis", redis_url=redis_server.url, redis_timeout_ms=50))
         assert isinstance(limiter, FallbackLimiter)
@@ -173,8 +175,13 @@ def test_outages_leave_no_descriptor_beyond_the_pool_and_closing_returns_them_al
         seen = []
         try:
             for _ in range(3):
-                for out, back in ((redis_server.freeze, redis_server.thaw), (redis_server.stop, redis_server.start)):
-                    await asyncio.gather(*(limiter.acquire("k", plan, 1) for _ in range(50)))  # warm: all at once
+                for out, back in (
+                    (redis_server.freeze, redis_server.thaw),
+                    (redis_server.stop, redis_server.start),
+                ):
+                    await asyncio.gather(
+                        *(limiter.acquire("k", plan, 1) for _ in range(50))
+                    )  # warm: all at once
                     await asyncio.to_thread(out)
                     await asyncio.gather(*(limiter.acquire("k", plan, 1) for _ in range(50)))
                     await asyncio.to_thread(back)

@@ -27,7 +27,10 @@ worker = ["echo"]
 
 
 def running(config, **states):
-    return {model.name: (model, State[states.get(model.name.replace("@", "_"), "SERVING")]) for model in config.models}
+    return {
+        model.name: (model, State[states.get(model.name.replace("@", "_"), "SERVING")])
+        for model in config.models
+    }
 
 
 def test_a_new_version_opens_and_a_dropped_one_drains():
@@ -37,9 +40,14 @@ def test_a_new_version_opens_and_a_dropped_one_drains():
 
 def test_weights_budgets_aliases_keys_and_safety_are_no_change_to_the_versions():
     old = parse_config(BASE + SECOND)
-    new = parse_config(BASE.replace('aliases = ["m"]', "aliases = []").replace("wait_budget_ms = 1000", "wait_budget_ms = 50")
-                       + SECOND + "[aliases]\nm = { 'm@1' = 1, 'm@2' = 3 }\n[safety]\nblocklist = ['x']\n"
-                       + "[[keys]]\nkey = 'sk-0000000001'\ntenant = 't'\ntier = 'free'\n")
+    new = parse_config(
+        BASE.replace('aliases = ["m"]', "aliases = []").replace(
+            "wait_budget_ms = 1000", "wait_budget_ms = 50"
+        )
+        + SECOND
+        + "[aliases]\nm = { 'm@1' = 1, 'm@2' = 3 }\n[safety]\nblocklist = ['x']\n"
+        + "[[keys]]\nkey = 'sk-0000000001'\ntenant = 't'\ntier = 'free'\n"
+    )
     assert plan(old, new, running(old)) == Plan((), (), ())
 
 
@@ -54,14 +62,25 @@ def test_a_draining_version_listed_again_comes_back_and_a_stopped_one_restarts()
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda t: t.replace('worker = ["echo"]', 'worker = ["echo"]\nworkers = 3', 1),
-         "models[0]: 'm@1' is running with other settings (workers); a version's settings cannot change"),
-        (lambda t: "[server]\nport = 9000\n" + t, "server.port: cannot change while ferry serve runs (8080 -> 9000)"),
+        (
+            lambda t: t.replace('worker = ["echo"]', 'worker = ["echo"]\nworkers = 3', 1),
+            "models[0]: 'm@1' is running with other settings (workers); a version's settings cannot change",
+        ),
+        (
+            lambda t: "[server]\nport = 9000\n" + t,
+            "server.port: cannot change while ferry serve runs (8080 -> 9000)",
+        ),
         (lambda t: "[state]\ndir = '/elsewhere'\n" + t, "state.dir: cannot change while ferry serve runs"),
         (lambda t: "[limits]\nstore = 'redis'\n" + t, "limits.store: cannot change while ferry serve runs"),
-        (lambda t: "[admin]\nsocket = '/tmp/a.sock'\n" + t, "admin.socket: cannot change while ferry serve runs"),
-        (lambda t: t.replace('name = "free"', 'name = "gold"'),
-         "tiers: names and order cannot change while ferry serve runs (['paid', 'free'] -> ['paid', 'gold'])"),
+        (
+            lambda t: "[admin]\nsocket = '/tmp/a.sock'\n" + t,
+            "admin.socket: cannot change while ferry serve runs",
+        ),
+        (
+            lambda t: t.replace('name = "free"', 'name = "gold"'),
+            "tiers: names and order cannot change while ferry serve runs "
+            "(['paid', 'free'] -> ['paid', 'gold'])",
+        ),
     ],
 )
 def test_what_cannot_change_live_is_refused_naming_it(edit, message):

@@ -37,8 +37,11 @@ tier = "paid"
 
 
 def config(versions: dict[str, list[str]], weights: dict[str, float], alias: str = "fast") -> str:
-    models = "".join(f'[[models]]\nname = "{name}"\nworkers = 1\nworker = {json.dumps(argv)}\nmax_wait_ms = 2\n'
-                     "hang_timeout_ms = 10000\n" for name, argv in versions.items())
+    models = "".join(
+        f'[[models]]\nname = "{name}"\nworkers = 1\nworker = {json.dumps(argv)}\nmax_wait_ms = 2\n'
+        "hang_timeout_ms = 10000\n"
+        for name, argv in versions.items()
+    )
     split = ", ".join(f'"{v}" = {w}' for v, w in weights.items())
     return HEAD + models + f"[aliases]\n{alias} = {{ {split} }}\n"
 
@@ -64,7 +67,9 @@ class Load:
 
     def __init__(self, gateway: Gateway, alias: str, rate: float) -> None:
         self.gateway, self.alias, self.rate = gateway, alias, rate
-        self.results: list[tuple[float, float, int, str, str]] = []  # sent, answered, status, version, request id
+        self.results: list[
+            tuple[float, float, int, str, str]
+        ] = []  # sent, answered, status, version, request id
         self.running = True
 
     async def run(self) -> None:
@@ -87,7 +92,9 @@ class Load:
 
     def between(self, start: float, end: float) -> set[str]:
         """The versions that answered requests sent after ``start`` and answered before ``end``."""
-        return {version for sent, answered, _, version, _ in self.results if sent >= start and answered <= end}
+        return {
+            version for sent, answered, _, version, _ in self.results if sent >= start and answered <= end
+        }
 
 
 async def step(gateway: Gateway, *args: str) -> tuple[float, subprocess.CompletedProcess, float]:
@@ -130,18 +137,32 @@ def test_add_shift_remove_and_a_broken_file_under_load_answer_every_request_once
             load.running = False
             await running
             stages = {
-                "0/100": load.between(0, t1), "50/50": load.between(t2_done, t3), "broken": load.between(t3_done, t4),
-                "100/0": load.between(t4_done, t5), "removed": load.between(t5_done, time.monotonic()),
+                "0/100": load.between(0, t1),
+                "50/50": load.between(t2_done, t3),
+                "broken": load.between(t3_done, t4),
+                "100/0": load.between(t4_done, t5),
+                "removed": load.between(t5_done, time.monotonic()),
             }
             return load, added, broken, shifted, removed, stages
 
         load, added, broken, shifted, removed, stages = asyncio.run(asyncio.wait_for(main(), 60))
-        assert added.returncode == 0 and added.stdout == f"ferry reload: reloaded {gateway.config_path}; opened fast@2\n"
+        assert (
+            added.returncode == 0
+            and added.stdout == f"ferry reload: reloaded {gateway.config_path}; opened fast@2\n"
+        )
         assert shifted.returncode == 0 and removed.stdout.strip().endswith("; draining fast@1")
         assert broken.returncode == 1
-        at_start = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--config", str(tmp_path / "broken.toml")],
-                                  cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert at_start.returncode == 2 and "models[0].max_wait_ms: expected milliseconds >= 0" in at_start.stderr
+        at_start = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(tmp_path / "broken.toml")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (
+            at_start.returncode == 2
+            and "models[0].max_wait_ms: expected milliseconds >= 0" in at_start.stderr
+        )
         same_file = broken.stderr.replace(str(gateway.config_path), str(tmp_path / "broken.toml"))
         assert same_file.removeprefix("ferry reload: ") == at_start.stderr.removeprefix("ferry serve: ")
         assert stages == {"0/100": {"fast@1"}, "50/50": {"fast@1", "fast@2"}, "broken": {"fast@1", "fast@2"},
@@ -154,7 +175,9 @@ def test_add_shift_remove_and_a_broken_file_under_load_answer_every_request_once
         assert gateway.stop() == 0
     records = read_usage(str(tmp_path / "usage.sqlite"))
     assert sorted(r.request_id for r in records) == sorted(ids)  # one record per answer, none twice
-    assert {r.model for r in records} == {"fast@1", "fast@2"} and {r.outcome for r in records} == {"completed"}
+    assert {r.model for r in records} == {"fast@1", "fast@2"} and {r.outcome for r in records} == {
+        "completed"
+    }
 
 
 def test_a_removed_version_finishes_its_stream_before_its_worker_stops(tmp_path):
@@ -173,7 +196,9 @@ def test_a_removed_version_finishes_its_stream_before_its_worker_stops(tmp_path)
                 removed = await asyncio.to_thread(ferry, gateway, "reload")
                 during = {v["name"]: v["state"] for v in admin(gateway, "GET", "/status")["versions"]}
                 worker_alive = alive(old_worker)
-                async with session.post(f"{gateway.url}/v1/messages", json={**body, "stream": False}) as meanwhile:
+                async with session.post(
+                    f"{gateway.url}/v1/messages", json={**body, "stream": False}
+                ) as meanwhile:
                     meanwhile_model = (await meanwhile.json())["model"]
                 stream = (await reply.read()).decode()
                 return removed, during, worker_alive, meanwhile_model, stream
@@ -225,7 +250,10 @@ def test_the_admin_socket_wants_its_token(tmp_path):
     gateway = Gateway(tmp_path)
     try:
         token = (tmp_path / "admin.token")
-        assert oct(token.stat().st_mode & 0o777) == "0o600" and oct((tmp_path / "admin.sock").stat().st_mode & 0o777) == "0o600"
+        assert (
+            oct(token.stat().st_mode & 0o777) == "0o600"
+            and oct((tmp_path / "admin.sock").stat().st_mode & 0o777) == "0o600"
+        )
         args = argparse.Namespace(config=str(gateway.config_path), socket=None, timeout=10.0, command="test")
         token.write_text("not-the-token\n")
         assert control.call(args, "GET", "/status") == (401, {

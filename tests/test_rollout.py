@@ -24,7 +24,9 @@ def config(versions=("scripted@1", "scripted@2"), weights: dict | None = None, s
     """Versions of the scripted model, and the alias ``scripted`` over them."""
     models = "".join(f'[[models]]\nname = "{version}"\nworker = ["echo"]\n' for version in versions)
     split = ", ".join(f'"{v}" = {w}' for v, w in (weights or {versions[0]: 1}).items())
-    return HEAD.replace("[server]\n", f"[server]\n{server}") + models + f"[aliases]\nscripted = {{ {split} }}\n"
+    return (
+        HEAD.replace("[server]\n", f"[server]\n{server}") + models + f"[aliases]\nscripted = {{ {split} }}\n"
+    )
 
 
 BOTH = config(weights={"scripted@1": 1, "scripted@2": 0})
@@ -33,7 +35,12 @@ ONLY_SECOND = config(("scripted@2",))
 
 
 def ask(text: str, **fields) -> dict:
-    return {"model": "scripted", "max_tokens": 1000, "messages": [{"role": "user", "content": text}], **fields}
+    return {
+        "model": "scripted",
+        "max_tokens": 1000,
+        "messages": [{"role": "user", "content": text}],
+        **fields,
+    }
 
 
 async def answer(client, text: str, **fields) -> dict:
@@ -69,8 +76,11 @@ def test_a_new_version_takes_traffic_only_once_its_backend_is_open():
         async with in_process(ScriptedBackend(), ONLY_FIRST, others={"scripted@2": gate}) as (client, _):
             rollout = rollout_of(client, config(weights={"scripted@2": 1}))
             reload = asyncio.ensure_future(rollout.reload())
-            await asyncio.sleep(0.05)
-            starting = {v["name"]: v["state"] for v in (await rollout.status())["versions"]}
+            async with asyncio.timeout(10):  # until the reload has begun to open @2
+                while "scripted@2" not in (
+                    starting := {v["name"]: v["state"] for v in (await rollout.status())["versions"]}
+                ):
+                    await asyncio.sleep(0.001)
             during = (await answer(client, "say:a"))["model"]
             gate.release.set()
             summary = await reload
@@ -111,7 +121,10 @@ def test_a_dropped_version_finishes_its_stream_while_new_requests_go_to_the_othe
     assert events[-1][0] == "message_stop"
     assert [v["name"] for v in versions] == ["scripted@2"]
     records = read_usage(str(tmp_path / "usage.sqlite"))
-    assert sorted((r.model, r.outcome) for r in records) == [("scripted@1", "completed"), ("scripted@2", "completed")]
+    assert sorted((r.model, r.outcome) for r in records) == [
+        ("scripted@1", "completed"),
+        ("scripted@2", "completed"),
+    ]
 
 
 def test_a_drain_past_its_grace_ends_what_is_left_with_an_error_and_stops_the_version(tmp_path):
@@ -119,8 +132,9 @@ def test_a_drain_past_its_grace_ends_what_is_left_with_an_error_and_stops_the_ve
     old = ScriptedBackend()
 
     async def body():
-        async with in_process(old, both, state_dir=str(tmp_path), others={"scripted@2": ScriptedBackend()}) as (
-                client, _):
+        async with in_process(
+            old, both, state_dir=str(tmp_path), others={"scripted@2": ScriptedBackend()}
+        ) as (client, _):
             rollout = rollout_of(client, both)
             held = asyncio.ensure_future(client.post("/v1/messages", headers=headers(),
                                                      json=ask("hang", stream=True, model="scripted@1")))
@@ -141,20 +155,29 @@ def test_a_drain_past_its_grace_ends_what_is_left_with_an_error_and_stops_the_ve
 
 def test_the_last_version_with_weight_cannot_be_drained():
     async def body():
-        async with in_process(ScriptedBackend(), BOTH, others={"scripted@2": ScriptedBackend()}) as (client, _):
+        async with in_process(ScriptedBackend(), BOTH, others={"scripted@2": ScriptedBackend()}) as (
+            client,
+            _,
+        ):
             try:
                 await rollout_of(client, BOTH).drain("scripted@1")
             except ValueError as exc:
                 return str(exc), (await answer(client, "say:x"))["model"]
 
     message, model = run(body)
-    assert message == "scripted@1: the last version with weight in alias 'scripted'; shift its weight to another version first"
+    assert (
+        message
+        == "scripted@1: the last version with weight in alias 'scripted'; "
+        "shift its weight to another version first"
+    )
     assert model == "scripted@1"
 
 
 def test_a_version_that_cannot_open_changes_no_routing_but_keys_apply():
     new_key = "sk-harness-new-02"
-    broken = config(weights={"scripted@2": 1}) + f'[[keys]]\nkey = "{new_key}"\ntenant = "new"\ntier = "paid"\n'
+    broken = (
+        config(weights={"scripted@2": 1}) + f'[[keys]]\nkey = "{new_key}"\ntenant = "new"\ntier = "paid"\n'
+    )
 
     @contextlib.asynccontextmanager
     async def no_gpu():
@@ -173,12 +196,15 @@ def test_a_version_that_cannot_open_changes_no_routing_but_keys_apply():
             return failed, model, reply.status, await rollout.status()
 
     failed, model, status, state = run(body)
-    assert failed == ("ferry.toml: scripted@2 did not start: OSError: no GPU. Models and aliases are unchanged; "
-                      "keys, limits, tiers and safety are applied")
+    assert failed == (
+        "ferry.toml: scripted@2 did not start: OSError: no GPU. Models and aliases are unchanged; "
+        "keys, limits, tiers and safety are applied"
+    )
     assert model == "scripted@1" and status == 200
     assert [v["name"] for v in state["versions"]] == ["scripted@1"]
-    assert state["aliases"] == [{"name": "scripted", "weights": {"scripted@1": 1.0}, "file": {"scripted@1": 1.0},
-                                 "set_by": "file"}]
+    assert state["aliases"] == [
+        {"name": "scripted", "weights": {"scripted@1": 1.0}, "file": {"scripted@1": 1.0}, "set_by": "file"}
+    ]
     assert state["last_reload"]["ok"] is False
 
 
@@ -186,7 +212,10 @@ def test_weights_apply_to_the_very_next_request_and_a_later_reload_takes_the_fil
     sessions = [f"user-{i}" for i in range(40)]
 
     async def body():
-        async with in_process(ScriptedBackend(), BOTH, others={"scripted@2": ScriptedBackend()}) as (client, _):
+        async with in_process(ScriptedBackend(), BOTH, others={"scripted@2": ScriptedBackend()}) as (
+            client,
+            _,
+        ):
             rollout = rollout_of(client, BOTH)
 
             async def versions():
@@ -211,7 +240,9 @@ def test_new_wait_budgets_reach_every_open_backend():
 
     async def body():
         async with in_process(old, BOTH, others={"scripted@2": ScriptedBackend()}) as (client, _):
-            await rollout_of(client, BOTH.replace('name = "paid"\n', 'name = "paid"\nwait_budget_ms = 250\n', 1)).reload()
+            await rollout_of(
+                client, BOTH.replace('name = "paid"\n', 'name = "paid"\nwait_budget_ms = 250\n', 1)
+            ).reload()
 
     run(body)
     assert old.queue.tiers == ("paid",) and old.queue.wait_budgets == (0.25,)

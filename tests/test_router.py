@@ -40,7 +40,7 @@ def test_without_a_prefix_the_least_loaded_replica_wins_and_ties_go_to_the_lowes
 def test_the_replica_holding_the_prefix_wins_while_it_is_within_the_bound_of_the_least_loaded():
     system = prompt(7, 3)
     router = holding([64, 64, 64], 100, {2: system})
-    request = hashes(system[:-1] + [99, 98, 97])  # the same three blocks, another question
+    request = hashes([*system[:-1], 99, 98, 97])  # the same three blocks, another question
     assert router.choose([0, 50, 90], request) == Route(2, 3)
     assert router.choose([0, 50, 100], request) == Route(2, 3)  # exactly at the bound: still its
     assert router.choose([0, 50, 101], request) == Route(0, 0)  # over it: the least loaded

@@ -52,7 +52,9 @@ def test_shifting_weight_moves_only_sessions_in_the_band_that_changed_hands():
     picks = [{session: split.pick(session) for session in SESSIONS} for split in stages]
     for before, after in itertools.pairwise(picks):
         moved = [s for s in SESSIONS if before[s] != after[s]]
-        assert all(before[s] == "m@1" and after[s] == "m@2" for s in moved)  # the canary never gives users back
+        assert all(
+            before[s] == "m@1" and after[s] == "m@2" for s in moved
+        )  # the canary never gives users back
 
 
 def test_a_split_among_the_versions_that_can_serve():

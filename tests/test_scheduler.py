@@ -30,14 +30,14 @@ def step(s: Scheduler, now: float = 0.0, token: int = 7) -> Schedule:
     plan = s.schedule(now)
     sampled = [
         token if seq.num_computed + n == seq.num_tokens else None
-        for seq, n in zip(plan.seqs, plan.num_tokens)
+        for seq, n in zip(plan.seqs, plan.num_tokens, strict=False)
     ]
     s.postprocess(plan, sampled, now)
     return plan
 
 
 def planned(plan: Schedule) -> list[tuple[int, int]]:
-    return [(seq.rid, n) for seq, n in zip(plan.seqs, plan.num_tokens)]
+    return [(seq.rid, n) for seq, n in zip(plan.seqs, plan.num_tokens, strict=False)]
 
 
 def test_running_sequences_go_first_then_waiting_ones_by_tier_and_arrival():

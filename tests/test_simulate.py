@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import trio
+import trio.lowlevel
 
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import DeadlineUnreachable, open_batcher
@@ -41,7 +42,9 @@ async def _ended(batcher, inputs, timeout=None) -> list[Request]:
     return requests
 
 
-@pytest.mark.parametrize(("policy", "finished"), [(SizeOrTimeout(50, 0.15), 0.35), (IdleAware(50, 0.15), 0.2)])
+@pytest.mark.parametrize(
+    ("policy", "finished"), [(SizeOrTimeout(50, 0.15), 0.35), (IdleAware(50, 0.15), 0.2)]
+)
 async def test_idle_aware_sends_a_small_batch_at_once_while_workers_idle(autojump_clock, policy, finished):
     fleet = Spawner()
     async with open_batcher(fleet, PoolConfig(workers=8), policy) as batcher:
@@ -67,7 +70,7 @@ async def test_slack_driven_holds_until_the_deadline_allows_no_more_and_drops_th
     fleet = Spawner()
     policy = SlackDriven(50, service_time=0.2, margin=0.02)
     async with open_batcher(fleet, PoolConfig(workers=2), policy, QueueConfig(queue_timeout=30.0)) as batcher:
-        hopeless, *rest = await _ended(batcher, ["hopeless"], timeout=0.15) + [None]
+        hopeless, *_rest = await _ended(batcher, ["hopeless"], timeout=0.15) + [None]
         assert hopeless.finished_at == 0.0 and isinstance(hopeless.error, DeadlineUnreachable)
         assert isinstance(hopeless.error, Overloaded)  # a 529 to the HTTP side
         requests = await _ended(batcher, ["x", "y"], timeout=0.5)
@@ -158,7 +161,9 @@ def test_conservation_holds_request_by_request_under_faults():
 
     async def main() -> int:
         def spawn(slot: int) -> SimulatedWorker:
-            return SimulatedWorker(linear(0.2), FaultPlan(crash_prob=0.1, hang_prob=0.05, seed=slot), record=False)
+            return SimulatedWorker(
+                linear(0.2), FaultPlan(crash_prob=0.1, hang_prob=0.05, seed=slot), record=False
+            )
 
         def on_done(request: Request) -> None:
             ended[request.id] += 1
@@ -168,7 +173,11 @@ def test_conservation_holds_request_by_request_under_faults():
         start = trio.current_time()
         pool = PoolConfig(workers=6, hang_timeout=0.6)
         async with open_batcher(spawn, pool, SlackDriven(50, 0.2, 0.02), batcher=ReplayBatcher) as batcher:
-            batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, trace.deadlines + start, on_done))
+            batcher.feed(
+                Replay(
+                    batcher, trace.times + start, trace.tier, trace.tiers, trace.deadlines + start, on_done
+                )
+            )
             while len(ended) < len(trace):
                 await trio.sleep(1.0)
             await trio.sleep(5.0)  # nothing may end twice, even late
@@ -222,16 +231,29 @@ async def _ended_after_start(batcher) -> None:
     """Keep the only worker busy (50 requests make a full batch at once)."""
     for text in map(str, range(50)):
         batcher.enqueue(batcher.request(text, "paid"))
-    await trio.sleep(0)
+    await trio.lowlevel.checkpoint()
 
 
 def test_ferry_simulate_replays_a_csv_trace_and_writes_json(tmp_path, capsys):
     from gateway.cli import main
 
     trace = tmp_path / "trace.csv"
-    trace.write_text("timestamp,tier,deadline\n" + "".join(f"{i / 100:.2f},{'paid' if i % 2 else 'free'},\n" for i in range(300)))
+    trace.write_text(
+        "timestamp,tier,deadline\n"
+        + "".join(f"{i / 100:.2f},{'paid' if i % 2 else 'free'},\n" for i in range(300))
+    )
     out = tmp_path / "run.json"
-    argv = ["simulate", "--trace", str(trace), "--policy", "idle_aware", "--param", "reserve=2", "--workers", "4"]
+    argv = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--policy",
+        "idle_aware",
+        "--param",
+        "reserve=2",
+        "--workers",
+        "4",
+    ]
     assert main([*argv, "--quiet", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "300 arrivals" in printed and "latency paid" in printed and "GPU busy" in printed

@@ -31,7 +31,7 @@ def test_a_padded_batch_answers_every_prompt_as_the_naive_model_does_alone(tiny_
     max_tokens = [9, 3, 14, 1, 6, 11]
     naive = NaiveLlama(model_dir)
     answers = batcher.generate(prompts, max_tokens, ignore_eos=True)
-    assert answers == [naive.greedy(p, n) for p, n in zip(prompts, max_tokens)]
+    assert answers == [naive.greedy(p, n) for p, n in zip(prompts, max_tokens, strict=False)]
 
 
 def test_a_row_ends_at_its_eos_while_the_batch_runs_on_for_the_longest(tiny_checkpoint):
@@ -83,4 +83,4 @@ def test_the_generate_worker_s_static_batch_gives_each_row_its_own_length_as_the
     prompts = prompts_of([3, 28, 11], seed=9)
     naive = NaiveLlama(tiny_checkpoint)
     answers = model.generate(prompts, [2, 13, 7], ignore_eos=True)
-    assert answers == [naive.greedy(p, n) for p, n in zip(prompts, [2, 13, 7])]
+    assert answers == [naive.greedy(p, n) for p, n in zip(prompts, [2, 13, 7], strict=False)]

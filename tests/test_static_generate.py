@@ -22,7 +22,9 @@ class Counting(SimulatedRunner):
 
 def generate(max_tokens: int = 40) -> tuple[Generate, Counting]:
     runner = Counting(PRESETS["llama-70b"], num_blocks=512, eos_token_id=EOS, eos_prob=0.08, vocab=128)
-    model = Generate(runner, lambda text: list(text.encode()), lambda ids: bytes(ids).decode(), max_tokens, "g")
+    model = Generate(
+        runner, lambda text: list(text.encode()), lambda ids: bytes(ids).decode(), max_tokens, "g"
+    )
     return model, runner
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,7 +27,9 @@ def whole(stops, text) -> tuple[str, str | None]:
     best = None
     for stop in stops:
         at = text.find(stop)
-        if at >= 0 and (best is None or (at + len(stop), -len(stop)) < (best[0] + len(best[1]), -len(best[1]))):
+        if at >= 0 and (
+            best is None or (at + len(stop), -len(stop)) < (best[0] + len(best[1]), -len(best[1]))
+        ):
             best = (at, stop)
     return (text, None) if best is None else (text[: best[0]], best[1])
 
@@ -89,7 +93,7 @@ stops = st.lists(st.text(alphabet, min_size=1, max_size=4), min_size=1, max_size
 @given(stops, st.text(alphabet, max_size=200), st.lists(st.integers(0, 200), max_size=20))
 def test_any_split_into_pieces_gives_the_answer_of_the_whole_text(stop_list, text, cuts):
     bounds = sorted({0, len(text), *(cut % (len(text) + 1) for cut in cuts)})
-    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
     expected = whole(stop_list, text)
     assert stream(stop_list, pieces) == expected
     assert stream(stop_list, list(text)) == expected  # one character at a time

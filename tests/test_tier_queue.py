@@ -46,7 +46,7 @@ def test_taken_requests_are_dispatched_and_leave_the_count():
 
 def test_a_cancelled_request_leaves_the_count_at_once_and_is_never_taken():
     queues = TierQueues(2)
-    first, second, third = fill(queues, (1, PAID, 0.0), (2, PAID, 0.1), (3, FREE, 0.2))
+    first, _second, _third = fill(queues, (1, PAID, 0.0), (2, PAID, 0.1), (3, FREE, 0.2))
     first.cancel(now=0.3)
     queues.discard(first)
     assert len(queues) == 2
@@ -110,7 +110,9 @@ def test_without_aging_paid_overload_starves_free():
     assert 100 not in ids(queues.take(10, now=60.0)) + ids(queues.take(10, now=60.0))
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"tiers": 0}, "tiers"), ({"tiers": 2, "aged_share": 1.5}, "aged_share")])
+@pytest.mark.parametrize(
+    ("kwargs", "message"), [({"tiers": 0}, "tiers"), ({"tiers": 2, "aged_share": 1.5}, "aged_share")]
+)
 def test_bad_settings_are_refused_with_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TierQueues(**kwargs)

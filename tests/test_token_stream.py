@@ -25,7 +25,13 @@ def test_a_stream_sends_a_delta_whenever_its_ids_complete_text_and_counts_the_id
     for ids in ([104], [195], [169], [33]):  # h, then é in two bytes, then !
         out.push(ids, queued=0.25)
     out.finish("end_turn", Usage(3, 4), queued=0.25)
-    assert events == [Started(0.25), Delta("h", 1), Delta("é", 2), Delta("!", 1), Finished("end_turn", Usage(3, 4))]
+    assert events == [
+        Started(0.25),
+        Delta("h", 1),
+        Delta("é", 2),
+        Delta("!", 1),
+        Finished("end_turn", Usage(3, 4)),
+    ]
     assert out.sent == 4
 
 

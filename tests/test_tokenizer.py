@@ -71,7 +71,7 @@ def test_any_text_streams_back_exactly(vocabulary, text):
 
 
 def test_an_unknown_tokenizer_is_refused_naming_the_field():
-    with pytest.raises(ValueError, match="tokenizer: expected 'bytes' or a tokenizer.json"):
+    with pytest.raises(ValueError, match=r"tokenizer: expected 'bytes' or a tokenizer.json"):
         make_tokenizer("/nowhere/tokenizer.json")
 
 

@@ -13,7 +13,9 @@ from gateway.usage import UsageLog, UsageRecord, read_usage
 
 
 def record(request_id: str, output_tokens: int = 5) -> UsageRecord:
-    return UsageRecord(request_id, 1.0, "acme", "k-1f2e", "ferry-fixed@1", 12, output_tokens, 0.2, 0.3, 200, "end_turn")
+    return UsageRecord(
+        request_id, 1.0, "acme", "k-1f2e", "ferry-fixed@1", 12, output_tokens, 0.2, 0.3, 200, "end_turn"
+    )
 
 
 def test_usage_is_written_once_per_request_id_and_survives_a_restart(tmp_path):

@@ -8,10 +8,10 @@ import pytest
 import trio
 
 from batcher.config import ContinuousModelConfig
-from gateway.config import parse_config
 from batcher.engine_worker import check_interpreter
 from batcher.process_worker import process_workers
 from experiments.vllm_server import VLLM_PYTHON, vllm_installed
+from gateway.config import parse_config
 from workers.protocol import RunBatch
 
 MODEL = """

@@ -80,7 +80,7 @@ def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> bytes:
         if fault is Fault.POISON:
             raise ValueError(injector.poison_message(call.inputs))
         outputs = model.run_batch(call.inputs)
-    except Exception as exc:  # the model's failure is the call's, not the worker's
+    except Exception as exc:  # noqa: BLE001 - the model's failure is the call's, not the worker's
         return encode(Error(id=call.id, message=f"{type(exc).__name__}: {exc}"))
     if injector.plan.slow_factor != 1.0:
         time.sleep((injector.plan.slow_factor - 1.0) * (time.monotonic() - started))

@@ -225,7 +225,7 @@ def _config(meta: dict, tensor_names: set[str]) -> dict:
 def hf_name(gguf_name: str) -> str:
     if gguf_name in NAMES:
         return NAMES[gguf_name]
-    block, layer, tensor, kind = (gguf_name.split(".") + ["", "", "", ""])[:4]
+    block, layer, tensor, kind = ([*gguf_name.split("."), "", "", "", ""])[:4]
     if block != "blk" or tensor not in LAYER_NAMES or kind != "weight":
         raise ValueError(f"GGUF tensor {gguf_name!r}: not part of a Llama model")
     return f"model.layers.{int(layer)}.{LAYER_NAMES[tensor]}.weight"
@@ -281,9 +281,15 @@ def _tokenizer(meta: dict):
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     # llama.cpp's token types: 3 marks a control token (special), 4 a user-defined one.
     tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types) if kind == 3]
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, kind in zip(tokens, types, strict=False)
+            if kind == 3
+        ]
     )
-    tokenizer.add_tokens([AddedToken(t, normalized=False) for t, kind in zip(tokens, types) if kind == 4])
+    tokenizer.add_tokens(
+        [AddedToken(t, normalized=False) for t, kind in zip(tokens, types, strict=False) if kind == 4]
+    )
     return tokenizer
 
 

@@ -85,16 +85,30 @@ def add_fault_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per :class:`FaultPlan` field to a worker's argument parser."""
     group = parser.add_argument_group("fault injection")
     group.add_argument("--crash-on-call", type=int, metavar="K", help="exit during call K")
-    group.add_argument("--crash-prob", type=float, default=0.0, metavar="P", help="exit on a call with probability P")
+    group.add_argument(
+        "--crash-prob", type=float, default=0.0, metavar="P", help="exit on a call with probability P"
+    )
     group.add_argument("--hang-on-call", type=int, metavar="K", help="never return from call K")
-    group.add_argument("--hang-prob", type=float, default=0.0, metavar="P", help="hang on a call with probability P")
-    group.add_argument("--slow-factor", type=float, default=1.0, metavar="F", help="every call takes F times as long")
+    group.add_argument(
+        "--hang-prob", type=float, default=0.0, metavar="P", help="hang on a call with probability P"
+    )
+    group.add_argument(
+        "--slow-factor", type=float, default=1.0, metavar="F", help="every call takes F times as long"
+    )
     group.add_argument("--poison", metavar="MARKER", help="fail any batch with an input containing MARKER")
-    group.add_argument("--wrong-count-on-call", type=int, metavar="K", help="return one output too few on call K")
-    group.add_argument("--garbage-on-call", type=int, metavar="K", help="answer call K with a frame that is not msgpack")
+    group.add_argument(
+        "--wrong-count-on-call", type=int, metavar="K", help="return one output too few on call K"
+    )
+    group.add_argument(
+        "--garbage-on-call", type=int, metavar="K", help="answer call K with a frame that is not msgpack"
+    )
     group.add_argument("--chatter", action="store_true", help="print to stdout on every call")
-    group.add_argument("--only-slot", type=int, metavar="S",
-                       help="inject these faults only in the pool's worker of slot S (one straggler, one crasher)")
+    group.add_argument(
+        "--only-slot",
+        type=int,
+        metavar="S",
+        help="inject these faults only in the pool's worker of slot S (one straggler, one crasher)",
+    )
     group.add_argument("--seed", type=int, default=0, help="seed of the random faults")
 
 

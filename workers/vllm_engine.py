@@ -39,6 +39,7 @@ from workers.engine.engine import SequenceEnd, StepOutput
 from workers.engine.sequence import FinishReason, SamplingParams
 from workers.engine.serve import BAD_START, PROTOCOL_FAULT, STOPS, run
 from workers.protocol import EngineStats, ProtocolError, Ready, encode
+
 ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process (see the module doc)
     "VLLM_NO_USAGE_STATS": "1",
@@ -183,8 +184,8 @@ class VllmEngine:
             usage = 0.0
         used = min(self.total_blocks, round(usage * self.total_blocks))
         free = self.total_blocks - used
-        return EngineStats(step=self.steps, free_blocks=free, used_blocks=used, total_blocks=self.total_blocks,
-                           cached_blocks=0, **fields)
+        return EngineStats(step=self.steps, free_blocks=free, used_blocks=used,
+                           total_blocks=self.total_blocks, cached_blocks=0, **fields)
 
     @staticmethod
     def _reason(finish_reason: str | None, stop_reason: object) -> FinishReason:
@@ -201,9 +202,9 @@ def load_engine(args: argparse.Namespace) -> VllmEngine:
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     from vllm import SamplingParams as VllmSampling
-    from vllm.sampling_params import RequestOutputKind
     from vllm.engine.arg_utils import EngineArgs
     from vllm.engine.llm_engine import LLMEngine
+    from vllm.sampling_params import RequestOutputKind
 
     size: dict[str, int] = {}
     if args.kv_memory_gb:

@@ -104,7 +104,9 @@ class Trace:
         return len(self.times)
 
     @classmethod
-    def of(cls, times: np.ndarray, shares: dict[str, float], seed: int = 0, budget: float | None = None) -> Trace:
+    def of(
+        cls, times: np.ndarray, shares: dict[str, float], seed: int = 0, budget: float | None = None
+    ) -> Trace:
         """Tiers drawn with ``shares``; every arrival due ``budget`` seconds after it, if given."""
         deadlines = np.full(len(times), np.nan) if budget is None else times + budget
         return cls(times, tier_picks(len(times), shares, seed), deadlines, tuple(shares))
@@ -113,8 +115,10 @@ class Trace:
         with open(path, "w", newline="") as out:
             writer = csv.writer(out)
             writer.writerow(["timestamp", "tier", "deadline"])
-            for time, tier, deadline in zip(self.times, self.tier, self.deadlines):
-                writer.writerow([f"{time:.6f}", self.tiers[tier], "" if math.isnan(deadline) else f"{deadline:.6f}"])
+            for time, tier, deadline in zip(self.times, self.tier, self.deadlines, strict=False):
+                writer.writerow(
+                    [f"{time:.6f}", self.tiers[tier], "" if math.isnan(deadline) else f"{deadline:.6f}"]
+                )
 
     @classmethod
     def read(cls, path: str, tiers: Sequence[str]) -> Trace:
@@ -127,7 +131,9 @@ class Trace:
         with open(path, newline="") as source:
             reader = csv.DictReader(source)
             if reader.fieldnames is None or not {"timestamp", "tier"} <= set(reader.fieldnames):
-                raise ValueError(f"{path}: expected a header with timestamp,tier[,deadline], got {reader.fieldnames}")
+                raise ValueError(
+                    f"{path}: expected a header with timestamp,tier[,deadline], got {reader.fieldnames}"
+                )
             for row in reader:
                 line = reader.line_num
                 try:
@@ -136,7 +142,9 @@ class Trace:
                 except ValueError as exc:
                     raise ValueError(f"{path}:{line}: {exc}") from None
                 if row["tier"] not in index:
-                    raise ValueError(f"{path}:{line}: tier: expected one of {list(tiers)}, got {row['tier']!r}")
+                    raise ValueError(
+                        f"{path}:{line}: tier: expected one of {list(tiers)}, got {row['tier']!r}"
+                    )
                 tier.append(index[row["tier"]])
         if not times:
             raise ValueError(f"{path}: the trace has no arrival")

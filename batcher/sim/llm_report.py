@@ -25,7 +25,7 @@ PERCENTILES = (50, 95, 99)
 def percentiles(values: np.ndarray) -> dict[str, float]:
     if not len(values):
         return {f"p{p}": float("nan") for p in PERCENTILES}
-    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES))}
+    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES), strict=False)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -183,7 +183,7 @@ class Workload:
         if not rows:
             raise ValueError(f"{path}: the trace has no request")
         rows.sort(key=lambda r: r[0])
-        columns = list(zip(*rows))
+        columns = list(zip(*rows, strict=False))
         times = np.asarray(columns[0]) - columns[0][0]
         ints = [np.asarray(c, dtype=np.int64) for c in columns[2:]]
         return cls(

@@ -21,7 +21,8 @@ from batcher.types import Request
 
 
 class ReplayBatcher(Batcher):
-    """A batcher that also admits a :class:`Replay`'s arrivals (``open_batcher(..., batcher=ReplayBatcher)``)."""
+    """A batcher that also admits a :class:`Replay`'s arrivals
+    (``open_batcher(..., batcher=ReplayBatcher)``)."""
 
     _replay: Replay | None = None
 
@@ -89,7 +90,7 @@ class Replay:
         tiers = self._tier[start:end].tolist()
         return [
             make(text, names[tier], budget, on_done, arrival)
-            for arrival, tier, budget in zip(arrivals, tiers, budgets)
+            for arrival, tier, budget in zip(arrivals, tiers, budgets, strict=False)
         ]
 
     def next_wake(self, more: int, until: float, drop_before: float) -> float:

@@ -143,7 +143,9 @@ class Recorder:
         n = self.ended
         return Samples(self._arrival[:n], self._tier[:n], self._latency[:n], self._served[:n])
 
-    def report(self, tiers: Sequence[str], stats: Stats, workers: int | None = None, driver_lag: float = 0.0) -> Report:
+    def report(
+        self, tiers: Sequence[str], stats: Stats, workers: int | None = None, driver_lag: float = 0.0
+    ) -> Report:
         """Summarise the requests recorded so far (all of a run, once every one has ended)."""
         if not self.ended:
             raise ValueError("summarize: the run offered no request")
@@ -172,7 +174,11 @@ class Recorder:
 
 
 def summarize(
-    requests: Sequence[Request], tiers: Sequence[str], stats: Stats, driver_lag: float = 0.0, workers: int | None = None
+    requests: Sequence[Request],
+    tiers: Sequence[str],
+    stats: Stats,
+    driver_lag: float = 0.0,
+    workers: int | None = None,
 ) -> Report:
     """Summarise a finished run; every request must have ended."""
     recorder = Recorder(len(requests))

@@ -193,13 +193,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     arrivals = parser.add_argument_group("arrivals (Poisson unless --burst or --trace)")
     arrivals.add_argument("--rate", type=float, help="requests per second (default 2000; continuous: 20)")
     arrivals.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals (default 60)")
-    arrivals.add_argument("--burst", metavar="PEAK,ON,OFF", help="on/off: OFF s at --rate, then ON s at PEAK/s, ...")
+    arrivals.add_argument(
+        "--burst", metavar="PEAK,ON,OFF", help="on/off: OFF s at --rate, then ON s at PEAK/s, ..."
+    )
     arrivals.add_argument("--trace", metavar="CSV", help="replay timestamp,tier[,deadline] rows")
-    arrivals.add_argument("--paid-share", type=float, default=0.5, help="share of paid requests (default 0.5)")
-    arrivals.add_argument("--deadline-ms", type=float, help="answer due this long after arrival (default: none)")
+    arrivals.add_argument(
+        "--paid-share", type=float, default=0.5, help="share of paid requests (default 0.5)"
+    )
+    arrivals.add_argument(
+        "--deadline-ms", type=float, help="answer due this long after arrival (default: none)"
+    )
     policy = parser.add_argument_group("policy")
     policy.add_argument("--policy", default="size_or_timeout", choices=sorted(POLICIES))
-    policy.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="policy parameter, repeatable")
+    policy.add_argument(
+        "--param", action="append", default=[], metavar="KEY=VALUE", help="policy parameter, repeatable"
+    )
     fleet = parser.add_argument_group("workers")
     fleet.add_argument("--workers", type=int, help="workers (default 8), or continuous replicas (default 2)")
     fleet.add_argument("--service-ms", type=float, default=200.0, help="fixed cost of a call (default 200)")
@@ -210,7 +218,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--hang-timeout-ms", type=float, default=1000.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the run as JSON")
-    parser.add_argument("--progress-every", type=float, default=300.0, metavar="S", help="virtual seconds between progress lines")
+    parser.add_argument(
+        "--progress-every",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="virtual seconds between progress lines",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     llm_simulate.add_arguments(parser)
 
@@ -245,7 +259,9 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         trace = Trace.of(poisson(rate, args.duration, args.seed), shares, args.seed, budget)
     params = dict(_param(text) for text in args.param)
     if args.policy == "slack_driven":  # unless told otherwise, it plans with the simulated call's cost
-        params.setdefault("service_time", (args.service_ms + args.per_input_ms * params.get("max_batch", 50)) / 1000)
+        params.setdefault(
+            "service_time", (args.service_ms + args.per_input_ms * params.get("max_batch", 50)) / 1000
+        )
     return Scenario(
         trace,
         policy=args.policy,

@@ -38,7 +38,9 @@ def linear(fixed: float, per_input: float = 0.0, jitter: float = 0.0, seed: int 
     model draws its own factor from a generator seeded with ``seed``.
     """
     if fixed < 0 or per_input < 0 or fixed + per_input <= 0:
-        raise ValueError(f"service time: expected fixed, per_input >= 0 and not both 0, got {fixed}, {per_input}")
+        raise ValueError(
+            f"service time: expected fixed, per_input >= 0 and not both 0, got {fixed}, {per_input}"
+        )
     if not 0.0 <= jitter < 1.0:
         raise ValueError(f"jitter: expected a fraction in [0, 1), got {jitter}")
     if jitter == 0.0:

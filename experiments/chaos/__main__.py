@@ -19,11 +19,11 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent.parent))
 
-from experiments.chaos.checks import Verdict, judge  # noqa: E402
-from experiments.chaos.faults import Clock, Run  # noqa: E402
-from experiments.chaos.leaving import unreceived  # noqa: E402
-from experiments.chaos.ray_nodes import RayNodes  # noqa: E402
-from experiments.chaos.scenarios import (  # noqa: E402
+from experiments.chaos.checks import Verdict, judge
+from experiments.chaos.faults import Clock, Run
+from experiments.chaos.leaving import unreceived
+from experiments.chaos.ray_nodes import RayNodes
+from experiments.chaos.scenarios import (
     BY_NAME,
     KEYS,
     MODEL,
@@ -34,10 +34,10 @@ from experiments.chaos.scenarios import (  # noqa: E402
     Scenario,
     plan_for,
 )
-from experiments.chaos.server import Server, StartFailed  # noqa: E402
-from experiments.chaos.traffic import send  # noqa: E402
-from experiments.redis_server import RedisServer  # noqa: E402
-from gateway.fallback import REDIS_CONNECTIONS  # noqa: E402
+from experiments.chaos.server import Server, StartFailed
+from experiments.chaos.traffic import send
+from experiments.redis_server import RedisServer
+from gateway.fallback import REDIS_CONNECTIONS
 
 REPORT = pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "RELIABILITY.md"
 SETTLE = 1.0  # seconds after the traffic before the leak check: queues drain, sockets close
@@ -206,7 +206,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, help="seconds of traffic per row (default 15; short: 3)")
     parser.add_argument("--workers", type=int, help="worker processes (default 8; short: 2)")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--report", nargs="?", const=str(REPORT), help="write the report (default docs/RELIABILITY.md)")
+    parser.add_argument(
+        "--report", nargs="?", const=str(REPORT), help="write the report (default docs/RELIABILITY.md)"
+    )
     return parser.parse_args(argv)
 
 

@@ -103,7 +103,11 @@ def judge(name: str, shots: list[Shot], usage: Iterable[UsageRecord], rules: Rul
             continue
         _judge_answer(shot, rules, verdict)
         _judge_usage(shot, records.get(shot.request_id or "", []), verdict)
-        if rules.answer_within is not None and shot.latency is not None and shot.latency > rules.answer_within(shot):
+        if (
+            rules.answer_within is not None
+            and shot.latency is not None
+            and shot.latency > rules.answer_within(shot)
+        ):
             verdict.violate(f"request {shot.index} ({shot.tier}) answered after {shot.latency:.2f} s, "
                             f"not within {rules.answer_within(shot):.2f} s")
     received = {s.request_id for s in shots if s.request_id}

@@ -133,10 +133,15 @@ async def watch_limits(run: Run, per_minute: int, tier: str, settle: float = 1.0
         await asyncio.sleep(settle)
     took = loop.time() - began
     bound = per_minute + per_minute / 60 * took
-    admitted = sum(value for (name, labels), value in metrics.items()
-                   if name == "ferry_requests_total" and ("tier", tier) in labels and ("status", "200") in labels)
+    admitted = sum(
+        value
+        for (name, labels), value in metrics.items()
+        if name == "ferry_requests_total" and ("tier", tier) in labels and ("status", "200") in labels
+    )
     if admitted > bound:
-        run.clock.problems.append(f"{admitted:.0f} requests of the {tier} key admitted, over its bound {bound:.0f}")
+        run.clock.problems.append(
+            f"{admitted:.0f} requests of the {tier} key admitted, over its bound {bound:.0f}"
+        )
     for name, want in (("ferry_limiter_fallbacks_total", 0), ("ferry_limiter_busy_total", 0),
                        ("ferry_limiter_refunds_pending", 0), ("ferry_limiter_store_up", 1)):
         got = metrics.get((name, ()))

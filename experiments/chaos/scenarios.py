@@ -208,8 +208,16 @@ SCENARIOS = [
 ]
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 
-SHORT = ("baseline", "worker-kills", "poison", "garbage-frames", "crash-on-first-call", "disconnects", "sigterm",
-         "engine-kills")
+SHORT = (
+    "baseline",
+    "worker-kills",
+    "poison",
+    "garbage-frames",
+    "crash-on-first-call",
+    "disconnects",
+    "sigterm",
+    "engine-kills",
+)
 """The rows CI runs (tests/test_chaos.py), seconds each, fixed seeds."""
 SHORT_PARAMS = Params(rate=150.0, duration=3.0, workers=2, seed=7)
 

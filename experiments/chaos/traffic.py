@@ -108,7 +108,9 @@ async def send(plan: Plan, url: str, keys: dict[str, str], model: str, lead: flo
     return made
 
 
-async def _one(session: aiohttp.ClientSession, url: str, key: str, model: str, plan: Plan, shot: Shot) -> None:
+async def _one(
+    session: aiohttp.ClientSession, url: str, key: str, model: str, plan: Plan, shot: Shot
+) -> None:
     body = {"model": model, "max_tokens": plan.max_tokens, "stream": shot.stream,
             "messages": [{"role": "user", "content": shot.text}]}
     loop = asyncio.get_running_loop()
@@ -124,11 +126,13 @@ async def _one(session: aiohttp.ClientSession, url: str, key: str, model: str, p
                 await _read_stream(reply, shot)
             else:
                 raw = await reply.read()
-                shot.body = json.loads(raw) if reply.content_type == "application/json" else {"raw": raw.decode()}
+                shot.body = (
+                    json.loads(raw) if reply.content_type == "application/json" else {"raw": raw.decode()}
+                )
                 if shot.status == 200:
                     shot.output = "".join(block.get("text", "") for block in shot.body.get("content", []))
         shot.finished = loop.time()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         shot.failure = type(exc).__name__
         shot.finished = loop.time()
 
@@ -161,5 +165,5 @@ async def _leave_early(session: aiohttp.ClientSession, url: str, key: str, body:
         async with session.post(f"{url}/v1/messages", json=body, headers={"x-api-key": key},
                                 timeout=aiohttp.ClientTimeout(total=0.05)):
             pass
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass

@@ -104,7 +104,7 @@ def partition(query_lens: list[int], context_lens: list[int], block_size: int) -
         prefill chunks' tokens     3 | 200                     two more
     """
     buckets: dict[tuple[bool, int, int], list[int]] = {}
-    for i, (query, context) in enumerate(zip(query_lens, context_lens)):
+    for i, (query, context) in enumerate(zip(query_lens, context_lens, strict=False)):
         blocks = -(-context // block_size)
         buckets.setdefault((query > 1, (query - 1).bit_length(), (blocks - 1).bit_length()), []).append(i)
 

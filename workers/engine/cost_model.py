@@ -100,7 +100,7 @@ class CostModel:
         shape = self.shape
         memory = shape.weight_bytes + shape.kv_bytes_per_token * sum(context_lens)
         compute = 2 * shape.params * sum(query_lens)
-        compute += sum(self.attention_flops(q, c) for q, c in zip(query_lens, context_lens))
+        compute += sum(self.attention_flops(q, c) for q, c in zip(query_lens, context_lens, strict=False))
         return StepCost(memory / self._bandwidth, compute / self._flops)
 
 

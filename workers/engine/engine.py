@@ -58,7 +58,7 @@ def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
     ``table_s[p // block_size] * block_size + p % block_size``, every table laid end to end.
     """
     input_ids, query_lens, context_lens, tables, samples = [], [], [], [], []
-    for seq, n in zip(schedule.seqs, schedule.num_tokens):
+    for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=True):
         start, end = seq.num_computed, seq.num_computed + n
         input_ids += seq.tokens(start, end)
         query_lens.append(n)

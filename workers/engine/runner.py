@@ -99,7 +99,7 @@ class ModelRunner:
             PagedAttention(self.kv_cache, plan),
         )
         ends, last = [], -1
-        for length, sample in zip(batch.query_lens, batch.samples):
+        for length, sample in zip(batch.query_lens, batch.samples, strict=False):
             last += length
             if sample is not None:
                 ends.append(last)
@@ -120,7 +120,7 @@ class ModelRunner:
                 f"batch.slot_mapping: expected slots in [0, {self.num_blocks * self.block_size})"
             )
         last = -1
-        for i, (table, context) in enumerate(zip(batch.block_tables, batch.context_lens)):
+        for i, (table, context) in enumerate(zip(batch.block_tables, batch.context_lens, strict=False)):
             last += batch.query_lens[i]
             if not batch.query_lens[i] >= 1 or batch.positions[last] != context - 1:
                 # The mask lets a token see positions up to its own: past the context, stale slots.

@@ -68,7 +68,7 @@ class SimulatedRunner:
     def execute(self, batch: ForwardBatch) -> list[int | None]:
         tokens: list[int | None] = []
         end = 0
-        for query_len, sample in zip(batch.query_lens, batch.samples):
+        for query_len, sample in zip(batch.query_lens, batch.samples, strict=False):
             end += query_len
             if sample is None:
                 tokens.append(None)
