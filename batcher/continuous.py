@@ -95,8 +95,7 @@ class EnginePool:
             )
         self.router = Router([0] * config.workers, config.affinity_bound)
         self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
-        self._queued = [0] * len(queue.tiers)  # tokens waiting in the replicas' tier queues, by tier
-        self._prompts = [0] * len(queue.tiers)  # the prompt tokens of those: prefilled before they start
+        self._prompts = [0] * len(queue.tiers)  # prompt tokens queued, by tier: prefilled before they start
         self._rids = itertools.count(1)
         self._wakeup = trio.Event()
 
@@ -160,7 +159,7 @@ class EnginePool:
         up = sum(r.up for r in self._replicas)
         reason = not_ready_reason(up, self._readiness.proven)
         status = Status(
-            self.ready, reason, tuple(r.status() for r in self._replicas), sum(self._queued), "tokens",
+            self.ready, reason, tuple(r.status() for r in self._replicas), sum(self._prompts), "tokens",
             {"token_rate": load.rate, "cancelled": stats.cancelled, "expired": stats.expired,
              "reruns": stats.reruns, "interrupted": stats.interrupted},
         )
@@ -223,9 +222,8 @@ class EnginePool:
         self._route(ticket).queue_rerun(ticket)
 
     def _count(self, ticket: Ticket, sign: int) -> None:
-        """``ticket`` joins (+1) or leaves (-1) the tier queues' counts: its tokens (what the
-        queues owe) and its prompt's (what must be prefilled before it starts)."""
-        self._queued[ticket.tier] += sign * ticket.cost
+        """``ticket`` joins (+1) or leaves (-1) the tier queues: its prompt's tokens (less the
+        prefix its replica holds) are what must be prefilled before it starts."""
         self._prompts[ticket.tier] += sign * (ticket.cost - ticket.job.max_tokens)
 
     def _changed(self) -> None:
