@@ -23,7 +23,12 @@ from workers.engine.cost_model import PRESETS
 
 def _model(workers: int, blocks: int) -> ContinuousModelConfig:
     return ContinuousModelConfig(
-        name="sim@1", simulated="llama-70b", workers=workers, num_blocks=blocks, max_batch_tokens=256, max_seqs=32
+        name="sim@1",
+        simulated="llama-70b",
+        workers=workers,
+        num_blocks=blocks,
+        max_batch_tokens=256,
+        max_seqs=32,
     )
 
 
@@ -76,7 +81,10 @@ CASES = [  # workers, KV blocks, Poisson rate, seconds, workload seed, turns, lo
 ]
 
 
-@pytest.mark.parametrize(("workers", "blocks", "rate", "seconds", "seed", "turns", "answer", "paid", "eos"), CASES)
+PARAMETERS = ("workers", "blocks", "rate", "seconds", "seed", "turns", "answer", "paid", "eos")
+
+
+@pytest.mark.parametrize(PARAMETERS, CASES)
 def test_the_jumping_replay_equals_the_step_by_step_one(
     monkeypatch, workers, blocks, rate, seconds, seed, turns, answer, paid, eos
 ):

@@ -77,20 +77,29 @@ class Leap:
         n, now = len(running), self.end
         context = sum(seq.num_computed + 1 for seq in running)
         ids, last = self._ids, math.inf if most is None else self.steps + most
+        bs, need = engine.config.block_size, _new_blocks(engine)
         while not self.over and self.steps < last:
             seconds = cost.decode_seconds(n, context)
-            if now + seconds > horizon or _new_blocks(engine) > blocks.num_free:
+            if now + seconds > horizon or need > blocks.num_free:
                 break
             for seq in running:
-                blocks.grow(seq, 1)
+                if len(seq.block_table) * bs <= seq.num_computed:  # its last block is full
+                    blocks.grow(seq, 1)
+            need = 0
             for seq in running:
-                token = runner.token(seq.sampling.seed, len(seq.output_ids), seq.output_ids[-1], seq.num_computed)
-                blocks.computed(seq, 1)
-                seq.output_ids.append(token)
+                outputs, computed = seq.output_ids, seq.num_computed
+                token = runner.token(seq.sampling.seed, len(outputs), outputs[-1], computed)
+                if (computed + 1) % bs:
+                    seq.num_computed = computed + 1  # what blocks.computed does when no block fills
+                else:
+                    blocks.computed(seq, 1)
+                outputs.append(token)
                 ids[seq.rid].append(token)
                 reason = scheduler._stop_reason(seq, token)
                 if reason is not None:
                     scheduler._finish(seq, reason, now)
+                elif len(seq.block_table) * bs <= computed + 1:
+                    need += 1
             runner.last_step_seconds = seconds
             runner.total_seconds += seconds
             engine.steps += 1

@@ -92,9 +92,8 @@ class SimulatedRunner:
         """The token ``execute`` samples for a sequence of sampling ``seed`` whose chunk ends with
         ``last`` at ``position``, as its ``index``-th output (a replay that jumps decode steps
         draws them here)."""
-        key = (self._seed, seed or 0, index, last, position)
-        digest = hashlib.blake2b(_KEY.pack(*(value % 2**64 for value in key)), digest_size=16).digest()
-        return self._token(digest)
+        key = _KEY.pack(self._seed % 2**64, (seed or 0) % 2**64, index, last, position)
+        return self._token(hashlib.blake2b(key, digest_size=16).digest())
 
     def _token(self, digest: bytes) -> int:
         if int.from_bytes(digest[:8]) < self._eos_prob * 2**64:
