@@ -17,10 +17,11 @@ With ``jump`` (the default of ``ferry simulate --mode continuous``) the engines 
 pure decode steps at once up to the :class:`Horizon`: the next arrival at the pool or KV sample,
 never while the pool holds queued work; each sequence's tokens of such a run reach the pool as one
 frame at the run's end, so a stream's deltas come merged, its first token and end at the same
-times. One thing it can change: a conversation's next turn, sent when its previous answer ends on
-one replica, is routed on the other replicas' loads as of their last frames, which may be up to
-one run old (with one replica, or without conversations, the replay is the step-by-step one;
-``tests/test_llm_jump.py`` pins that).
+times. Two things it can change (``docs/simulation-continuous.md`` says more): a conversation's
+next turn, sent when its previous answer ends on one replica, is routed on the other replicas'
+loads as of their last frames, up to one run old; and the tier queues' aged-work credit, which
+grows at each of the pool's dispatch passes (one per engine read), grows less. With one replica,
+or one tier and no conversations, the replay is the step-by-step one (``tests/test_llm_jump.py``).
 
 A seed fixes the workload, never quite the run: trio runs the tasks woken at one virtual instant
 (two replicas ending a step together) in an order of its own, so two runs of one seed differ a
