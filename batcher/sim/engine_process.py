@@ -183,11 +183,12 @@ class SimulatedEngine:
         if self._step is None and engine.has_work and self.horizon is not None:
             run = Leap.first(engine, self.runner, trio.current_time(), self._next_stats)
             if run is not None:
+                self._step = (run.end, run.frames())  # pending like any step if the read is cancelled
                 await trio.testing.wait_all_tasks_blocked()  # the pool's reactions at this instant
-                if not self._inbox:
+                if not self._inbox and not run.over:
                     run.advance(self.horizon())
-                self._step = (run.end, run.frames())
-                self.leapt += run.steps - 1
+                    self._step = (run.end, run.frames())
+                    self.leapt += run.steps - 1
         if self._step is None and engine.has_work:
             steps = engine.steps
             output = engine.step()

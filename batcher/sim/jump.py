@@ -2,7 +2,7 @@
 
 Between events a replica whose batch is pure decode (nobody waiting, every running sequence has
 its first token and one token left to compute, the step budget covers them all) repeats the same
-step: one token for each sequence, a context one longer. :func:`leap` advances k such steps with
+step: one token for each sequence, a context one longer. A :class:`Leap` advances k such steps with
 the real block manager doing exactly what k calls of ``Engine.step`` would make it do, in the
 same order (each step's ``grow`` for every sequence in priority order, then its ``computed``,
 which caches the blocks that filled), each token from the simulated runner's own hash, each step
