@@ -24,16 +24,24 @@ a gateway too busy to read (frames pile up, and one read brings many steps).
 
 Under ``trio.testing.MockClock(autojump_threshold=0)`` a step costs no real time: the pool, the
 router and admission are tested and replayed over hours of LLM traffic with exact times.
+
+With a ``horizon`` (a callable: the next virtual time anything outside the engine acts on it),
+a turn whose step is a pure decode advances every such step that ends by then at once
+(:mod:`batcher.sim.jump`) and hands out their frames merged at the last one's end; without
+one (the pool's logic tests) every step is its own turn and its own frames.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import trio
+import trio.testing
 
 from batcher.config import ContinuousModelConfig
+from batcher.sim.jump import Leap
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS, CostModel
 from workers.engine.engine import Engine
@@ -91,8 +99,10 @@ class SimulatedEngine:
     pid = None
     placement = "local"  # it runs inside this process
 
-    def __init__(self, spec: EngineSpec, name: str) -> None:
+    def __init__(self, spec: EngineSpec, name: str, horizon: Callable[[], float] | None = None) -> None:
         self.name = name
+        self.horizon = horizon
+        self.leapt = 0  # steps taken inside runs of decode steps beyond the first of each
         self.runner = spec.runner()
         self.engine = Engine(self.runner, spec.engine, clock=trio.current_time)
         self.first_stats: EngineStats
@@ -170,6 +180,15 @@ class SimulatedEngine:
         for message in self._inbox:
             handle(engine, message)
         self._inbox.clear()
+        if self._step is None and engine.has_work and self.horizon is not None:
+            run = Leap.first(engine, self.runner, trio.current_time(), self._next_stats)
+            if run is not None:
+                self._step = (run.end, run.frames())  # pending like any step if the read is cancelled
+                await trio.testing.wait_all_tasks_blocked()  # the pool's reactions at this instant
+                if not self._inbox and not run.over:
+                    run.advance(self.horizon())
+                    self._step = (run.end, run.frames())
+                    self.leapt += run.steps - 1
         if self._step is None and engine.has_work:
             steps = engine.steps
             output = engine.step()
@@ -197,16 +216,17 @@ class SimulatedEngine:
 
 class SimulatedEngines:
     """A spawn for the :class:`~batcher.continuous.EnginePool`: a fresh engine for a slot at each
-    start, every one kept (``spawned[slot]``) so that tests and reports can reach them."""
+    start, every one kept (``spawned[slot]``) so that tests and reports can reach them; each
+    jumps its pure decode steps up to ``horizon()`` if that is given (see the module doc)."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, horizon: Callable[[], float] | None = None) -> None:
         spec.runner()  # a spec the runner refuses fails here, not at the pool's first start
-        self.spec = spec
+        self.spec, self.horizon = spec, horizon
         self.spawned: dict[int, list[SimulatedEngine]] = {}
 
     def __call__(self, slot: int) -> SimulatedEngine:
         starts = self.spawned.setdefault(slot, [])
-        engine = SimulatedEngine(self.spec, f"{slot}:{len(starts) + 1}")
+        engine = SimulatedEngine(self.spec, f"{slot}:{len(starts) + 1}", self.horizon)
         starts.append(engine)
         return engine
 

@@ -13,6 +13,16 @@ turn's answer has ended (its user reads it first); its prompt carries the earlie
 prompts and the answers' very ids (:class:`IdText` makes an id one character, so they come back
 from the text), which is what lets the replica that served the conversation hit its prefix cache.
 
+With ``jump`` (the default of ``ferry simulate --mode continuous``) the engines advance runs of
+pure decode steps at once up to the :class:`Horizon`: the next arrival at the pool or KV sample,
+never while the pool holds queued work; each sequence's tokens of such a run reach the pool as one
+frame at the run's end, so a stream's deltas come merged, its first token and end at the same
+times. Two things it can change (``docs/simulation-continuous.md`` says more): a conversation's
+next turn, sent when its previous answer ends on one replica, is routed on the other replicas'
+loads as of their last frames, up to one run old; and the tier queues' aged-work credit, which
+grows at each of the pool's dispatch passes (one per engine read), grows less. With one replica,
+or one tier and no conversations, the replay is the step-by-step one (``tests/test_llm_jump.py``).
+
 A seed fixes the workload, never quite the run: trio runs the tasks woken at one virtual instant
 (two replicas ending a step together) in an order of its own, so two runs of one seed differ a
 little where such ties decide (the order of two arrivals at the router, which sequence a full
@@ -150,6 +160,21 @@ class Replayed:
     shed_by_pool: int
 
 
+class Horizon:
+    """The next virtual time anything outside the engines acts on them: an arrival (``_drive``
+    sets it), a KV sample (``_sample`` does); -inf (no jump) while the pool queues work, which
+    its timers may expire or dispatch at any time."""
+
+    def __init__(self) -> None:
+        self.arrival = self.sample = math.inf
+        self.pool: EnginePool | None = None
+
+    def __call__(self) -> float:
+        if self.pool is None or any(self.pool._queued):
+            return -math.inf
+        return min(self.arrival, self.sample)
+
+
 async def _drive(
     pool: EnginePool,
     workload: Workload,
@@ -157,6 +182,7 @@ async def _drive(
     outcomes: Outcomes,
     done: trio.Event,
     prefix_cache: bool,
+    horizon: Horizon,
 ) -> None:
     """Send each request at its time, a conversation's turn only once the previous has ended;
     set ``done`` once every request has ended."""
@@ -196,6 +222,7 @@ async def _drive(
     following = 0
     while True:  # until cancelled, once every request has ended
         due = start + workload.times[following] if following < len(workload) else math.inf
+        horizon.arrival = due
         with trio.move_on_at(due):
             await wake[0].wait()
         wake[0] = trio.Event()
@@ -220,8 +247,10 @@ async def _sample(
     every: float,
     kv_use: list[list[float]],
     progress: Callable[[float], None] | None,
+    horizon: Horizon,
 ) -> None:
     while True:
+        horizon.sample = trio.current_time() + every
         await trio.sleep(every)
         row = []
         for slot in range(workers):
@@ -257,18 +286,21 @@ def replay(
     progress: Callable[[Progress], None] | None = None,
     prefix_cache: bool = True,
     drain: float = 3600.0,
+    jump: bool = False,
 ) -> Replayed:
     """Run ``workload`` to its end in virtual time (see the module doc). ``prefix_cache=False``
     gives every request a tenant of its own, which salts its blocks' hashes: no prompt hits
     another's blocks, the cache is off as far as the traffic can tell. A run with requests still
     open ``drain`` virtual seconds after the last arrival stops with RuntimeError: the pool's
-    deadlines end every request, so that is a bug, not a long run."""
+    deadlines end every request, so that is a bug, not a long run. ``jump``: advance pure decode
+    steps at once between events (see the module doc)."""
     if not len(workload):
         raise ValueError("replay: the workload has no request")
     if tuple(queue.tiers) != workload.tiers:
         raise ValueError(f"replay: the workload's tiers {workload.tiers} are not the queue's {queue.tiers}")
     outcomes = Outcomes(len(workload))
-    spawn = SimulatedEngines(spec)
+    horizon = Horizon()
+    spawn = SimulatedEngines(spec, horizon if jump else None)
     kv_use: list[list[float]] = []
     cpu = time.process_time()
     span = float(workload.times[-1])
@@ -281,12 +313,19 @@ def replay(
         done = trio.Event()
         prompts = Prompts(workload, spec.vocab or spec.cost.shape.vocab, seed)
         async with open_engine_pool(model, queue, spawn, IdText()) as pool:
+            horizon.pool = pool
             start = trio.current_time()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
-                    _sample, spawn, model.workers, sample_every, kv_use, None if progress is None else tell
+                    _sample,
+                    spawn,
+                    model.workers,
+                    sample_every,
+                    kv_use,
+                    None if progress is None else tell,
+                    horizon,
                 )
-                nursery.start_soon(_drive, pool, workload, prompts, outcomes, done, prefix_cache)
+                nursery.start_soon(_drive, pool, workload, prompts, outcomes, done, prefix_cache, horizon)
                 with trio.move_on_at(start + span + drain):
                     await done.wait()
                 nursery.cancel_scope.cancel()

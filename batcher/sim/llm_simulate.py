@@ -84,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--answer", default="300", metavar="LENGTHS", help="answer tokens, same forms (default 300)"
     )
+    group.add_argument(
+        "--step-by-step",
+        action="store_true",
+        help="replay every engine step on its own (default: runs of pure decode steps at once)",
+    )
     group.add_argument("--turns", type=int, default=1, help="turns per conversation (default 1)")
     group.add_argument("--prefixes", type=int, default=0, help="shared system prompts (default none)")
     group.add_argument("--prefix-tokens", type=int, default=0, help="tokens of each shared system prompt")
@@ -185,6 +190,7 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         sample_every=min(every, 1.0),
         progress=None if args.quiet else _every(every),
+        jump=not args.step_by_step,
     )
     report = ContinuousReport.of(run)
     print(report.table())

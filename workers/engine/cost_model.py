@@ -103,6 +103,14 @@ class CostModel:
         compute += sum(self.attention_flops(q, c) for q, c in zip(query_lens, context_lens, strict=False))
         return StepCost(memory / self._bandwidth, compute / self._flops)
 
+    def decode_seconds(self, seqs: int, context_tokens: int) -> float:
+        """``step([1] * seqs, context_lens).seconds`` for contexts summing to ``context_tokens``,
+        the same float, without the lists (a decode token attends to its whole context)."""
+        shape = self.shape
+        memory = shape.weight_bytes + shape.kv_bytes_per_token * context_tokens
+        compute = 2 * shape.params * seqs + 4 * shape.layers * shape.heads * shape.head_dim * context_tokens
+        return max(memory / self._bandwidth, compute / self._flops)
+
 
 H100 = Hardware("H100 SXM", bandwidth=3.35e12, flops=989e12)
 H200 = Hardware("H200 SXM", bandwidth=4.8e12, flops=989e12)

@@ -88,6 +88,13 @@ class SimulatedRunner:
             self._wait(self.last_step_seconds)
         return tokens
 
+    def token(self, seed: int | None, index: int, last: int, position: int) -> int:
+        """The token ``execute`` samples for a sequence of sampling ``seed`` whose chunk ends with
+        ``last`` at ``position``, as its ``index``-th output (a replay that jumps decode steps
+        draws them here)."""
+        key = _KEY.pack(self._seed % 2**64, (seed or 0) % 2**64, index, last, position)
+        return self._token(hashlib.blake2b(key, digest_size=16).digest())
+
     def _token(self, digest: bytes) -> int:
         if int.from_bytes(digest[:8]) < self._eos_prob * 2**64:
             return self._eos
