@@ -138,6 +138,11 @@ class EnginePool:
         else:
             r.end(ticket)
 
+    @property
+    def queued(self) -> int:
+        """Prompt tokens waiting in the replicas' tier queues (0: nothing queued, re-runs aside)."""
+        return sum(self._prompts)
+
     def load(self) -> TokenLoad:
         """When a queued job would start: the prompt tokens queued per tier, less what the engines
         take at once (a job is sent while its engine has seats, KV and under
@@ -159,7 +164,7 @@ class EnginePool:
         up = sum(r.up for r in self._replicas)
         reason = not_ready_reason(up, self._readiness.proven)
         status = Status(
-            self.ready, reason, tuple(r.status() for r in self._replicas), sum(self._prompts), "tokens",
+            self.ready, reason, tuple(r.status() for r in self._replicas), self.queued, "tokens",
             {"token_rate": load.rate, "cancelled": stats.cancelled, "expired": stats.expired,
              "reruns": stats.reruns, "interrupted": stats.interrupted},
         )

@@ -32,6 +32,7 @@ LEVELS = {
     "test_cost_model.py": "pure",
     "test_engine_pool.py": "pure",
     "test_ledger.py": "pure",
+    "test_llm_jump.py": "pure",
     "test_llm_replay.py": "pure",
     "test_metrics.py": "pure",
     "test_openai_api.py": "pure",

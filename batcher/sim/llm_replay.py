@@ -170,7 +170,7 @@ class Horizon:
         self.pool: EnginePool | None = None
 
     def __call__(self) -> float:
-        if self.pool is None or any(self.pool._queued):
+        if self.pool is None or self.pool.queued:
             return -math.inf
         return min(self.arrival, self.sample)
 
