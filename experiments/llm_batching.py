@@ -22,12 +22,14 @@ TTFT p95 < 2 s, and again with a loose TTFT p95 < 10 s, which the unbatched poli
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from batcher.sim.arrivals import poisson
 from experiments.common import plt, write
-from experiments.llm_drive import CONTINUOUS, NONE, Policy, drive, highest, static, sweep
 from experiments.llm_common import Replica
+from experiments.llm_drive import CONTINUOUS, NONE, Policy, drive, highest, static, sweep
 
 TARGETS, TPOT, PROMPT, ANSWERS = (2.0, 10.0), 0.050, 500, (20, 1_000)
 REQUESTS, SECONDS = 300, 30.0  # a run is this many requests, or this long if that is more
@@ -58,10 +60,10 @@ def main() -> None:
     rows, best = [], {}
     loose = f"meets {TARGETS[-1]:g} s"
     for name, (policy, rates) in POLICIES.items():
-        tried = sweep(lambda rate: run(name, policy, rate), rates, lambda r: r[loose])
+        tried = sweep(functools.partial(run, name, policy), rates, lambda r: r[loose])
         rows += tried
         for target in TARGETS:
-            best[name, target] = highest(tried, lambda r: r[f"meets {target:g} s"])
+            best[name, target] = highest(tried, lambda r, key=f"meets {target:g} s": r[key])
 
     def line(target: float) -> str:
         none, stat, cont = (best[name, target] for name in POLICIES)
