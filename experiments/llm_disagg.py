@@ -29,7 +29,7 @@ from __future__ import annotations
 from batcher.sim.arrivals import poisson
 from experiments.common import plt, write
 from experiments.llm_common import KV_BLOCKS_70B, SEVENTY_B, Replica
-from experiments.llm_drive import CONTINUOUS, drive, highest, sweep
+from experiments.llm_drive import CONTINUOUS, drive, refine, sweep
 
 PROMPTS, ANSWER, REPLICAS, GPUS = (500, 2_000, 8_000, 32_000), 200, 8, 8
 TTFT, TPOT, LINK, MAX_SEQS = 2.0, 0.050, 50e9, 256
@@ -57,7 +57,10 @@ def replayed_capacity(prompt: int, answer: int, budget: int, extra: float) -> fl
         ttft, tpot = served(prompt, answer, rate, budget)
         return {"req/s": rate, "ok": ttft + extra < TTFT and tpot < TPOT}
 
-    return highest(sweep(run, [bound * share for share in STEPS], lambda r: r["ok"]), lambda r: r["ok"])
+    def ok(row: dict) -> bool:
+        return row["ok"]
+
+    return refine(run, sweep(run, [bound * share for share in STEPS], ok), ok)
 
 
 def decode_capacity(prompt: int) -> tuple[float, int]:

@@ -12,7 +12,8 @@ scheduler (token budget, ``max_seqs``, KV blocks) still decides what runs in eac
     CONTINUOUS  every arrival is added at once; the scheduler fills each step with what fits
 
 :func:`sweep` and :func:`highest` are the experiments' capacity search: rising rates replayed until
-one fails, and the highest whose replay (and every one below it) meets the targets.
+one fails, and the highest whose replay (and every one below it) meets the targets;
+:func:`refine` bisects between that and the first failure.
 """
 
 from __future__ import annotations
@@ -120,3 +121,22 @@ def highest(rows: Sequence[dict], meets: Callable[[dict], bool], key: str = "req
             break
         best = row[key]
     return best
+
+
+def refine(
+    run: Callable[[float], dict], rows: Sequence[dict], meets: Callable[[dict], bool], times: int = 2
+) -> float:
+    """:func:`highest` of a :func:`sweep`'s ``rows``, narrowed by bisecting ``times`` between it and
+    the first rate that failed (the rates a sweep tries are coarse)."""
+    low = highest(rows, meets)
+    failed = [row["req/s"] for row in rows if not meets(row)]
+    if not failed:
+        return low
+    high = failed[0]
+    for _ in range(times):
+        middle = (low + high) / 2
+        if meets(run(middle)):
+            low = middle
+        else:
+            high = middle
+    return low

@@ -5,7 +5,7 @@ continuous starts an arrival at the next step; and the capacity search stops at 
 import numpy as np
 
 from experiments.llm_common import Replica
-from experiments.llm_drive import CONTINUOUS, NONE, drive, highest, static, sweep
+from experiments.llm_drive import CONTINUOUS, NONE, drive, highest, refine, static, sweep
 from workers.engine.cost_model import PRESETS
 
 SMALL = PRESETS["smollm2-135m"]
@@ -50,3 +50,15 @@ def test_sweep_stops_at_the_first_failure_and_highest_needs_every_row_below():
     assert runs == [1, 2, 3] and [r["req/s"] for r in rows] == [1, 2, 3]
     assert highest(rows, ok) == 2
     assert highest([{"req/s": 1, "ok": False}, {"req/s": 2, "ok": True}], ok) == 0
+
+
+def test_refine_bisects_between_the_last_rate_met_and_the_first_failed():
+    def run(rate):
+        return {"req/s": rate, "ok": rate < 2.6}
+
+    def ok(row):
+        return row["ok"]
+
+    rows = sweep(run, (1, 2, 3, 4), ok)
+    assert refine(run, rows, ok, times=2) == 2.5  # 2.5 meets, then 2.75 fails
+    assert refine(run, sweep(run, (1, 2), ok), ok) == 2  # nothing failed: nothing to narrow
