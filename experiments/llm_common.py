@@ -4,20 +4,47 @@
 manager, prefix cache) over a :class:`~workers.engine.simulated.SimulatedRunner` priced by the
 cost model, stepped by hand: each step advances the replica's clock by the step's price. The
 experiments that need the pool and the router replay workloads through
-:func:`batcher.sim.llm_replay.replay` instead.
+:func:`batcher.sim.llm_replay.replay` instead; :func:`pool_replay` does it for a fleet of
+replicas of one cost model.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from batcher.config import ContinuousModelConfig, QueueConfig
+from batcher.sim.engine_process import EngineSpec
+from batcher.sim.llm_replay import Replayed, replay
+from batcher.sim.llm_workload import Workload
 from experiments.common import plt  # pyplot with the files-only backend
 from workers.engine.config import EngineConfig
-from workers.engine.cost_model import PRESETS, CostModel
+from workers.engine.cost_model import A100, PRESETS, CostModel
 from workers.engine.engine import Engine, StepOutput
 from workers.engine.sequence import SamplingParams
 from workers.engine.simulated import SimulatedRunner
 
 SEVENTY_B = PRESETS["llama-70b"]  # on 8 x H100
 KV_BLOCKS_70B = 400 * 10**9 // (SEVENTY_B.shape.kv_bytes_per_token * 16)  # 400 GB of KV in blocks of 16
+SMALL_70B = CostModel(SEVENTY_B.shape, dataclasses.replace(A100, gpus=4))
+"""70B on 4 x A100: a replica ~7x slower than 8 x H100, so minutes of its traffic replay in seconds."""
+KV_BLOCKS_SMALL_70B = 180 * 10**9 // (SEVENTY_B.shape.kv_bytes_per_token * 16)  # 320 GB less the weights
+
+
+def pool_replay(
+    workload: Workload,
+    queue: QueueConfig,
+    *,
+    workers: int = 1,
+    cost: CostModel = SEVENTY_B,
+    num_blocks: int = KV_BLOCKS_70B,
+    sample_every: float = 1.0,
+) -> Replayed:
+    """``workload`` through the production pool, router and admission over ``workers`` replicas
+    priced by ``cost`` (chunked prefill at 2,048 tokens a step, 256 sequences at most)."""
+    model = ContinuousModelConfig(
+        name="sim@1", simulated="llama-70b", workers=workers, num_blocks=num_blocks, max_batch_tokens=2048
+    )
+    return replay(workload, model, queue, EngineSpec.of(model, cost), sample_every=sample_every)
 
 
 class Replica:

@@ -42,6 +42,9 @@ def test_an_overloaded_chat_replay_ends_every_request_exactly_once_and_frees_eve
         counts["finished"] > 0 and counts["shed"] + counts["expired"] > 0
     )  # overloaded: free work was refused
     assert counts["shed"] == run.shed_by_pool
+    refused = (run.outcomes.outcome == 2) | (run.outcomes.outcome == 3)
+    assert (run.outcomes.retry_after[refused] > 0).all()  # each refusal told when to come back
+    assert np.isnan(run.outcomes.retry_after[~refused]).all()
     assert run.used_at_end == [0, 0]  # every block free (cached prefixes are free blocks)
     finished = run.outcomes.outcome == 1
     assert (run.outcomes.tokens[finished] == workload.answer[finished]).all()  # no token lost or doubled

@@ -47,7 +47,7 @@ from batcher.continuous import EnginePool, open_engine_pool
 from batcher.sim.engine_process import EngineSpec, SimulatedEngines
 from batcher.sim.llm_workload import Workload
 from batcher.sim.progress import Progress
-from batcher.types import Expired, Shed
+from batcher.types import Expired, Overloaded, Shed
 
 FIRST_ID = 0x10000  # ids as characters from here: past the surrogates for any vocabulary below 1 M
 OUTCOMES = ("pending", "finished", "shed", "expired", "failed")
@@ -77,7 +77,8 @@ class Outcomes:
     """What each request's caller saw, in arrays indexed like the workload.
 
     ``duplicates`` counts events that came after a request's end: conservation (every request
-    answered, shed, expired or failed exactly once) holds when it is 0 and none is pending."""
+    answered, shed, expired or failed exactly once) holds when it is 0 and none is pending.
+    ``retry_after`` is the Retry-After a shed or expired request was told (seconds; NaN otherwise)."""
 
     def __init__(self, count: int) -> None:
         self.sent = np.full(count, np.nan)
@@ -85,6 +86,7 @@ class Outcomes:
         self.end = np.full(count, np.nan)
         self.tokens = np.zeros(count, dtype=np.int64)
         self.outcome = np.zeros(count, dtype=np.int8)
+        self.retry_after = np.full(count, np.nan)
         self.duplicates = 0
         self.ended = 0
 
@@ -105,6 +107,8 @@ class Outcomes:
             self.outcome[index] = FINISHED
         elif isinstance(event, Failed):
             error = event.error
+            if isinstance(error, Overloaded):
+                self.retry_after[index] = error.retry_after
             self.outcome[index] = (
                 SHED if isinstance(error, Shed) else EXPIRED if isinstance(error, Expired) else FAILED
             )
