@@ -48,7 +48,8 @@ from batcher.backend import (
 )
 from batcher.config import PoolConfig, QueueConfig
 from batcher.policy import Flush, Policy, QueueState, SizeOrTimeout
-from batcher.pool import SlotState, Spawn, WorkerPool
+from batcher.pool import WorkerPool
+from batcher.slot import SlotState, Spawn
 from batcher.stats import Stats
 from batcher.tier_queue import TierQueues
 from batcher.types import Expired, Overloaded, Request, State

@@ -24,8 +24,8 @@ from batcher.backend import Backend
 from batcher.config import FixedModelConfig, QueueConfig
 from batcher.fixed import open_batcher
 from batcher.mode import Exported, Mode
-from batcher.pool import Spawn
 from batcher.process_worker import ProcessWorker
+from batcher.slot import Spawn
 
 _COUNTERS = (
     ("ferry_batch_retries", "Batches re-dispatched whole after a failed call.", "retries"),

@@ -36,23 +36,21 @@ simulated ones (``batcher.sim.workers``, virtual time), behind :class:`Worker`."
 from __future__ import annotations
 
 import bisect
-import dataclasses
-import enum
 import functools
 import itertools
 import logging
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Protocol
 
 import trio
 
 from batcher.config import PoolConfig
+from batcher.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
 from batcher.stats import Stats
-from batcher.supervisor import Process, Readiness, Supervisor, start_slots
+from batcher.supervisor import Readiness, Supervisor, start_slots
 from batcher.types import Batch, Request, RequestFailed, State, WorkersFailed
-from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
+from workers.protocol import Error, NotDelivered, ProtocolError, RunBatch, WorkerLost
 
 log = logging.getLogger("ferry.pool")
 
@@ -60,64 +58,6 @@ SLOW_CALLS = 3.0
 """A call may run this many recent call times before it counts as hung (if over hang_timeout)."""
 MAX_STRETCH = 8.0
 """However slow the fleet, a call that runs past this many hang_timeouts is hung."""
-
-
-class Worker(Process, Protocol):
-    """One fixed-mode worker process (or its simulation), from the pool's side of the pipe."""
-
-    async def call(self, request: RunBatch) -> Result | Error:
-        """Send one call and wait for its answer; raise WorkerLost (NotDelivered if the worker
-        was gone before the call reached it) or ProtocolError."""
-
-
-Spawn = Callable[[int], Worker]
-"""Makes a fresh, unstarted worker for a slot index (which picks its GPU)."""
-
-
-class SlotState(enum.Enum):
-    STARTING = "starting"
-    IDLE = "idle"
-    BUSY = "busy"
-    HUNG = "hung"  # reported only (WorkerInfo): busy past the time a call may run before it is hung
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """A snapshot of one slot, for tests, health checks and metrics."""
-
-    slot: int
-    pid: int | None
-    state: SlotState
-    restarts: int
-    placement: str = "local"
-
-
-class _Slot:
-    __slots__ = (
-        "busy_since",
-        "call",
-        "call_ends",
-        "idle_scope",
-        "inbox",
-        "index",
-        "outbox",
-        "state",
-        "supervisor",
-    )
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.state = SlotState.STARTING
-        self.supervisor: Supervisor[Worker]
-        self.busy_since = 0.0  # when its current call was sent
-        self.call: Batch | None = None  # the batch its worker is running...
-        self.call_ends = 0.0  # ...until its hang timeout
-        self.idle_scope = trio.CancelScope()  # cancelled when the worker dies while idle
-        self.outbox, self.inbox = trio.open_memory_channel[Batch](1)
-
-
-SERVING = (SlotState.IDLE, SlotState.BUSY)
-"""The reported states of a worker that can take work now or soon."""
 
 
 class WorkerPool:
@@ -130,13 +70,13 @@ class WorkerPool:
         """Called with (batch size, seconds) for every call answered in full: policy feedback."""
         self.call_seconds = 0.0
         """Recent duration of an answered call (an EWMA; 0 until the first answer)."""
-        self._slots = [_Slot(index) for index in range(config.workers)]
+        self._slots = [Slot(index) for index in range(config.workers)]
         for slot in self._slots:
             slot.supervisor = Supervisor(
                 slot.index, spawn, config, self.stats, functools.partial(self._serve, slot),
                 on_exit=functools.partial(self._exited, slot), on_down=functools.partial(self._down, slot),
             )
-        self._idle: list[_Slot] = []  # by slot index: the lowest idle GPU takes the next batch
+        self._idle: list[Slot] = []  # by slot index: the lowest idle GPU takes the next batch
         self._retry: deque[Batch] = deque()
         self._batch_ids = itertools.count(1)
         self._readiness = Readiness(config.workers)
@@ -180,7 +120,7 @@ class WorkerPool:
                            self._state(slot, now), slot.supervisor.restarts,
                            worker.placement if worker else "local") for slot in self._slots]
 
-    def _state(self, slot: _Slot, now: float) -> SlotState:
+    def _state(self, slot: Slot, now: float) -> SlotState:
         """A slot's state as reported: BUSY past :meth:`_paced` reads HUNG."""
         if slot.state is SlotState.BUSY and now - slot.busy_since > self._paced():
             return SlotState.HUNG
@@ -211,7 +151,7 @@ class WorkerPool:
             await start_slots(nursery, [slot.supervisor for slot in self._slots], self.config.model)
             task_status.started()
 
-    async def _serve(self, slot: _Slot, worker: Worker) -> bool:
+    async def _serve(self, slot: Slot, worker: Worker) -> bool:
         """Serve batches until the worker must die; True if it answered at least one call."""
         answered = False
         while not slot.supervisor.exited:
@@ -290,7 +230,7 @@ class WorkerPool:
         self._readiness.answered()
         self.on_answer(size, seconds)
 
-    def _failed(self, batch: Batch, slot: _Slot, error: str) -> None:
+    def _failed(self, batch: Batch, slot: Slot, error: str) -> None:
         """Retry, bisect or give up on a batch whose call failed; never lose a request.
 
         ``error`` is what a caller may be told: what went wrong, not where (no pid, no slot)."""
@@ -329,7 +269,7 @@ class WorkerPool:
         self._overdue_changed.set()
         self._offer_retries()
 
-    def _undelivered(self, slot: _Slot, batch: Batch, detail: str) -> None:
+    def _undelivered(self, slot: Slot, batch: Batch, detail: str) -> None:
         """The worker was gone before the call reached it: the batch goes first to another
         worker, and the failure counts against neither its inputs nor this slot."""
         log.warning("worker %d was gone before batch %d reached it (%s); it goes to another worker",
@@ -345,7 +285,7 @@ class WorkerPool:
                 self._idle.remove(idle)
                 self._send(idle, retry)
 
-    def _retry_for(self, slot: _Slot) -> Batch | None:
+    def _retry_for(self, slot: Slot) -> Batch | None:
         """The first retry this slot may take: one that has not failed on it, or has no choice."""
         for position, batch in enumerate(self._retry):
             if slot.index not in batch.failed_on or not self._others_up(batch.failed_on):
@@ -356,7 +296,7 @@ class WorkerPool:
     def _others_up(self, failed_on: set[int]) -> bool:
         return any(s.state is not SlotState.STARTING and s.index not in failed_on for s in self._slots)
 
-    def _became_idle(self, slot: _Slot) -> None:
+    def _became_idle(self, slot: Slot) -> None:
         if retry := self._retry_for(slot):
             self._send(slot, retry)
             return
@@ -379,7 +319,7 @@ class WorkerPool:
     def _probed(self, probe: Request) -> None:
         self._probe = None
 
-    def _exited(self, slot: _Slot) -> None:
+    def _exited(self, slot: Slot) -> None:
         """The exit watch saw the worker die: an idle one stops waiting for work (a busy one's
         call fails on its own, as a crash or as undelivered)."""
         if slot.state is SlotState.IDLE:
@@ -389,7 +329,7 @@ class WorkerPool:
             self._down(slot)
             slot.idle_scope.cancel()
 
-    def _down(self, slot: _Slot) -> None:
+    def _down(self, slot: Slot) -> None:
         """The slot has no worker until its supervisor starts another: it takes no work."""
         slot.state = SlotState.STARTING
         self._readiness.lost(slot.index)
@@ -445,7 +385,7 @@ class WorkerPool:
                 )
         return batch.prune()
 
-    def _send(self, slot: _Slot, batch: Batch) -> None:
+    def _send(self, slot: Slot, batch: Batch) -> None:
         slot.state = SlotState.BUSY
         slot.busy_since = trio.current_time()
         slot.outbox.send_nowait(batch)

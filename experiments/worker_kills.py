@@ -24,9 +24,9 @@ import trio
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import Batcher, open_batcher
 from batcher.policy import SizeOrTimeout
-from batcher.pool import SlotState
 from batcher.process_worker import process_workers
 from batcher.sim.arrivals import poisson, tier_mix
+from batcher.slot import SlotState
 from batcher.types import Request, State
 
 BUDGETS = (1.0, 0.3)  # paid, free: the embedded default's wait budgets

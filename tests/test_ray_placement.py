@@ -22,8 +22,8 @@ from batcher.engine_worker import EngineProcess
 from batcher.fixed import open_batcher
 from batcher.placement import placed
 from batcher.policy import SizeOrTimeout
-from batcher.pool import SlotState
 from batcher.process_worker import ProcessWorker
+from batcher.slot import SlotState
 from batcher.supervisor import WorkerStartError
 from batcher.types import ReplicaLost
 from gateway.tokenizer import ByteTokenizer

@@ -18,8 +18,8 @@ import trio
 from batcher.config import PoolConfig
 from batcher.fixed import open_batcher
 from batcher.policy import SizeOrTimeout
-from batcher.pool import SlotState
 from batcher.process_worker import ProcessWorker, process_workers
+from batcher.slot import SlotState
 from batcher.supervisor import WorkerStartError
 from batcher.types import RequestFailed
 from workers.protocol import NotDelivered, Result, RunBatch, WorkerLost

@@ -19,9 +19,9 @@ import trio
 from batcher.config import PoolConfig, QueueConfig
 from batcher.fixed import Batcher, open_batcher
 from batcher.policy import Policy, SizeOrTimeout
-from batcher.pool import Spawn
 from batcher.sim.arrivals import poisson, tier_mix
 from batcher.sim.report import Report, summarize
+from batcher.slot import Spawn
 from batcher.types import Request
 
 
