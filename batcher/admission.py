@@ -137,10 +137,21 @@ class BatchLoad:
         for index, start in enumerate(starts, 1):
             # this worker's batch r rounds on, at x = start + r x call, has room when
             #   net x x - margin x sqrt(passing x x) >= ahead - places + start x per_round / call,
-            # a quadratic in sqrt(x); its batch at the first round at or after that x
+            # a quadratic in sqrt(x), true from its root on; its batch at the first round at or
+            # after that x, the root's rounding then settled by the inequality itself
             short = ahead - self.batch * index + start * per_round / self.call
             root = (noise + math.sqrt(max(0.0, noise * noise + 4 * net * short))) / (2 * net)
-            rounds = max(1, math.ceil((root * root - start) / self.call - 1e-9))
+
+            def room(rounds: int, index: int = index, start: float = start) -> bool:
+                at = start + rounds * self.call
+                places = self.batch * (rounds * len(starts) + index)
+                return places >= ahead + passing * at + margin * math.sqrt(passing * at)
+
+            rounds = max(1, math.ceil((root * root - start) / self.call))
+            while rounds > 1 and room(rounds - 1):
+                rounds -= 1
+            while not room(rounds):
+                rounds += 1
             best = min(best, start + rounds * self.call)
         return best
 

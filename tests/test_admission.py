@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from batcher.admission import MARGIN, AdmissionControl, BatchLoad, budget
@@ -127,6 +127,9 @@ def walk(load: BatchLoad, tier: int, extra: int, margin: float) -> float:
     st.floats(0.0, 0.9),
     st.sampled_from([0.0, MARGIN]),
 )
+# A passing rate so small that it only shows in the last bits: the root's rounding must not
+# let the closed form dispatch a round before the definition does.
+@example(1, 0.5, 1, [0.0] * 8, (0, 1), 3.0236986396749874e-15, 0.0)
 def test_the_closed_form_agrees_with_walking_batch_by_batch(
     workers, call, batch, phases, queued, share, margin
 ):
