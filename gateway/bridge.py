@@ -256,7 +256,8 @@ class Bridge:
     def _core_ended(self, error: BaseException | None) -> None:
         self._fail_all(CoreStopped("the scheduling core has stopped"))
         if not self._ready.done():  # type: ignore[union-attr]
-            self._ready.set_exception(error or CoreStopped("the scheduling core stopped while starting"))  # type: ignore[union-attr]
+            stopped = error or CoreStopped("the scheduling core stopped while starting")
+            self._ready.set_exception(stopped)  # type: ignore[union-attr]
         if not self.ended.done():  # type: ignore[union-attr]
             self.ended.set_result(error)  # type: ignore[union-attr]
 
@@ -299,7 +300,8 @@ class Bridge:
                     fleet[subject.model].cancel(subject.ticket)  # type: ignore[index]
                 subject.ticket = None
             elif op == "snapshot":
-                snapshots = {name: backend.snapshot() for name, backend in fleet.items()}  # type: ignore[union-attr]
+                backends = fleet.items()  # type: ignore[union-attr]
+                snapshots = {name: backend.snapshot() for name, backend in backends}
                 self._call_asyncio(_settle, subject[0], (snapshots, None))
             elif op == "retune":
                 future, queue = subject

@@ -319,7 +319,8 @@ def parse_config(text: str, source: str = "<config>") -> FerryConfig:
             _require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
             build = model_table if name == "models" else functools.partial(build_table, _TABLES[name])
             lists[name] = tuple(build(t, f"{name}[{i}]") for i, t in enumerate(tables))
-        return FerryConfig(**single, **lists, aliases=_aliases(document.get("aliases", {})))  # type: ignore[arg-type]
+        aliases = _aliases(document.get("aliases", {}))
+        return FerryConfig(**single, **lists, aliases=aliases)  # type: ignore[arg-type]
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not valid TOML: {exc}") from None
     except ValueError as exc:

@@ -94,7 +94,8 @@ class SqliteWriter:
             stopping = any(item is _STOP for item in batch)
             writes = [item for item in batch if item is not _STOP]
             with connection:
-                for statement, group in itertools.groupby(writes, key=lambda write: write[0]):  # type: ignore[index]
+                by_statement = itertools.groupby(writes, key=lambda write: write[0])  # type: ignore[index]
+                for statement, group in by_statement:
                     connection.executemany(statement, [row for _, row in group])  # type: ignore[misc]
             if finished is not None:
                 finished.unlink()
