@@ -254,6 +254,7 @@ class ContinuousModelConfig(ModelConfig):
     dtype: str = "float32"
     device: str = ""  # cpu or cuda (default: cuda where present)
     threads: int = 1  # torch CPU threads per engine; 1 never spins on a core the gateway needs
+    compile: bool = False  # engine = "vllm": torch.compile the model (a slower start, faster steps)
     affinity_bound: int = 2048  # tokens: a prefix holder busier than the least loaded by more loses it
     stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
     max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
@@ -305,6 +306,8 @@ class ContinuousModelConfig(ModelConfig):
         _require(self.engine in ENGINES, "engine", f"one of {list(ENGINES)}", self.engine)
         _require(self.engine == "ferry" or not self.simulated, "engine", "'ferry' for a simulated model",
                  self.engine)
+        _require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
+                 self.compile)
         self.pool()  # checks workers and max_attempts with the pool's own rules
 
     @property
@@ -338,11 +341,10 @@ class ContinuousModelConfig(ModelConfig):
                 argv += ["--sim-vocab", "128"]  # ASCII: one character a token
         else:
             kind = "engine" if self.engine == "ferry" else "vllm-engine"
-            argv = [kind, "--model", self.model_dir, "--dtype", self.dtype]
+            argv = [kind, "--model", self.model_dir, "--dtype", self.dtype, "--threads", str(self.threads)]
             if self.engine == "vllm":
                 argv += ["--max-model-len", str(self.context_window)]
-            else:
-                argv += ["--threads", str(self.threads)]
+                argv += ["--compile"] if self.compile else []
         argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),
                  "--max-seqs", str(self.max_seqs), "--model-version", self.name]
         if self.num_blocks:

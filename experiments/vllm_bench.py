@@ -11,10 +11,13 @@ serving front process per 1,000 output tokens (ferry's gateway, without its engi
 vLLM's API server process, whose engine core runs in a child). ``default`` is ``ferry serve``'s
 embedded default (its demo key and wait budgets), to see what a burst does to it.
 
-Loopback only. vLLM's side needs ``make vllm-env``; both vLLM runs are eager (no torch.compile),
-so that they start in seconds and compare like with like::
+Loopback only. vLLM's side needs ``make vllm-env``. Both vLLM runs are eager (no torch.compile,
+so that they start in seconds) unless ``--compile`` compiles both (vLLM's own default, 65-100 s a
+start here); either way they compare like with like. Every engine gets ``--threads`` CPU threads
+(default: every core this process may use, as vLLM's server takes them)::
 
     .venv/bin/python experiments/vllm_bench.py --levels 1 8 32 --per-client 2 --rounds 1
+    .venv/bin/python experiments/vllm_bench.py --compile --levels 32 1 --per-client 1 --rounds 2
     .venv/bin/python experiments/vllm_bench.py --servers default --levels 32 --per-client 1
 """
 
@@ -25,6 +28,7 @@ import asyncio
 import collections
 import dataclasses
 import json
+import os
 import pathlib
 import random
 import sys
@@ -64,9 +68,9 @@ def prompts(count: int, seed: int = 0) -> list[list[dict]]:
     return chats
 
 
-def ferry_config(model_dir: str, engine: str, state: str) -> str:
+def ferry_config(model_dir: str, engine: str, state: str, threads: int, compiled: bool) -> str:
     """A ferry configuration for the comparison: one SmolLM2 engine, budgets nobody waits past."""
-    python = f'python = "{VLLM_PYTHON}"\n' if engine == "vllm" else ""
+    python = f'python = "{VLLM_PYTHON}"\ncompile = {str(compiled).lower()}\n' if engine == "vllm" else ""
     return f"""
 [server]
 port = 0
@@ -86,6 +90,7 @@ mode = "continuous"
 engine = "{engine}"
 {python}model = "{model_dir}"
 dtype = "bfloat16"
+threads = {threads}
 workers = 1
 kv_memory_gb = 1.0
 max_batch_tokens = 2048
@@ -166,10 +171,10 @@ async def level(url: str, model: str, key: str, chats: list, clients: int, per_c
             "front_cpu_s_per_1k_tokens": round(cpu / tokens * 1000, 3) if tokens else None}
 
 
-def start(server: str, model_dir: str, scratch: pathlib.Path):
+def start(server: str, model_dir: str, scratch: pathlib.Path, args: argparse.Namespace):
     """Start one server; returns (url, model name, key, its front process's pid, stop())."""
     if server == "vllm":
-        peer = VllmOpenAIServer(model_dir, scratch / "vllm.log", kv_memory_gb=1)
+        peer = VllmOpenAIServer(model_dir, scratch / "vllm.log", kv_memory_gb=1, eager=not args.compile)
         peer.start()
         return peer.url, model_dir, "none", peer.process.pid, peer.stop
     path = scratch / f"{server}.toml"
@@ -177,7 +182,8 @@ def start(server: str, model_dir: str, scratch: pathlib.Path):
         path.write_text(DEFAULT_TOML + f'\n[state]\ndir = "{scratch}"\n')
         model, key = "smollm2", "sk-ferry-demo-paid"
     else:
-        path.write_text(ferry_config(model_dir, "vllm" if server == "ferry+vllm" else "ferry", str(scratch)))
+        engine = "vllm" if server == "ferry+vllm" else "ferry"
+        path.write_text(ferry_config(model_dir, engine, str(scratch), args.threads, args.compile))
         model, key = "smollm2@1", KEY
     process, url = start_gateway(str(path))
 
@@ -195,7 +201,7 @@ async def main(args: argparse.Namespace) -> list[dict]:
         order = args.servers if round_ % 2 == 0 else list(reversed(args.servers))  # alternate who goes first
         for server in order:
             with tempfile.TemporaryDirectory(prefix=f"bench-{server.replace('+', '-')}-") as scratch:
-                url, model, key, pid, stop = start(server, model_dir, pathlib.Path(scratch))
+                url, model, key, pid, stop = start(server, model_dir, pathlib.Path(scratch), args)
                 try:
                     await level(url, model, key, chats, 1, 1, 8, pid)  # warm-up: first-call costs not in rows
                     for clients in args.levels:
@@ -217,6 +223,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=1, help="rounds over the servers, in alternating order")
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--compile", action="store_true", help="both vLLM sides compiled (its default)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="CPU threads of each engine (default: every core this process may use)")
     args = parser.parse_args(argv)
     if any(s in ("ferry+vllm", "vllm") for s in args.servers) and not vllm_installed():
         parser.error("vLLM's virtualenv is not built: make vllm-env")

@@ -61,3 +61,14 @@ async def test_a_worker_runs_under_the_interpreter_its_model_names():
         assert command[:3] == [str(VLLM_PYTHON).encode(), b"-m", b"workers"]
     finally:
         await worker.stop()
+
+
+def test_compile_is_for_vllm_only_and_threads_and_compile_reach_a_vllm_worker(tiny_checkpoint):
+    with pytest.raises(ValueError, match=r'models\[0\]\.compile: expected false unless engine = "vllm"'):
+        parse_config(MODEL.format(model=tiny_checkpoint, extra="compile = true"), "ferry.toml")
+    config = ContinuousModelConfig(name="chat@1", model=str(tiny_checkpoint), engine="vllm", threads=2,
+                                   compile=True)
+    argv = config.engine_argv()
+    assert argv[0] == "vllm-engine"
+    assert argv[argv.index("--threads") + 1] == "2" and "--compile" in argv
+    assert "--compile" not in ContinuousModelConfig(name="chat@1", model=str(tiny_checkpoint)).engine_argv()

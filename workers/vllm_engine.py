@@ -45,9 +45,6 @@ ENVIRONMENT = {
     "VLLM_NO_USAGE_STATS": "1",
     "HF_HUB_OFFLINE": "1",  # a local model directory; never the network
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",  # no HTTP frontend here to keep a core for
-    # In process, vLLM takes this process for a frontend and cuts torch to one thread unless told
-    # how many: the engine gets the cores this process may run on.
-    "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
 }
 
 
@@ -65,6 +62,7 @@ def add_vllm_arguments(kinds: argparse._SubParsersAction) -> None:
     engine.add_argument("--model-version", default="", help="prefix cache salt (default: the model's name)")
     engine.add_argument("--device", default=None, help="accepted for symmetry; vLLM's build decides")
     engine.add_argument("--compile", action="store_true", help="torch.compile (slow start, faster steps)")
+    engine.add_argument("--threads", type=int, default=1, help="CPU threads of its steps (default 1)")
 
 
 @dataclasses.dataclass(slots=True)
@@ -199,8 +197,13 @@ class VllmEngine:
 
 def load_engine(args: argparse.Namespace) -> VllmEngine:
     """vLLM's engine as the command line asks for it (the slow part of the start)."""
+    if args.threads < 1:
+        raise ValueError(f"--threads: expected >= 1, got {args.threads}")
     for name, value in ENVIRONMENT.items():
         os.environ.setdefault(name, value)
+    # In process, vLLM takes this process for a frontend and cuts torch to one thread unless told
+    # how many (OMP_NUM_THREADS): the model table's thread count, as for ferry's engine.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     from vllm import SamplingParams as VllmSampling
     from vllm.engine.arg_utils import EngineArgs
     from vllm.engine.llm_engine import LLMEngine
