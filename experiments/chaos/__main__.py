@@ -154,7 +154,8 @@ async def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="ferry-chaos-") as scratch:
         for name in names:
             verdict = await run(BY_NAME[name], params, pathlib.Path(scratch) / name)
-            command = (f".venv/bin/python -m experiments.chaos --only {name} --rate {params.rate:g} "
+            rate = BY_NAME[name].rate or params.rate  # a row with a rate of its own runs at it
+            command = (f".venv/bin/python -m experiments.chaos --only {name} --rate {rate:g} "
                        f"--duration {params.duration:g} --workers {params.workers} --seed {params.seed}")
             rows.append(row(verdict, command))
             verdicts.append(verdict)

@@ -115,11 +115,12 @@ async def kill_gateway(run: Run, at: float) -> None:
     run.clock.mark()
 
 
-async def watch_limits(run: Run, per_minute: int, tier: str, settle: float = 1.0) -> None:
-    """After the traffic, a healthy Redis must have kept the key's limit: ``tier``'s 200s within
-    a full bucket plus its refill over the run, no charge in a local bucket, none refused for a
-    busy store, no refund left unsent. Read once the answers have stopped coming (an overloaded
-    run's last answers come late) and the refunds queue is empty, or after 30 s."""
+async def watch_limits(run: Run, per_minute: dict[str, int], settle: float = 1.0) -> None:
+    """After the traffic, a healthy Redis must have kept each limited tier's key within its
+    limit: its 200s within a full bucket plus its refill over the run, no charge in a local
+    bucket, none refused for a busy store, no refund left unsent. Read once the answers have
+    stopped coming (an overloaded run's last answers come late) and the refunds queue is empty,
+    or after 30 s."""
     loop = asyncio.get_running_loop()
     began = loop.time()
     await asyncio.sleep(run.duration)
@@ -132,16 +133,17 @@ async def watch_limits(run: Run, per_minute: int, tier: str, settle: float = 1.0
         seen = answered
         await asyncio.sleep(settle)
     took = loop.time() - began
-    bound = per_minute + per_minute / 60 * took
-    admitted = sum(
-        value
-        for (name, labels), value in metrics.items()
-        if name == "ferry_requests_total" and ("tier", tier) in labels and ("status", "200") in labels
-    )
-    if admitted > bound:
-        run.clock.problems.append(
-            f"{admitted:.0f} requests of the {tier} key admitted, over its bound {bound:.0f}"
+    for tier, limit in per_minute.items():
+        bound = limit + limit / 60 * took
+        admitted = sum(
+            value
+            for (name, labels), value in metrics.items()
+            if name == "ferry_requests_total" and ("tier", tier) in labels and ("status", "200") in labels
         )
+        if admitted > bound:
+            run.clock.problems.append(f"{admitted:.0f} requests of the {tier} key admitted, "
+                                      f"over its bound {bound:.0f}")
+        run.clock.notes.append(f"{tier} key: {admitted:.0f} admitted in {took:.1f} s, bound {bound:.0f}")
     for name, want in (("ferry_limiter_fallbacks_total", 0), ("ferry_limiter_busy_total", 0),
                        ("ferry_limiter_refunds_pending", 0), ("ferry_limiter_store_up", 1)):
         got = metrics.get((name, ()))
@@ -149,8 +151,7 @@ async def watch_limits(run: Run, per_minute: int, tier: str, settle: float = 1.0
             run.clock.problems.append(f"{name} is {got}, not {want}")
     local, pending, late = (metrics.get((f"ferry_limiter_{name}", ()), 0)
                             for name in ("fallbacks_total", "refunds_pending", "late_total"))
-    run.clock.notes.append(f"{tier} key: {admitted:.0f} admitted in {took:.1f} s, bound {bound:.0f}; "
-                           f"{local:.0f} charged locally, {pending:.0f} keys with refunds left; "
+    run.clock.notes.append(f"{local:.0f} charged locally, {pending:.0f} keys with refunds left; "
                            f"calls made again after a late reply: {late:.0f}")
 
 

@@ -63,13 +63,14 @@ stats_timeout_ms = 2000
 """
 
 
-def config(model: str, redis_url: str | None = None, paid_per_minute: int | None = None) -> str:
+def config(model: str, redis_url: str | None = None, per_minute: dict[str, int] | None = None) -> str:
     """The row's ``ferry serve`` config around its model table; with ``redis_url`` its keys'
     limits live in Redis (generous limits: the row checks they keep working, not that they bite),
-    and ``paid_per_minute`` limits the paid key's requests a minute (a limit that bites)."""
+    and ``per_minute`` limits the named tiers' keys to so many requests a minute (limits that bite)."""
     limits = "" if redis_url is None else f'\n[limits]\nstore = "redis"\nredis_url = "{redis_url}"\n'
     per_key = "" if redis_url is None else "\ntokens_per_minute = 100000000"
-    paid = per_key if paid_per_minute is None else f"{per_key}\nrequests_per_minute = {paid_per_minute}"
+    paid, free = (per_key if tier not in (per_minute or {}) else
+                  f"{per_key}\nrequests_per_minute = {per_minute[tier]}" for tier in ("paid", "free"))
     return limits + f"""
 [server]
 host = "127.0.0.1"
@@ -90,7 +91,7 @@ tier = "paid"{paid}
 [[keys]]
 key = "{FREE}"
 tenant = "chaos"
-tier = "free"{per_key}
+tier = "free"{free}
 """ + model
 
 
@@ -112,13 +113,14 @@ class Scenario:
     start_fails: bool = False  # the gateway must refuse to start, saying why
     ray: bool = False  # the workers are Ray actors on a cluster of two worker nodes the row starts
     closes: bool = False  # the fault ends the gateway: a request not answered by then may go unanswered
-    paid_per_minute: int | None = None  # the paid key's requests a minute, when the row limits it
+    per_minute: dict[str, int] | None = None  # requests a minute of each tier's key the row limits
+    rate: float | None = None  # requests/s, if not the run's own
 
     def toml(self, params: Params, redis_url: str | None = None, ray_address: str | None = None) -> str:
         model = self.model(list(self.worker), self.workers or params.workers)
         if ray_address is not None:
             model += f'placement = "ray"\nresources = {{ {SLOT} = 1 }}\n\n[ray]\naddress = "{ray_address}"\n'
-        return config(model, redis_url, self.paid_per_minute)
+        return config(model, redis_url, self.per_minute)
 
 
 def _kill_every(run: Run) -> Awaitable[None]:
@@ -153,6 +155,7 @@ def _redis_out(run: Run, freeze: bool) -> Awaitable[None]:
 
 SLEEP = ("sleep", "--latency-ms", "200")
 PAID_PER_MINUTE = 600  # bites within seconds at any rate the row runs (half of its requests paid)
+BUSY_RATE = 2000.0  # requests/s of the row that keeps every key's limit at the rate a busy gateway sees
 FLEET_DOWN = Rules(statuses=frozenset({500, 529}), expected=None, answer_within=_budget_plus_hang)
 
 SCENARIOS = [
@@ -203,8 +206,13 @@ SCENARIOS = [
     Scenario("redis-freeze", "Redis frozen (SIGSTOP) for a third of the run (limits in Redis)",
              redis=True, fault=lambda run: _redis_out(run, freeze=True)),
     Scenario("redis-busy", f"Redis healthy, the paid key limited to {PAID_PER_MINUTE} requests a minute",
-             redis=True, paid_per_minute=PAID_PER_MINUTE, rules=Rules(statuses=frozenset({429, 529})),
-             fault=lambda run: faults.watch_limits(run, PAID_PER_MINUTE, "paid")),
+             redis=True, per_minute={"paid": PAID_PER_MINUTE}, rules=Rules(statuses=frozenset({429, 529})),
+             fault=lambda run: faults.watch_limits(run, {"paid": PAID_PER_MINUTE})),
+    Scenario("redis-busy-2000", f"Redis healthy at {BUSY_RATE:g} requests/s, both keys limited to "
+             f"{PAID_PER_MINUTE} a minute", redis=True, rate=BUSY_RATE,
+             per_minute={"paid": PAID_PER_MINUTE, "free": PAID_PER_MINUTE},
+             rules=Rules(statuses=frozenset({429, 529})),
+             fault=lambda run: faults.watch_limits(run, {"paid": PAID_PER_MINUTE, "free": PAID_PER_MINUTE})),
 ]
 BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 
@@ -230,4 +238,4 @@ def plan_for(scenario: Scenario, params: Params) -> Plan:
         if name in fields:
             start, length, *rest = fields[name]
             fields[name] = (start * params.duration, length * params.duration, *rest)
-    return Plan(rate=params.rate, duration=params.duration, seed=params.seed, **fields)
+    return Plan(rate=scenario.rate or params.rate, duration=params.duration, seed=params.seed, **fields)
