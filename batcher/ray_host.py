@@ -45,8 +45,9 @@ def _unnice(pid: int) -> None:
 class WorkerHost:
     """One worker program's host inside a Ray actor (see the module doc)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], secret: bytes) -> None:
-        self._argv = [sys.executable, "-m", "workers", *argv]
+    def __init__(self, argv: list[str], env: dict[str, str], secret: bytes, python: str = "") -> None:
+        # The model's own interpreter where it names one (a path on the node), else the actor's.
+        self._argv = [os.path.expanduser(python) if python else sys.executable, "-m", "workers", *argv]
         # This node's environment, with Ray's CUDA_VISIBLE_DEVICES, without the OMP_NUM_THREADS=1
         # Ray sets for an actor that asks for no CPU: the program sizes its threads as a local one.
         self._env = {name: value for name, value in {**os.environ, **env}.items()

@@ -222,7 +222,8 @@ class RayHosted(PipeProcess):
         import ray
 
         options = self._cluster.options(self._model, self._name)
-        self._actor = ray.remote(WorkerHost).options(**options).remote(self._program, self._env, secret)
+        self._actor = ray.remote(WorkerHost).options(**options).remote(self._program, self._env, secret,
+                                                                    self._model.python)
         if self._stopped:  # stopped while this thread was placing it
             ray.kill(self._actor, no_restart=True)
             raise PlacementError(f"model {self._model.name!r}: stopped while placing")

@@ -26,6 +26,7 @@ from batcher.process_worker import ProcessWorker
 from batcher.slot import SlotState
 from batcher.supervisor import WorkerStartError
 from batcher.types import ReplicaLost
+from experiments.vllm_server import VLLM_PYTHON, vllm_installed
 from gateway.tokenizer import ByteTokenizer
 from tests.test_engine_pool import QUEUE, Client, job
 from tests.test_engine_pool_processes import pids
@@ -192,3 +193,13 @@ async def test_a_model_asking_for_what_no_node_has_is_a_start_up_error_naming_th
     with pytest.RaisesGroup(pytest.RaisesExc(WorkerStartError, match=no_node), flatten_subgroups=True):
         async with batcher_of(fixed(workers=1, num_gpus=4, accelerator_type="H200")):
             pass
+
+
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM's virtualenv .venv-vllm is not built (make vllm-env)")
+async def test_a_ray_placed_worker_runs_under_the_interpreter_its_model_names():
+    async with batcher_of(fixed(workers=1, python=str(VLLM_PYTHON))) as batcher:
+        assert await submit_all(batcher, ["abc"]) == {"abc": "cba"}
+        actor = batcher.snapshot().status.workers[0].pid  # the actor's: the program is its child
+        children = (await trio.Path(f"/proc/{actor}/task/{actor}/children").read_text()).split()
+        commands = [(await trio.Path(f"/proc/{pid}/cmdline").read_bytes()).split(b"\0") for pid in children]
+        assert [command[:3] for command in commands] == [[str(VLLM_PYTHON).encode(), b"-m", b"workers"]]
