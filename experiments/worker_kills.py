@@ -2,7 +2,7 @@
 
     python experiments/worker_kills.py --rate 1000 --duration 60 --kill-every 2
 
-Issue 12's acceptance run: 8 workers of 200 ms (capacity 2,000 requests/s) at 1,000 requests/s,
+The reference run: 8 workers of 200 ms (capacity 2,000 requests/s) at 1,000 requests/s,
 half paid and half free with the embedded default's budgets (1 s and 0.3 s), and a random live
 worker killed with SIGKILL every ``--kill-every`` seconds, busy or idle. Prints the requests
 offered, answered, failed (by error) and lost (never answered), p50/p99 latency by tier, and
