@@ -243,8 +243,11 @@ def paged_attention(
     out = None if len(plan.groups) == 1 and plan.groups[0].whole else q.new_empty(tokens, heads * head_dim)
     for g, copy in itertools.zip_longest(plan.groups, copies):
         rows = g.num_seqs * g.max_query
+        dense = g.whole or g.max_query == 1  # no padded query slot: rows are the group's tokens
         if g.whole:
             padded = q
+        elif g.max_query == 1:
+            padded = q.index_select(0, g.tokens)
         else:
             padded = q.new_zeros(rows, heads, head_dim).index_copy_(0, g.rows, q.index_select(0, g.tokens))
         query = (
@@ -264,5 +267,5 @@ def paged_attention(
         )
         if out is None:
             return flat
-        out.index_copy_(0, g.tokens, flat if g.whole else flat.index_select(0, g.rows))
+        out.index_copy_(0, g.tokens, flat if dense else flat.index_select(0, g.rows))
     return out
