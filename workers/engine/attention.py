@@ -10,6 +10,9 @@ positions in order::
     block table [7, 2, 9]  ->  rows (K, head h, blocks 7, 2, 9)  ->  positions 0 ... 47 of head h
                                                                     (padded past the context)
 
+A decode group whose contexts the runner keeps between steps reads them from that contiguous
+copy instead, appended to token by token (:mod:`workers.engine.context_copy`): no gather.
+
 Sequences are attended in groups, each one ``scaled_dot_product_attention`` call over padded
 tensors: decodes apart from prefill chunks, and each kind split by size where padding would
 cost more than another call (:func:`partition`). Grouped queries need no copy of K and V:
