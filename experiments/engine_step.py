@@ -10,7 +10,7 @@ then take turns: each round, each side runs one untimed step and ``--steps`` tim
 steps of all ``--seqs`` sequences. Reported per side: wall and CPU seconds per step (CPU:
 this thread's, which a loaded machine's other processes disturb less than the wall clock),
 min and median, and this tree's over the earlier one's. ``--churn N``: before each timed step,
-each side aborts its ``N`` oldest sequences and adds ``N`` new seeded prompts of 20-60 tokens
+each side aborts its ``N`` oldest sequences and adds ``N`` new random prompts of 20-60 tokens
 (the same on both sides), so that every step prefills some and the batch's decodes change, as
 a busy server's do. ``--profile`` then prints torch.profiler's table of each side's steps, by
 operator.
