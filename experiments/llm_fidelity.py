@@ -1,0 +1,193 @@
+"""Fidelity of the continuous mode: virtual time against a real SmolLM2 engine worker on this CPU.
+
+    python -m experiments.llm_fidelity [--costs FILE] [--requests 100] [--rate 1.5] [--seed 0]
+
+One seeded workload (Poisson arrivals, uniform prompt and answer lengths, one tier, greedy
+answers) goes twice through the production ``EnginePool``, router and admission with one
+replica: once on the wall clock to a real engine worker process (``python -m workers engine``,
+SmolLM2-135M-Instruct in bfloat16 on one torch thread), once under MockClock to a simulated
+engine (the same engine scheduler over a runner priced by the constants ``ferry fit`` measured
+on this machine: ``--costs``, or a fit run first into ``results/llm_fidelity_costs.json``). Both
+are driven by the replay's own driver (:func:`batcher.sim.llm_replay._drive`), so a request is
+sent, streamed and timed the same way. A real answer can end early at an end-of-sequence token;
+the virtual run asks each request for the tokens its real answer took, so both compute the same
+tokens. The real run is bounded by ``--limit`` seconds after its warm-up.
+
+Reported: TTFT and TPOT at p50, p95 and p99 of both runs, their relative difference
+(virtual / real - 1), the engine steps and tokens per second of each; a CDF plot of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import trio
+
+from batcher.backend import Finished, Job
+from batcher.config import ContinuousModelConfig, QueueConfig
+from batcher.continuous import open_engine_pool
+from batcher.engine_worker import EngineProcess
+from batcher.process_worker import process_workers
+from batcher.sim.arrivals import poisson
+from batcher.sim.engine_process import EngineSpec
+from batcher.sim.llm_replay import Horizon, IdText, Outcomes, Prompts, Replayed, _drive, replay
+from batcher.sim.llm_report import ContinuousReport
+from batcher.sim.llm_workload import Lengths, Workload
+from experiments.common import RESULTS, plt, write
+from workers.engine import cost_fit
+from workers.engine.cost_model import SMOLLM2_135M
+
+ENGINE = {  # the one replica, real or simulated
+    "name": "smollm2@fidelity",
+    "workers": 1,
+    "num_blocks": 2048,
+    "max_batch_tokens": 512,
+    "max_seqs": 64,
+    "temperature": 0.0,  # greedy, as ferry fit measures
+}
+REAL = ContinuousModelConfig(model="smollm2-135m", dtype="bfloat16", threads=1, **ENGINE)
+VIRTUAL = ContinuousModelConfig(simulated="smollm2-135m", **ENGINE)
+QUEUE = QueueConfig(tiers=("all",), queue_timeout=600.0)  # nothing shed, nothing expires
+WARM_UP = 4  # requests the real engine answers before the clock starts (its kernels' set-up)
+
+
+def workload_of(args: argparse.Namespace) -> Workload:
+    return Workload.synthetic(
+        poisson(args.rate, 2 * args.requests / args.rate, args.seed)[: args.requests],
+        {"all": 1.0},
+        Lengths.parse(args.prompt),
+        Lengths.parse(args.answer),
+        seed=args.seed,
+    )
+
+
+async def warm_up(pool) -> None:
+    left = [WARM_UP]
+    done = trio.Event()
+
+    def ended(event: object) -> None:
+        if isinstance(event, Finished):
+            left[0] -= 1
+            if not left[0]:
+                done.set()
+
+    for i in range(WARM_UP):
+        pool.submit(Job("", tuple(range(100 + i, 164 + i * 64)), 8, stream=True), ended)
+    await done.wait()
+
+
+async def serve_real(workload: Workload, seed: int, limit: float) -> tuple[Outcomes, dict[str, int], float]:
+    """``workload`` through the pool to a real engine worker: what callers saw, the engine's
+    counters over the run, the wall seconds from the first arrival to the last end."""
+    spawn = process_workers(REAL.engine_argv(), REAL.workers, kind=EngineProcess)
+    outcomes = Outcomes(len(workload))
+    prompts = Prompts(workload, SMOLLM2_135M.vocab, seed)
+    async with open_engine_pool(REAL, QUEUE, spawn, IdText()) as pool:
+        await warm_up(pool)
+        await trio.sleep(0.3)  # a stats frame after the warm-up
+        before = pool.snapshot().stats.replicas[0].engine
+        done = trio.Event()
+        start = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_drive, pool, workload, prompts, outcomes, done, True, Horizon())
+            with trio.move_on_after(limit):
+                await done.wait()
+            nursery.cancel_scope.cancel()
+        span = trio.current_time() - start
+        await trio.sleep(0.3)
+        after = pool.snapshot().stats.replicas[0].engine
+    names = {"steps": "step", **{n: n for n in ("preemptions", "prefix_queries", "prefix_hits",
+                                               "computed_tokens", "generated_tokens")}}
+    counters = {name: getattr(after, field) - getattr(before, field) for name, field in names.items()}
+    return outcomes, counters, span
+
+
+def as_asked(workload: Workload, real: Outcomes) -> Workload:
+    """``workload`` asking each request for the tokens its real answer took: those it sent,
+    plus the end-of-sequence token it stopped at (computed, never sent) if it stopped early."""
+    early = real.tokens < workload.answer
+    answer = np.where(early & (real.tokens > 0), real.tokens + 1, workload.answer)
+    return dataclasses.replace(workload, answer=answer.astype(np.int64))
+
+
+def costs(path: str | None) -> tuple[str, str]:
+    """The costs file to use (fitted now if none is given), and how it came to be."""
+    if path:
+        return path, f"`{path}`"
+    RESULTS.mkdir(exist_ok=True)
+    path = str(RESULTS / "llm_fidelity_costs.json")
+    print("fitting the cost model: ferry fit", file=sys.stderr, flush=True)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    subprocess.run([sys.executable, "-m", "gateway.cli", "fit", "--out", path], check=True, env=env)
+    return path, "a `ferry fit` run just before"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--costs", metavar="FILE", help="step costs from ferry fit (default: fit now)")
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=1.5, help="arrivals per second (Poisson)")
+    parser.add_argument("--prompt", default="uniform:32:384", help="prompt tokens (default uniform:32:384)")
+    parser.add_argument("--answer", default="uniform:16:128", help="answer tokens (default uniform:16:128)")
+    parser.add_argument("--limit", type=float, default=180.0, help="wall seconds the real run may take")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    path, fitted = costs(args.costs)
+    cost = cost_fit.load(path)
+    workload = workload_of(args)
+    print(f"real engine worker: {len(workload)} requests over {workload.times[-1]:.0f} s", file=sys.stderr)
+    cpu = time.process_time()
+    outcomes, counters, span = trio.run(serve_real, workload, args.seed, args.limit)
+    real = Replayed(workload, outcomes, [counters], np.zeros((0, 1)), [0], span, time.process_time() - cpu, 0)
+    asked = as_asked(workload, outcomes)
+    virtual = replay(asked, VIRTUAL, QUEUE, EngineSpec.of(VIRTUAL, cost), seed=args.seed)
+    reports = {"virtual": ContinuousReport.of(virtual), "real": ContinuousReport.of(real)}
+    rows, judged = [], []
+
+    def row(label: str, v: float, r: float) -> None:
+        rows.append({"": label, "virtual": round(v, 1), "real": round(r, 1),
+                     "virtual / real - 1": f"{v / r - 1:+.1%}"})
+
+    for metric in ("ttft", "tpot"):
+        for p in ("p50", "p95", "p99"):
+            v, r = (getattr(reports[k].by_tier["all"], metric)[p] * 1000 for k in ("virtual", "real"))
+            row(f"{metric.upper()} {p} ms", v, r)
+            if p != "p99":
+                judged.append(100 * abs(v / r - 1))
+    for label, key in (("engine steps", "steps"), ("tokens/s", "tokens_per_second")):
+        row(label, *(getattr(reports[k].replicas[0], key) for k in ("virtual", "real")))
+    ended = {k: reports[k].by_tier["all"].ended["finished"] for k in reports}
+    early = int(((outcomes.tokens < workload.answer) & (outcomes.tokens > 0)).sum())
+    worst = max(judged)
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for axis, (name, unit) in zip(axes, (("TTFT", "ms"), ("TPOT", "ms")), strict=True):
+        for label, run, style in (("virtual time", virtual, "-"), ("real engine worker", real, "--")):
+            out = run.outcomes
+            tpot = (out.end - out.first) / np.maximum(out.tokens - 1, 1)
+            values = out.first - out.sent if name == "TTFT" else tpot
+            ordered = np.sort(values[out.tokens > 1]) * 1000
+            axis.plot(ordered, np.arange(1, len(ordered) + 1) / len(ordered), style, label=label)
+        axis.set(title=name, xlabel=f"{name} ({unit})", ylabel="share of requests")
+        axis.grid(alpha=0.3)
+    axes[0].legend()
+    verdict = "within" if worst <= 15 else "NOT within"
+    summary = f"""
+{len(workload)} requests ({args.rate:g}/s Poisson, prompts {args.prompt}, answers {args.answer},
+seed {args.seed}) through the production pool to one SmolLM2-135M engine: a real worker process
+(bfloat16, one torch thread, {ended['real']} finished, {early} ended early at an end-of-sequence
+token) against a simulated engine priced by {fitted} ({ended['virtual']} finished). The largest
+TTFT/TPOT p50/p95 difference is **{worst:.1f} %**: {verdict} the 15 % asked for.
+"""
+    command = " ".join(["python -m experiments.llm_fidelity", *sys.argv[1:]])
+    write("llm_fidelity", rows, figure, summary, command)
+
+
+if __name__ == "__main__":
+    main()
