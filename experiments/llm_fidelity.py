@@ -82,9 +82,17 @@ async def warm_up(pool) -> None:
     await done.wait()
 
 
-async def serve_real(workload: Workload, seed: int, limit: float) -> tuple[Outcomes, dict[str, int], float]:
+def cpu_seconds(pid: int) -> float:
+    """The user and system CPU seconds process ``pid`` has used (Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def serve_real(workload: Workload, seed: int, limit: float) -> tuple[Outcomes, dict[str, float], float]:
     """``workload`` through the pool to a real engine worker: what callers saw, the engine's
-    counters over the run, the wall seconds from the first arrival to the last end."""
+    counters over the run (and its CPU seconds), the wall seconds from the first arrival to the
+    last end."""
     spawn = process_workers(REAL.engine_argv(), REAL.workers, kind=EngineProcess)
     outcomes = Outcomes(len(workload))
     prompts = Prompts(workload, SMOLLM2_135M.vocab, seed)
@@ -92,6 +100,8 @@ async def serve_real(workload: Workload, seed: int, limit: float) -> tuple[Outco
         await warm_up(pool)
         await trio.sleep(0.3)  # a stats frame after the warm-up
         before = pool.snapshot().stats.replicas[0].engine
+        pid = pool.snapshot().status.workers[0].pid
+        cpu = cpu_seconds(pid)
         done = trio.Event()
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
@@ -100,12 +110,13 @@ async def serve_real(workload: Workload, seed: int, limit: float) -> tuple[Outco
                 await done.wait()
             nursery.cancel_scope.cancel()
         span = trio.current_time() - start
+        cpu = cpu_seconds(pid) - cpu
         await trio.sleep(0.3)
         after = pool.snapshot().stats.replicas[0].engine
     names = {"steps": "step", **{n: n for n in ("preemptions", "prefix_queries", "prefix_hits",
                                                "computed_tokens", "generated_tokens")}}
     counters = {name: getattr(after, field) - getattr(before, field) for name, field in names.items()}
-    return outcomes, counters, span
+    return outcomes, {**counters, "cpu_seconds": cpu}, span
 
 
 def as_asked(workload: Workload, real: Outcomes) -> Workload:
@@ -133,8 +144,8 @@ def main() -> None:
     parser.add_argument("--costs", metavar="FILE", help="step costs from ferry fit (default: fit now)")
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--rate", type=float, default=1.5, help="arrivals per second (Poisson)")
-    parser.add_argument("--prompt", default="uniform:32:384", help="prompt tokens (default uniform:32:384)")
-    parser.add_argument("--answer", default="uniform:16:128", help="answer tokens (default uniform:16:128)")
+    parser.add_argument("--prompt", default="uniform:16:256", help="prompt tokens (default uniform:16:256)")
+    parser.add_argument("--answer", default="uniform:16:96", help="answer tokens (default uniform:16:96)")
     parser.add_argument("--limit", type=float, default=180.0, help="wall seconds the real run may take")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -142,8 +153,9 @@ def main() -> None:
     cost = cost_fit.load(path)
     workload = workload_of(args)
     print(f"real engine worker: {len(workload)} requests over {workload.times[-1]:.0f} s", file=sys.stderr)
-    cpu = time.process_time()
+    cpu, load = time.process_time(), os.getloadavg()[0]
     outcomes, counters, span = trio.run(serve_real, workload, args.seed, args.limit)
+    load = (load, os.getloadavg()[0])
     real = Replayed(workload, outcomes, [counters], np.zeros((0, 1)), [0], span, time.process_time() - cpu, 0)
     asked = as_asked(workload, outcomes)
     virtual = replay(asked, VIRTUAL, QUEUE, EngineSpec.of(VIRTUAL, cost), seed=args.seed)
@@ -182,7 +194,9 @@ def main() -> None:
 {len(workload)} requests ({args.rate:g}/s Poisson, prompts {args.prompt}, answers {args.answer},
 seed {args.seed}) through the production pool to one SmolLM2-135M engine: a real worker process
 (bfloat16, one torch thread, {ended['real']} finished, {early} ended early at an end-of-sequence
-token) against a simulated engine priced by {fitted} ({ended['virtual']} finished). The largest
+token; the engine process used {counters['cpu_seconds']:.0f} CPU s in the run's {span:.0f} wall s,
+the machine's load average went from {load[0]:.1f} to {load[1]:.1f} on its 2 cores) against a
+simulated engine priced by {fitted} ({ended['virtual']} finished). The largest
 TTFT/TPOT p50/p95 difference is **{worst:.1f} %**: {verdict} the 15 % asked for.
 """
     command = " ".join(["python -m experiments.llm_fidelity", *sys.argv[1:]])

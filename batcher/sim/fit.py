@@ -8,10 +8,12 @@ in this process, with ``--threads`` torch threads; each step is timed on the wal
 what it held is taken from the batch its runner saw. The designed run, greedy and never ending
 at an end-of-sequence token:
 
-- for each context length of ``--contexts``: the largest of ``--batches`` prompts of that
-  length, prefilled through the step budget (mixed steps of prompt chunks and decodes, timed
-  too); then for each batch size, largest first, the sequences beyond it aborted, ``--repeats``
-  decode steps, and one step with a fresh prompt of the next of ``--chunks`` joining them;
+- for each context length ``L`` of ``--contexts``: the largest of ``--batches`` prompts of
+  ``L / 2`` to ``3 L / 2`` tokens (uniform: a batch of mixed contexts, whose attention pads each
+  group to its longest, as real traffic does), prefilled through the step budget (mixed steps
+  of prompt chunks and decodes, timed too); then for each batch size, largest first, the
+  sequences beyond it aborted, ``--repeats`` decode steps, and one step with a fresh prompt of
+  the next of ``--chunks`` joining them;
 - each of ``--chunks`` alone, a prefill step of its own.
 
 The fit is :func:`workers.engine.cost_fit.fit`; this module only measures and writes.
@@ -109,7 +111,8 @@ def measure(
     chunks = itertools.cycle(design.chunks)
     for context in design.contexts:
         current = engine()
-        rids = [add(current, context) for _ in range(max(design.batches))]
+        low, high = context - context // 2, context + context // 2
+        rids = [add(current, rng.randint(low, high)) for _ in range(max(design.batches))]
         sequences = current.scheduler.sequences
         while any(seq.num_computed < seq.num_prompt for seq in sequences.values()):
             step(current)
