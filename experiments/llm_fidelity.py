@@ -7,7 +7,9 @@ answers) goes twice through the production ``EnginePool``, router and admission 
 replica: once on the wall clock to a real engine worker process (``python -m workers engine``,
 SmolLM2-135M-Instruct in bfloat16 on one torch thread), once under MockClock to a simulated
 engine (the same engine scheduler over a runner priced by the constants ``ferry fit`` measured
-on this machine: ``--costs``, or a fit run first into ``results/llm_fidelity_costs.json``). Both
+on this machine: ``--costs``, or by default the steps of two ``ferry fit`` runs, one just before
+the real run and one just after, fitted together into ``results/llm_fidelity_costs.json``: on
+a shared machine other processes' load changes from minute to minute, and the two bracket it). Both
 are driven by the replay's own driver (:func:`batcher.sim.llm_replay._drive`), so a request is
 sent, streamed and timed the same way. A real answer can end early at an end-of-sequence token;
 the virtual run asks each request for the tokens its real answer took, so both compute the same
@@ -25,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import trio
@@ -127,16 +130,14 @@ def as_asked(workload: Workload, real: Outcomes) -> Workload:
     return dataclasses.replace(workload, answer=answer.astype(np.int64))
 
 
-def costs(path: str | None) -> tuple[str, str]:
-    """The costs file to use (fitted now if none is given), and how it came to be."""
-    if path:
-        return path, f"`{path}`"
-    RESULTS.mkdir(exist_ok=True)
-    path = str(RESULTS / "llm_fidelity_costs.json")
-    print("fitting the cost model: ferry fit", file=sys.stderr, flush=True)
+BEFORE, COSTS = RESULTS / "llm_fidelity_before.json", RESULTS / "llm_fidelity_costs.json"
+
+
+def ferry_fit(out: Path, *earlier: Path) -> None:
+    print(f"measuring the engine's steps: ferry fit --out {out}", file=sys.stderr, flush=True)
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    subprocess.run([sys.executable, "-m", "gateway.cli", "fit", "--out", path], check=True, env=env)
-    return path, "a `ferry fit` run just before"
+    argv = ["fit", "--out", str(out), *(f"--with={path}" for path in earlier)]
+    subprocess.run([sys.executable, "-m", "gateway.cli", *argv], check=True, env=env)
 
 
 def main() -> None:
@@ -149,14 +150,20 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=180.0, help="wall seconds the real run may take")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    path, fitted = costs(args.costs)
-    cost = cost_fit.load(path)
     workload = workload_of(args)
+    if not args.costs:  # steps measured just before and just after the real run, fitted together
+        RESULTS.mkdir(exist_ok=True)
+        ferry_fit(BEFORE)
     print(f"real engine worker: {len(workload)} requests over {workload.times[-1]:.0f} s", file=sys.stderr)
     cpu, load = time.process_time(), os.getloadavg()[0]
     outcomes, counters, span = trio.run(serve_real, workload, args.seed, args.limit)
     load = (load, os.getloadavg()[0])
     real = Replayed(workload, outcomes, [counters], np.zeros((0, 1)), [0], span, time.process_time() - cpu, 0)
+    if args.costs:
+        cost, fitted = cost_fit.load(args.costs), f"`{args.costs}`"
+    else:
+        ferry_fit(COSTS, BEFORE)
+        cost, fitted = cost_fit.load(str(COSTS)), "the steps `ferry fit` timed just before and after it"
     asked = as_asked(workload, outcomes)
     virtual = replay(asked, VIRTUAL, QUEUE, EngineSpec.of(VIRTUAL, cost), seed=args.seed)
     reports = {"virtual": ContinuousReport.of(virtual), "real": ContinuousReport.of(real)}
@@ -189,14 +196,16 @@ def main() -> None:
         axis.set(title=name, xlabel=f"{name} ({unit})", ylabel="share of requests")
         axis.grid(alpha=0.3)
     axes[0].legend()
-    verdict = "within" if worst <= 15 else "NOT within"
+    verdict, o = "within" if worst <= 15 else "NOT within", cost.overhead
     summary = f"""
 {len(workload)} requests ({args.rate:g}/s Poisson, prompts {args.prompt}, answers {args.answer},
 seed {args.seed}) through the production pool to one SmolLM2-135M engine: a real worker process
 (bfloat16, one torch thread, {ended['real']} finished, {early} ended early at an end-of-sequence
 token; the engine process used {counters['cpu_seconds']:.0f} CPU s in the run's {span:.0f} wall s,
 the machine's load average went from {load[0]:.1f} to {load[1]:.1f} on its 2 cores) against a
-simulated engine priced by {fitted} ({ended['virtual']} finished). The largest
+simulated engine priced by {fitted} ({ended['virtual']} finished; per step {o.step * 1e3:.1f} ms,
+per sequence {o.seq * 1e3:.2f} ms, per token {o.token * 1e3:.2f} ms, per context token
+{o.context * 1e6:.1f} µs, per attention pair {o.pair * 1e9:.2f} ns). The largest
 TTFT/TPOT p50/p95 difference is **{worst:.1f} %**: {verdict} the 15 % asked for.
 """
     command = " ".join(["python -m experiments.llm_fidelity", *sys.argv[1:]])

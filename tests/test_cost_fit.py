@@ -12,7 +12,7 @@ import random
 import pytest
 
 from batcher.sim.llm_simulate import cost_from_args
-from workers.engine.cost_fit import Measured, as_dict, fit, from_dict, load, save
+from workers.engine.cost_fit import Measured, as_dict, fit, from_dict, load, measured, save
 from workers.engine.cost_model import PRESETS, SMOLLM2_135M, UNBOUNDED, CostModel, Overhead
 
 CPU = Overhead(step=0.020, seq=0.0008, token=0.0012, context=2.5e-6, pair=4e-9)
@@ -105,6 +105,21 @@ def test_the_file_loads_as_the_cost_model_that_wrote_it(tmp_path):
     assert again.step(*mixed).seconds == cost.step(*mixed).seconds
     gpu = PRESETS["llama-70b"]
     assert from_dict(as_dict(gpu)).step([1] * 256, [2000] * 256) == gpu.step([1] * 256, [2000] * 256)
+
+
+def test_the_steps_a_file_carries_fit_again_together_with_others(tmp_path):
+    steps = designed_steps(CPU, noise=0.05, seed=1)
+    path = tmp_path / "earlier.json"
+    save(str(path), CostModel(SMOLLM2_135M, UNBOUNDED, fit(steps).overhead),
+         {"measured": [[list(s.query_lens), list(s.context_lens), s.seconds] for s in steps]})
+    assert measured(str(path)) == steps
+    later = designed_steps(CPU, noise=0.05, seed=2)
+    together = fit(measured(str(path)) + later)
+    assert together.steps == 2 * len(steps)
+    assert together.median_error < 0.05
+    save(str(path), CostModel(SMOLLM2_135M, UNBOUNDED, CPU))
+    with pytest.raises(ValueError, match="no measured steps"):
+        measured(str(path))
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,12 @@ them, and write the file ``ferry simulate --mode continuous --cost FILE`` prices
 
 The engine is the production one (:class:`~workers.engine.engine.Engine` over the torch
 :class:`~workers.engine.runner.ModelRunner`, SmolLM2-135M converted once into the user's cache),
-in this process, with ``--threads`` torch threads; each step is timed on the wall clock around
-``Engine.step()`` (scheduler, batch, forward pass, sampling: what a worker's step costs), and
-what it held is taken from the batch its runner saw. The designed run, greedy and never ending
+in this process, with ``--threads`` torch threads; each step is timed around ``Engine.step()``
+(scheduler, batch, forward pass, sampling: what a worker's step costs), and what it held is
+taken from the batch its runner saw. With one thread the clock is this process's CPU time: what
+the step costs on a core of its own, which other processes on a shared machine disturb far less
+than the wall clock (their load can halve a step's wall-clock speed from one minute to the
+next); with more threads, or ``--wall``, it is the wall clock. The designed run, greedy and never ending
 at an end-of-sequence token:
 
 - for each context length ``L`` of ``--contexts``: the largest of ``--batches`` prompts of
@@ -16,7 +19,9 @@ at an end-of-sequence token:
   the next of ``--chunks`` joining them;
 - each of ``--chunks`` alone, a prefill step of its own.
 
-The fit is :func:`workers.engine.cost_fit.fit`; this module only measures and writes.
+The fit is :func:`workers.engine.cost_fit.fit`, over these steps and those of the files named
+by ``--with`` (earlier runs: on a shared machine, runs at other times average its noise out);
+this module only measures and writes.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 from workers.engine.batch import ForwardBatch, Runner
 from workers.engine.config import EngineConfig
-from workers.engine.cost_fit import Fit, Measured, fit, save
+from workers.engine.cost_fit import Fit, Measured, fit, measured, save
 from workers.engine.cost_model import SMOLLM2_135M, UNBOUNDED, CostModel, Hardware
 from workers.engine.engine import Engine
 from workers.engine.sequence import SamplingParams
@@ -158,6 +163,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunks", type=_numbers, default=defaults.chunks, metavar="N,N,...")
     parser.add_argument("--repeats", type=int, default=defaults.repeats, help="decode steps per batch size")
     parser.add_argument("--max-batch-tokens", type=int, default=defaults.max_batch_tokens)
+    parser.add_argument("--wall", action="store_true", help="time steps on the wall clock, not in CPU time")
+    parser.add_argument(
+        "--with", dest="earlier", action="append", default=[], metavar="FILE",
+        help="fit these steps together with those an earlier ferry fit measured (repeatable)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -178,14 +188,20 @@ def main(args: argparse.Namespace) -> int:
     model_dir = ensure_converted("smollm2-135m", log=lambda line: print(line, file=sys.stderr))
     runner = ModelRunner(model_dir, dtype=args.dtype)
     started = time.perf_counter()
-    records = measure(runner, design, runner.config.vocab_size)
+    wall = args.wall or args.threads > 1
+    clock = time.perf_counter if wall else time.process_time
+    records = measure(runner, design, runner.config.vocab_size, clock)
+    timed = len(records)
     try:
+        for path in args.earlier:
+            records += measured(path)
         result = fit(records)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"ferry fit: {exc}", file=sys.stderr)
         return 2
     about: dict[str, Any] = {
         "engine": f"SmolLM2-135M-Instruct, {args.dtype}, {args.threads} torch thread(s)",
+        "clock": "wall" if wall else "process CPU time",
         "design": dataclasses.asdict(design),
         "steps": result.steps,
         "median_error": result.median_error,
@@ -194,7 +210,8 @@ def main(args: argparse.Namespace) -> int:
     }
     save(args.out, fitted_cost(result, args.dtype), about)
     print(table(result, records))
-    print(f"{len(records)} steps timed in {time.perf_counter() - started:.0f} s; wrote {args.out}")
+    earlier = f", fitted with {len(records) - timed} from {', '.join(args.earlier)}" if args.earlier else ""
+    print(f"{timed} steps timed in {time.perf_counter() - started:.0f} s{earlier}; wrote {args.out}")
     return 0
 
 

@@ -151,9 +151,20 @@ def save(path: str, cost: CostModel, about: dict[str, Any] | None = None) -> Non
 
 def load(path: str) -> CostModel:
     """The cost model in the file ``ferry fit`` wrote at ``path``."""
+    return from_dict(_read(path), path)
+
+
+def measured(path: str) -> list[Measured]:
+    """The steps ``ferry fit`` measured for the file at ``path`` (to fit them again, with others)."""
+    try:
+        return [Measured(tuple(q), tuple(c), float(s)) for q, c, s in _read(path)["about"]["measured"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: no measured steps ({type(exc).__name__}: {exc})") from None
+
+
+def _read(path: str) -> Any:
     with open(path) as source:
         try:
-            data = json.load(source)
+            return json.load(source)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not JSON ({exc})") from None
-    return from_dict(data, path)
