@@ -16,7 +16,10 @@ the virtual run asks each request for the tokens its real answer took, so both c
 tokens. The real run is bounded by ``--limit`` seconds after its warm-up.
 
 Reported: TTFT and TPOT at p50, p95 and p99 of both runs, their relative difference
-(virtual / real - 1), the engine steps and tokens per second of each; a CDF plot of both.
+(virtual / real - 1), the engine steps, tokens per second and busy seconds of each; and the
+same virtual run with every step slowed to the share of a core the real engine process got
+(its CPU seconds over the run's wall seconds: on a shared machine other processes take the
+rest); a CDF plot of the real and the plain virtual run.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from batcher.sim.llm_report import ContinuousReport
 from batcher.sim.llm_workload import Lengths, Workload
 from experiments.common import RESULTS, plt, write
 from workers.engine import cost_fit
-from workers.engine.cost_model import SMOLLM2_135M
+from workers.engine.cost_model import SMOLLM2_135M, CostModel, Overhead
 
 ENGINE = {  # the one replica, real or simulated
     "name": "smollm2@fidelity",
@@ -58,6 +61,28 @@ REAL = ContinuousModelConfig(model="smollm2-135m", dtype="bfloat16", threads=1, 
 VIRTUAL = ContinuousModelConfig(simulated="smollm2-135m", **ENGINE)
 QUEUE = QueueConfig(tiers=("all",), queue_timeout=600.0)  # nothing shed, nothing expires
 WARM_UP = 4  # requests the real engine answers before the clock starts (its kernels' set-up)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptRunners(EngineSpec):
+    """An engine spec that keeps the runners it makes: their ``total_seconds`` is the time the
+    simulated engines spent in steps."""
+
+    kept: list = dataclasses.field(default_factory=list)
+
+    def runner(self):
+        made = EngineSpec.runner(self)
+        self.kept.append(made)
+        return made
+
+
+def simulate(workload: Workload, cost: CostModel, seed: int) -> tuple[Replayed, float]:
+    """``workload`` through the pool to a simulated engine priced by ``cost``, in virtual time;
+    and the seconds its engine spent in steps."""
+    spec = KeptRunners(**{f.name: getattr(EngineSpec.of(VIRTUAL, cost), f.name)
+                          for f in dataclasses.fields(EngineSpec)})
+    run = replay(workload, VIRTUAL, QUEUE, spec, seed=seed)
+    return run, sum(runner.total_seconds for runner in spec.kept)
 
 
 def workload_of(args: argparse.Namespace) -> Workload:
@@ -165,29 +190,38 @@ def main() -> None:
         ferry_fit(COSTS, BEFORE)
         cost, fitted = cost_fit.load(str(COSTS)), "the steps `ferry fit` timed just before and after it"
     asked = as_asked(workload, outcomes)
-    virtual = replay(asked, VIRTUAL, QUEUE, EngineSpec.of(VIRTUAL, cost), seed=args.seed)
-    reports = {"virtual": ContinuousReport.of(virtual), "real": ContinuousReport.of(real)}
+    share = min(1.0, counters["cpu_seconds"] / span)  # of a core, as the real engine got it
+    virtual, stepping = simulate(asked, cost, args.seed)
+    slowed = Overhead(*(value / share for value in dataclasses.astuple(cost.overhead)))
+    at_share, stepping_at_share = simulate(asked, CostModel(cost.shape, cost.hardware, slowed), args.seed)
+    runs = {"virtual": virtual, "real": real, "shared": at_share}
+    reports = {name: ContinuousReport.of(run) for name, run in runs.items()}
     rows, judged = [], []
 
-    def row(label: str, v: float, r: float) -> None:
+    def row(label: str, v: float, r: float, s: float) -> None:
         rows.append({"": label, "virtual": round(v, 1), "real": round(r, 1),
-                     "virtual / real - 1": f"{v / r - 1:+.1%}"})
+                     "virtual / real - 1": f"{v / r - 1:+.1%}",
+                     f"virtual at {share:.0%} of a core": round(s, 1),
+                     "at share / real - 1": f"{s / r - 1:+.1%}"})
 
     for metric in ("ttft", "tpot"):
         for p in ("p50", "p95", "p99"):
-            v, r = (getattr(reports[k].by_tier["all"], metric)[p] * 1000 for k in ("virtual", "real"))
-            row(f"{metric.upper()} {p} ms", v, r)
+            v, r, s = (getattr(reports[k].by_tier["all"], metric)[p] * 1000 for k in runs)
+            row(f"{metric.upper()} {p} ms", v, r, s)
             if p != "p99":
                 judged.append(100 * abs(v / r - 1))
     for label, key in (("engine steps", "steps"), ("tokens/s", "tokens_per_second")):
-        row(label, *(getattr(reports[k].replicas[0], key) for k in ("virtual", "real")))
+        row(label, *(getattr(reports[k].replicas[0], key) for k in runs))
+    row("engine busy s (virtual: in steps; real: CPU)", stepping, counters["cpu_seconds"], stepping_at_share)
     ended = {k: reports[k].by_tier["all"].ended["finished"] for k in reports}
     early = int(((outcomes.tokens < workload.answer) & (outcomes.tokens > 0)).sum())
     worst = max(judged)
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     for axis, (name, unit) in zip(axes, (("TTFT", "ms"), ("TPOT", "ms")), strict=True):
-        for label, run, style in (("virtual time", virtual, "-"), ("real engine worker", real, "--")):
+        curves = (("virtual time", virtual, "-"), ("real engine worker", real, "--"),
+                  (f"virtual, {share:.0%} of a core", at_share, ":"))
+        for label, run, style in curves:
             out = run.outcomes
             tpot = (out.end - out.first) / np.maximum(out.tokens - 1, 1)
             values = out.first - out.sent if name == "TTFT" else tpot
@@ -206,7 +240,9 @@ the machine's load average went from {load[0]:.1f} to {load[1]:.1f} on its 2 cor
 simulated engine priced by {fitted} ({ended['virtual']} finished; per step {o.step * 1e3:.1f} ms,
 per sequence {o.seq * 1e3:.2f} ms, per token {o.token * 1e3:.2f} ms, per context token
 {o.context * 1e6:.1f} µs, per attention pair {o.pair * 1e9:.2f} ns). The largest
-TTFT/TPOT p50/p95 difference is **{worst:.1f} %**: {verdict} the 15 % asked for.
+TTFT/TPOT p50/p95 difference is **{worst:.1f} %**: {verdict} the 15 % asked for. The last two
+columns price every step at the share of a core the real engine got (its CPU seconds over the
+run's wall seconds, {share:.0%}): what the simulation says once the other processes' load is known.
 """
     command = " ".join(["python -m experiments.llm_fidelity", *sys.argv[1:]])
     write("llm_fidelity", rows, figure, summary, command)
