@@ -1,8 +1,9 @@
 """Step costs fitted to measured engine steps, and the file that carries them. Pure but for the file.
 
-:func:`fit` takes steps a real engine ran (each step's ``query_lens``, ``context_lens`` and wall
-seconds: :class:`Measured`) and returns the :class:`~workers.engine.cost_model.Overhead` that
-prices them best, a linear model of five counts a step has::
+:func:`fit` takes steps a real engine ran (each step's ``query_lens``, ``context_lens`` and
+seconds, in CPU or wall time as ``ferry fit`` timed them: :class:`Measured`) and returns the
+:class:`~workers.engine.cost_model.Overhead` that prices them best, a linear model of five
+counts a step has::
 
     seconds = step + seq x sequences + token x query tokens + context x context tokens
               + pair x attention pairs
@@ -37,7 +38,7 @@ FORMAT = "ferry step costs 1"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Measured:
-    """One step a real engine ran: its sequences' query and context lengths, its wall seconds."""
+    """One step a real engine ran: its sequences' query and context lengths, its seconds."""
 
     query_lens: tuple[int, ...]
     context_lens: tuple[int, ...]
