@@ -4,6 +4,7 @@
     ferry serve    the HTTP gateway (gateway/server.py)
     ferry reload | status | drain | weights   a running gateway's admin socket (gateway/control.py)
     ferry simulate a scenario through the production batcher in virtual time (batcher/simulate.py)
+    ferry fit      the real engine's step times on this machine, fitted into costs for simulate
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
     if control_only:
         add_control_commands(commands)
         return parser
-    from batcher.sim import simulate
+    from batcher.sim import fit, simulate
     from gateway.server import add_serve_command
 
     sub = commands.add_parser("demo", help=demo.__doc__)
@@ -65,6 +66,9 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
     )
     simulate.add_arguments(sub)
     sub.set_defaults(run=simulate.main)
+    sub = commands.add_parser("fit", help=fit.main.__doc__, description=fit.__doc__.split("\n\n")[0])
+    fit.add_arguments(sub)
+    sub.set_defaults(run=fit.main)
     return parser
 
 

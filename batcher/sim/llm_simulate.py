@@ -4,7 +4,8 @@ router, admission and engine scheduler, in virtual time.
 A replica is a model on ``--gpus`` GPUs in tensor parallel, priced by the cost model: a preset
 (``--model llama-70b`` on 8 x H100 with 400 GB of KV cache, ``llama-8b`` on one H100 with 60 GB,
 ``smollm2-135m``) or an explicit shape (``--shape``, ``--params``) and GPU (``--gpu``,
-``--bandwidth-tbs``, ``--tflops``). The workload is Poisson (``--rate``), on/off bursts
+``--bandwidth-tbs``, ``--tflops``), or the step costs ``ferry fit`` measured and wrote
+(``--cost FILE``; :mod:`batcher.sim.fit`). The workload is Poisson (``--rate``), on/off bursts
 (``--burst``) or a CSV trace (``--trace``, see :mod:`batcher.sim.llm_workload`), with length
 distributions for prompts and answers, a tier mix, conversations and shared prefixes.
 
@@ -27,6 +28,7 @@ from batcher.sim.llm_replay import replay
 from batcher.sim.llm_report import ContinuousReport
 from batcher.sim.llm_workload import Lengths, Workload
 from batcher.sim.progress import Progress, print_progress
+from workers.engine import cost_fit
 from workers.engine.cost_model import (
     A100,
     H100,
@@ -70,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tflops", type=float, help="dense 16-bit TFLOP/s of one GPU (default: --gpu's)")
     group.add_argument("--kv-gb", type=float, help="KV cache of one replica, GB (default: the preset's)")
     group.add_argument(
+        "--cost", metavar="FILE", help="step costs `ferry fit` wrote, in place of the model and GPU flags"
+    )
+    group.add_argument(
         "--max-batch-tokens", type=int, default=2048, help="token budget of a step (default 2048)"
     )
     group.add_argument(
@@ -106,7 +111,13 @@ def _number(text: str, name: str) -> list[int]:
 
 def cost_from_args(args: argparse.Namespace) -> tuple[CostModel, float]:
     """The step prices of one replica, and its KV cache in GiB."""
-    shape, gpus, kv_gb = MODELS[args.model]
+    fitted = cost_fit.load(args.cost) if args.cost else None
+    shape, gpus, kv_gb = MODELS[fitted.shape.name if fitted and fitted.shape.name in MODELS else args.model]
+    kv_gb = kv_gb if args.kv_gb is None else args.kv_gb
+    if not 0 < kv_gb < 1e5:
+        raise ValueError(f"--kv-gb: expected GB > 0, got {kv_gb}")
+    if fitted is not None:
+        return fitted, kv_gb * 1e9 / 2**30
     if args.shape:
         values = _number(args.shape, "--shape")
         if len(values) != 7 or min(values) < 1:
@@ -124,9 +135,6 @@ def cost_from_args(args: argparse.Namespace) -> tuple[CostModel, float]:
     flops = gpu.flops if args.tflops is None else args.tflops * 1e12
     if bandwidth <= 0 or flops <= 0:
         raise ValueError("--bandwidth-tbs and --tflops: expected numbers > 0")
-    kv_gb = kv_gb if args.kv_gb is None else args.kv_gb
-    if not 0 < kv_gb < 1e5:
-        raise ValueError(f"--kv-gb: expected GB > 0, got {kv_gb}")
     return CostModel(shape, Hardware(gpu.name, bandwidth, flops, gpus)), kv_gb * 1e9 / 2**30
 
 

@@ -16,11 +16,19 @@ prefill costs its FLOPs; adding them would charge a mixed step twice for the sam
 are upper-bound speeds (no kernel launches, no sampling, no all-reduce between tensor-parallel
 GPUs, which simply add their bandwidth and FLOP/s): plan with measured
 figures.
+
+What the roofline leaves out is an :class:`Overhead`, added to it: seconds per step, per
+sequence, per computed token, per context token and per attention pair (query, key). Every
+preset's is zero. On a CPU these terms are most of a step (a fixed cost per layer and operator,
+the lm_head and sampling per sequence, the KV gather per context token), and ``ferry fit``
+(:mod:`workers.engine.cost_fit`) measures them, with the roofline switched off (infinite
+bandwidth and FLOP/s: :data:`UNBOUNDED`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,36 +80,68 @@ class Hardware:
     gpus: int = 1
 
 
+UNBOUNDED = Hardware("no roofline", bandwidth=math.inf, flops=math.inf)
+"""A roofline that costs nothing: a cost model over it is its :class:`Overhead` alone."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Overhead:
+    """Seconds a step costs beyond its roofline, linear in what it holds: per step, per sequence,
+    per computed (query) token, per context token of each sequence, per attention pair (a query
+    token against one key of its sequence; a decode token has as many as its context)."""
+
+    step: float = 0.0
+    seq: float = 0.0
+    token: float = 0.0
+    context: float = 0.0
+    pair: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in dataclasses.asdict(self).items():
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"overhead {name}: expected seconds >= 0, got {value}")
+
+    def seconds(self, seqs: int, tokens: int, context_tokens: int, pairs: int) -> float:
+        linear = self.seq * seqs + self.token * tokens + self.context * context_tokens
+        return self.step + linear + self.pair * pairs
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepCost:
     memory_seconds: float
     compute_seconds: float
+    overhead_seconds: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return max(self.memory_seconds, self.compute_seconds)
+        return max(self.memory_seconds, self.compute_seconds) + self.overhead_seconds
 
 
 class CostModel:
-    """Prices a step from its ``query_lens`` and ``context_lens`` (a ForwardBatch's own fields)."""
+    """Prices a step from its ``query_lens`` and ``context_lens`` (a ForwardBatch's own fields):
+    the roofline of ``shape`` on ``hardware``, plus ``overhead``."""
 
-    def __init__(self, shape: ModelShape, hardware: Hardware) -> None:
-        self.shape, self.hardware = shape, hardware
+    def __init__(self, shape: ModelShape, hardware: Hardware, overhead: Overhead = Overhead()) -> None:
+        self.shape, self.hardware, self.overhead = shape, hardware, overhead
+        self._free = overhead == Overhead()
         self._bandwidth = hardware.bandwidth * hardware.gpus
         self._flops = hardware.flops * hardware.gpus
 
     def attention_flops(self, query_len: int, context_len: int) -> int:
         """A chunk of ``query_len`` tokens ending at ``context_len``: token ``p`` reads ``p + 1`` keys."""
-        pairs = query_len * context_len - query_len * (query_len - 1) // 2
         shape = self.shape
-        return 4 * shape.layers * shape.heads * shape.head_dim * pairs
+        return 4 * shape.layers * shape.heads * shape.head_dim * attention_pairs(query_len, context_len)
 
     def step(self, query_lens: list[int], context_lens: list[int]) -> StepCost:
         shape = self.shape
         memory = shape.weight_bytes + shape.kv_bytes_per_token * sum(context_lens)
         compute = 2 * shape.params * sum(query_lens)
         compute += sum(self.attention_flops(q, c) for q, c in zip(query_lens, context_lens, strict=False))
-        return StepCost(memory / self._bandwidth, compute / self._flops)
+        overhead = 0.0
+        if not self._free:
+            pairs = sum(attention_pairs(q, c) for q, c in zip(query_lens, context_lens, strict=False))
+            overhead = self.overhead.seconds(len(query_lens), sum(query_lens), sum(context_lens), pairs)
+        return StepCost(memory / self._bandwidth, compute / self._flops, overhead)
 
     def decode_seconds(self, seqs: int, context_tokens: int) -> float:
         """``step([1] * seqs, context_lens).seconds`` for contexts summing to ``context_tokens``,
@@ -109,7 +149,15 @@ class CostModel:
         shape = self.shape
         memory = shape.weight_bytes + shape.kv_bytes_per_token * context_tokens
         compute = 2 * shape.params * seqs + 4 * shape.layers * shape.heads * shape.head_dim * context_tokens
-        return max(memory / self._bandwidth, compute / self._flops)
+        roofline = max(memory / self._bandwidth, compute / self._flops)
+        if self._free:
+            return roofline
+        return roofline + self.overhead.seconds(seqs, seqs, context_tokens, context_tokens)
+
+
+def attention_pairs(query_len: int, context_len: int) -> int:
+    """(query, key) pairs of a chunk of ``query_len`` tokens ending at ``context_len``."""
+    return query_len * context_len - query_len * (query_len - 1) // 2
 
 
 H100 = Hardware("H100 SXM", bandwidth=3.35e12, flops=989e12)
