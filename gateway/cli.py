@@ -50,8 +50,9 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
     if control_only:
         add_control_commands(commands)
         return parser
-    from batcher.sim import fit, simulate
+    from batcher.sim import simulate
     from gateway.server import add_serve_command
+    from workers.engine import fit_command as fit
 
     sub = commands.add_parser("demo", help=demo.__doc__)
     sub.add_argument("--workers", type=int, default=8)

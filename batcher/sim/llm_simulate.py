@@ -5,7 +5,7 @@ A replica is a model on ``--gpus`` GPUs in tensor parallel, priced by the cost m
 (``--model llama-70b`` on 8 x H100 with 400 GB of KV cache, ``llama-8b`` on one H100 with 60 GB,
 ``smollm2-135m``) or an explicit shape (``--shape``, ``--params``) and GPU (``--gpu``,
 ``--bandwidth-tbs``, ``--tflops``), or the step costs ``ferry fit`` measured and wrote
-(``--cost FILE``; :mod:`batcher.sim.fit`). The workload is Poisson (``--rate``), on/off bursts
+(``--cost FILE``; :mod:`workers.engine.fit_command`). The workload is Poisson (``--rate``), on/off bursts
 (``--burst``) or a CSV trace (``--trace``, see :mod:`batcher.sim.llm_workload`), with length
 distributions for prompts and answers, a tier mix, conversations and shared prefixes.
 
