@@ -50,12 +50,14 @@ class StepOutput:
     scheduled_tokens: int
 
 
-def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
+def forward_batch(schedule: Schedule, block_size: int, cache: bool = True) -> ForwardBatch:
     """The flat batch for ``schedule``, before its sequences' ``num_computed`` moves on.
 
     Positions and slots are computed for the whole batch at once with numpy (a long prompt
     chunk is thousands of tokens): token ``t`` of sequence ``s`` at position ``p`` goes to
     ``table_s[p // block_size] * block_size + p % block_size``, every table laid end to end.
+    ``cache=False`` (a runner that keeps no KV) leaves positions, slots and tables empty: laying
+    out every block table of a 256-sequence batch is most of a priced step's cost.
     """
     input_ids, query_lens, context_lens, tables, samples = [], [], [], [], []
     for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=True):
@@ -63,8 +65,11 @@ def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
         input_ids += seq.tokens(start, end)
         query_lens.append(n)
         context_lens.append(end)
-        tables.append(list(seq.block_table))
+        if cache:
+            tables.append(list(seq.block_table))
         samples.append(Sample(seq.sampling, len(seq.output_ids)) if end == seq.num_tokens else None)
+    if not cache:
+        return ForwardBatch(input_ids, [], [], query_lens, context_lens, [], samples)
     counts, ends = np.array(query_lens), np.array(context_lens)
     first_token = np.cumsum(counts) - counts  # each sequence's first index in the flat batch
     positions = np.arange(len(input_ids)) + np.repeat(ends - counts - first_token, counts)
@@ -89,6 +94,7 @@ class Engine:
                 f"the runner's cache ({runner.num_blocks} blocks of {runner.block_size})"
             )
         self.runner, self.config, self.clock = runner, config, clock
+        self._keeps_kv = getattr(runner, "keeps_kv", True)  # a priced runner reads no slot
         self.scheduler = Scheduler(config, runner.eos_token_ids, runner.max_model_len)
         self._rids = itertools.count()
         self.steps = self.computed_tokens = self.generated_tokens = 0
@@ -123,14 +129,14 @@ class Engine:
         schedule = scheduler.schedule(self.clock())
         tokens: dict[int, int] = {}
         if schedule.seqs:
-            sampled = self.runner.execute(forward_batch(schedule, self.config.block_size))
+            batch = forward_batch(schedule, self.config.block_size, self._keeps_kv)
+            sampled = self.runner.execute(batch)
             tokens = scheduler.postprocess(schedule, sampled, self.clock())
             self.steps += 1
         scheduled = sum(schedule.num_tokens)
         self.computed_tokens += scheduled
         self.generated_tokens += len(tokens)
-        finished = [self._finished(seq) for seq in scheduler.finished]
-        scheduler.finished = []
+        finished = self.take_finished()
         preempted = [seq.rid for seq in schedule.preempted]
         return StepOutput(tokens, finished, preempted, scheduled)
 
@@ -150,6 +156,13 @@ class Engine:
             computed_tokens=self.computed_tokens,
             generated_tokens=self.generated_tokens,
         )
+
+    def take_finished(self) -> list[SequenceEnd]:
+        """The sequences that ended since this was last called (a step calls it for its output;
+        a replay that advances decode steps itself, ``batcher/sim/jump.py``, calls it after them)."""
+        finished = [self._finished(seq) for seq in self.scheduler.finished]
+        self.scheduler.finished = []
+        return finished
 
     def _finished(self, seq: Sequence) -> SequenceEnd:
         assert seq.finish_reason is not None

@@ -82,9 +82,9 @@ class Scheduler:
                 f"a prompt of {seq.num_prompt} tokens leaves no room in the model's context "
                 f"of {self.max_model_len}"
             )
-            self._finish(seq, FinishReason.TOO_LONG, seq.arrival, detail)
+            self.finish(seq, FinishReason.TOO_LONG, seq.arrival, detail)
         elif needed > self.config.num_blocks:
-            self._finish(seq, FinishReason.TOO_LONG, seq.arrival, self._too_long(needed))
+            self.finish(seq, FinishReason.TOO_LONG, seq.arrival, self._too_long(needed))
         else:
             self.waiting.setdefault(seq.tier, deque()).append(seq)
 
@@ -97,7 +97,7 @@ class Scheduler:
             self.running.remove(seq)
         else:
             self.waiting[seq.tier].remove(seq)
-        self._finish(seq, FinishReason.ABORTED, now)
+        self.finish(seq, FinishReason.ABORTED, now)
         return True
 
     def schedule(self, now: float) -> Schedule:
@@ -119,7 +119,7 @@ class Scheduler:
                 elif i == 0:  # alone, and still no room: it can never finish
                     self.running.pop()
                     needed = cdiv(seq.num_computed + n, self.config.block_size)
-                    self._finish(seq, FinishReason.TOO_LONG, now, self._too_long(needed))
+                    self.finish(seq, FinishReason.TOO_LONG, now, self._too_long(needed))
                     n = 0
                 else:
                     self.running.pop()
@@ -176,26 +176,34 @@ class Scheduler:
             new[seq.rid] = token
             if seq.first_token is None:
                 seq.first_token = now
-            reason = self._stop_reason(seq, token)
+            reason = self.stop_reason(seq, token)
             if reason is not None:
-                self._finish(seq, reason, now)
+                self.finish(seq, reason, now)
                 ended = True
         if ended:
             self.running = [seq for seq in self.running if not seq.finished]
         return new
 
-    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        if token in self.eos_token_ids and not seq.sampling.ignore_eos:
-            return FinishReason.EOS
-        if token in seq.sampling.stop_token_ids:
-            return FinishReason.STOP_TOKEN
+    def stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Why ``seq`` ends with ``token`` just appended, or None if it goes on."""
+        reason = self.token_stop(seq, token)
+        if reason is not None:
+            return reason
         if len(seq.output_ids) >= seq.sampling.max_tokens or (
             self.max_model_len is not None and seq.num_tokens >= self.max_model_len
         ):
             return FinishReason.MAX_TOKENS
         return None
 
-    def _finish(self, seq: Sequence, reason: FinishReason, now: float, detail: str = "") -> None:
+    def token_stop(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Whether ``token`` itself ends ``seq``: an end-of-sequence id, or one of its stop ids."""
+        if token in self.eos_token_ids and not seq.sampling.ignore_eos:
+            return FinishReason.EOS
+        if token in seq.sampling.stop_token_ids:
+            return FinishReason.STOP_TOKEN
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason, now: float, detail: str = "") -> None:
         """Mark ``seq`` finished and free its blocks; the caller takes it out of its queue."""
         self.blocks.free_blocks(seq)
         seq.status, seq.finish_reason, seq.finished_at = Status.FINISHED, reason, now

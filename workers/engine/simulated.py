@@ -27,6 +27,8 @@ _KEY = struct.Struct(">5Q")
 
 
 class SimulatedRunner:
+    keeps_kv = False  # the engine may leave a batch's positions, slots and tables out
+
     def __init__(
         self,
         cost: CostModel,
@@ -60,7 +62,7 @@ class SimulatedRunner:
         )
         self.eos_token_ids = frozenset({eos_token_id})
         self.max_model_len = max_model_len
-        self._eos, self._eos_prob, self._seed, self._wait = eos_token_id, eos_prob, seed, wait
+        self._eos, self.eos_prob, self._seed, self._wait = eos_token_id, eos_prob, seed, wait
         self._vocab = cost.shape.vocab if vocab is None else vocab
         self.last_step_seconds = 0.0
         self.total_seconds = 0.0
@@ -68,20 +70,15 @@ class SimulatedRunner:
     def execute(self, batch: ForwardBatch) -> list[int | None]:
         tokens: list[int | None] = []
         end = 0
-        for query_len, sample in zip(batch.query_lens, batch.samples, strict=False):
+        lens = zip(batch.query_lens, batch.context_lens, batch.samples, strict=True)
+        for query_len, context_len, sample in lens:
             end += query_len
             if sample is None:
                 tokens.append(None)
                 continue
-            key = (
-                self._seed,
-                sample.params.seed or 0,
-                sample.index,
-                batch.input_ids[end - 1],
-                batch.positions[end - 1],
-            )
-            digest = hashlib.blake2b(_KEY.pack(*(value % 2**64 for value in key)), digest_size=16).digest()
-            tokens.append(self._token(digest))
+            # the chunk's last token sits at position context_len - 1 (the batch's contract)
+            last = batch.input_ids[end - 1]
+            tokens.append(self.token(sample.params.seed, sample.index, last, context_len - 1))
         self.last_step_seconds = self.cost.step(batch.query_lens, batch.context_lens).seconds
         self.total_seconds += self.last_step_seconds
         if self._wait is not None:
@@ -96,7 +93,7 @@ class SimulatedRunner:
         return self._token(hashlib.blake2b(key, digest_size=16).digest())
 
     def _token(self, digest: bytes) -> int:
-        if int.from_bytes(digest[:8]) < self._eos_prob * 2**64:
+        if int.from_bytes(digest[:8]) < self.eos_prob * 2**64:
             return self._eos
         token = int.from_bytes(digest[8:]) % (self._vocab - 1)
         return token + (token >= self._eos)  # every id but the end-of-sequence one
