@@ -56,7 +56,7 @@ from batcher.config import ContinuousModelConfig
 from batcher.sim.jump import Leap
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS, CostModel
-from workers.engine.engine import Engine
+from workers.engine.engine import Engine, StepOutput
 from workers.engine.serve import STATS_INTERVAL, STOPS, finished_message, handle, step_messages
 from workers.engine.simulated import SimulatedRunner
 from workers.protocol import (
@@ -115,11 +115,11 @@ class EngineSpec:
 
 @dataclasses.dataclass(slots=True)
 class _Taken:
-    """Steps the engine has run whose time has not yet passed: one ``Engine.step``'s frames,
+    """Steps the engine has run whose time has not yet passed: one ``Engine.step`` (its output),
     or a committed run of decode steps."""
 
     end: float
-    frames: list[Message]
+    output: StepOutput | None = None
     run: Leap | None = None
 
 
@@ -133,6 +133,7 @@ class SimulatedEngine:
         self.name = name
         self.jump = jump
         self.leapt = 0  # steps taken inside runs of decode steps beyond the first of each
+        self.cut = 0  # runs that work or a look reached before their planned end
         self.runner = spec.runner()
         self.engine = Engine(self.runner, spec.engine, clock=trio.current_time)
         self.first_stats: EngineStats
@@ -208,9 +209,10 @@ class SimulatedEngine:
         if run is None:
             return
         steps = min(len(run.ends), bisect.bisect_right(run.ends, trio.current_time()) + 1)
+        self.cut += steps < len(run.ends)
         run.take(steps)
         self.leapt += steps - 1
-        self._step = _Taken(run.end, [], run)
+        self._step = _Taken(run.end, run=run)
         self._arrived.set()  # the loop waits out the run's new end
 
     def unread(self) -> int:
@@ -247,9 +249,8 @@ class SimulatedEngine:
             steps = engine.steps
             output = engine.step()
             seconds = self.runner.last_step_seconds if engine.steps > steps else 0.0
-            frames = step_messages(output)
-            if frames or seconds:
-                self._step = _Taken(trio.current_time() + seconds, frames)
+            if output.tokens or output.finished or seconds:
+                self._step = _Taken(trio.current_time() + seconds, output)
         if self._step is not None:
             await trio.sleep_until(self._step.end)
             self._hand_out(self._step)
@@ -267,31 +268,28 @@ class SimulatedEngine:
     def _hand_out(self, taken: _Taken) -> None:
         """The frames of steps whose time has passed: all of them, or with ``jump`` only the
         first tokens and the ends (a sequence's other tokens wait for its end)."""
-        if not self.jump:
-            self._outbox += taken.frames
-            return
-        run = taken.run
+        output, run = taken.output, taken.run
         if run is not None:
-            ended = {done.rid: done for done in run.ended}
-            for seq, ids in zip(run.seqs, run.ids, strict=True):
-                done = ended.get(seq.rid)
-                if done is None:
-                    self._unsent[seq.rid] += ids
-                    self._unread += len(ids)
-                else:  # a stop token is not text
-                    self._end(seq.rid, ids[:-1] if done.reason in STOPS else ids, finished_message(done))
-            return
-        for message in taken.frames:
-            if isinstance(message, Tokens):
-                unsent = self._unsent.get(message.rid)
-                if unsent is None:  # its first token: the request's first, out at once
-                    self._unsent[message.rid] = []
-                    self._outbox.append(message)
-                else:
-                    unsent += message.ids
-                    self._unread += len(message.ids)
-            elif isinstance(message, SequenceFinished):
-                self._end(message.rid, [], message)
+            made = {seq.rid: ids for seq, ids in zip(run.seqs, run.ids, strict=True)}
+            ended = run.ended
+        else:
+            assert output is not None
+            if not self.jump:
+                self._outbox += step_messages(output)
+                return
+            made = {rid: [token] for rid, token in output.tokens.items()}
+            ended = output.finished
+        for done in ended:
+            ids = made.pop(done.rid, [])
+            self._end(done.rid, ids[:-1] if done.reason in STOPS else ids, finished_message(done))
+        for rid, ids in made.items():
+            unsent = self._unsent.get(rid)
+            if unsent is None:  # its first token: the request's first, out at once
+                self._unsent[rid] = []
+                self._outbox.append(Tokens(rid=rid, ids=ids))
+            else:
+                unsent += ids
+                self._unread += len(ids)
 
     def _end(self, rid: int, last: list[int], finished: SequenceFinished) -> None:
         """A sequence ended: the ids it had not handed out (and ``last``), then its end."""

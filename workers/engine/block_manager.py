@@ -158,6 +158,8 @@ class BlockManager:
         """Blocks for a running ``seq``'s next ``num_tokens`` tokens (the watermark may go);
         False (and nothing changed) if they do not fit."""
         new = cdiv(seq.num_computed + num_tokens, self.block_size) - len(seq.block_table)
+        if new <= 0:
+            return True
         if new > len(self.free):
             return False
         seq.block_table.extend(self._allocate() for _ in range(new))
@@ -168,6 +170,8 @@ class BlockManager:
         bs = self.block_size
         first, seq.num_computed = seq.num_computed // bs, seq.num_computed + num_tokens
         full = seq.num_computed // bs
+        if full == first:
+            return  # no block filled (the hashes already cover every full block)
         self._extend_hashes(seq, full)
         for i in range(first, full):
             key, block = seq.block_hashes[i], seq.block_table[i]

@@ -100,7 +100,9 @@ class CostModel:
         shape = self.shape
         memory = shape.weight_bytes + shape.kv_bytes_per_token * sum(context_lens)
         compute = 2 * shape.params * sum(query_lens)
-        compute += sum(self.attention_flops(q, c) for q, c in zip(query_lens, context_lens, strict=False))
+        # attention_flops summed over the batch, its constant factor taken out (exact in integers)
+        pairs = sum(q * c - q * (q - 1) // 2 for q, c in zip(query_lens, context_lens, strict=False))
+        compute += 4 * shape.layers * shape.heads * shape.head_dim * pairs
         return StepCost(memory / self._bandwidth, compute / self._flops)
 
     def decode_seconds(self, seqs: int, context_tokens: int) -> float:
