@@ -17,6 +17,7 @@ behave like the GPU in real time.
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from collections.abc import Callable
 
@@ -64,6 +65,7 @@ class SimulatedRunner:
         self.max_model_len = max_model_len
         self._eos, self.eos_prob, self._seed, self._wait = eos_token_id, eos_prob, seed, wait
         self._vocab = cost.shape.vocab if vocab is None else vocab
+        self._eos_below = math.ceil(eos_prob * 2**64)  # a digest's first 8 bytes below this: eos
         self.last_step_seconds = 0.0
         self.total_seconds = 0.0
 
@@ -90,10 +92,8 @@ class SimulatedRunner:
         ``last`` at ``position``, as its ``index``-th output (a replay that jumps decode steps
         draws them here)."""
         key = _KEY.pack(self._seed % 2**64, (seed or 0) % 2**64, index, last, position)
-        return self._token(hashlib.blake2b(key, digest_size=16).digest())
-
-    def _token(self, digest: bytes) -> int:
-        if int.from_bytes(digest[:8]) < self.eos_prob * 2**64:
+        digest = hashlib.blake2b(key, digest_size=16).digest()
+        if self._eos_below and int.from_bytes(digest[:8]) < self._eos_below:
             return self._eos
         token = int.from_bytes(digest[8:]) % (self._vocab - 1)
         return token + (token >= self._eos)  # every id but the end-of-sequence one
