@@ -30,15 +30,14 @@ from workers.engine.sequence import Sequence
 from workers.engine.simulated import SimulatedRunner
 
 
-def pure_decode(engine: Engine) -> bool:
-    """Whether the next step is a pure decode that a :class:`Leap` can take (the module doc)."""
+def _decode_batch(engine: Engine) -> bool:
+    """Whether nothing but the running sequences' decodes can be in the next step: nobody
+    waiting or just finished, a budget that covers one token for each (the module doc)."""
     scheduler = engine.scheduler
     running = scheduler.running
     if not running or scheduler.num_waiting or scheduler.finished:
         return False
-    if len(running) > engine.config.max_batch_tokens:
-        return False
-    return all(seq.output_ids and seq.num_computed == seq.num_tokens - 1 for seq in running)
+    return len(running) <= engine.config.max_batch_tokens
 
 
 def _token_can_end(runner: SimulatedRunner, seq: Sequence) -> bool:
@@ -71,22 +70,25 @@ class Leap:
     def plan(cls, engine: Engine, runner: SimulatedRunner, start: float, stats_at: float) -> Leap | None:
         """The run of pure decode steps from ``start``, or None if the next step is not a pure
         decode whose blocks fit (``Engine.step`` takes it)."""
-        if not pure_decode(engine):
+        if not _decode_batch(engine):
             return None
         run = cls(engine, runner, start)
         scheduler, bs = engine.scheduler, engine.config.block_size
         groups: list[list[Sequence]] = [[] for _ in range(bs)]
-        context, can_end = 0, False
+        context, can_end, model_len = 0, False, scheduler.max_model_len
         for seq in run.seqs:
-            phase = len(seq.block_table) * bs - seq.num_computed  # steps its blocks still cover
+            outputs, computed = seq.output_ids, seq.num_computed
+            if not outputs or computed != len(seq.prompt_ids) + len(outputs) - 1:
+                return None  # a prompt still to compute, or a first token still to sample
+            phase = len(seq.block_table) * bs - computed  # steps its blocks still cover
             assert 0 <= phase < bs, f"sequence {seq.rid}: block table not one block ahead of its KV"
             groups[phase].append(seq)
-            length = seq.sampling.max_tokens - len(seq.output_ids)
-            if scheduler.max_model_len is not None:
-                length = min(length, scheduler.max_model_len - seq.num_tokens)
+            length = seq.sampling.max_tokens - len(outputs)
+            if model_len is not None:
+                length = min(length, model_len - computed - 1)
             run._last = min(run._last, length)
-            context += seq.num_computed + 1
-            can_end |= _token_can_end(runner, seq)
+            context += computed + 1
+            can_end = can_end or _token_can_end(runner, seq)
         run._groups = groups
         if can_end:
             run._drawn = []
