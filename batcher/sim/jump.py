@@ -60,6 +60,7 @@ class Leap:
         self.ended: list[SequenceEnd] = []
         self._groups: list[list[Sequence]] = []  # by step % block_size: who needs a new block
         self._last = math.inf  # the step (from 1) at which a sequence reaches its length
+        self._enders: list[Sequence] = []  # the sequences that reach it then
         self._drawn: list[list[int]] | None = None  # each step's tokens, drawn while planning
 
     @property
@@ -86,7 +87,10 @@ class Leap:
             length = seq.sampling.max_tokens - len(outputs)
             if model_len is not None:
                 length = min(length, model_len - computed - 1)
-            run._last = min(run._last, length)
+            if length < run._last:
+                run._last, run._enders = length, [seq]
+            elif length == run._last:
+                run._enders.append(seq)
             context += computed + 1
             can_end = can_end or _token_can_end(runner, seq)
         run._groups = groups
@@ -126,27 +130,29 @@ class Leap:
         seeds = [seq.sampling.seed for seq in seqs]
         n = len(seqs)
         begin = self.start
+        draw, rows = runner.token, list(zip(seqs, seeds, self.ids, strict=True))
         for step in range(steps):
             for seq in groups[step % bs]:
                 blocks.grow(seq, 1)
-            check = drawn is not None or step + 1 == self._last  # only then can a sequence end
-            tokens = drawn[step] if drawn is not None else None
-            for j, seq in enumerate(seqs):
-                outputs, computed = seq.output_ids, seq.num_computed
-                if tokens is None:
-                    token = runner.token(seeds[j], len(outputs), outputs[-1], computed)
-                else:
-                    token = tokens[j]
+            if drawn is None:
+                tokens = [draw(seed, len(seq.output_ids), seq.output_ids[-1], seq.num_computed)
+                          for seq, seed, _ in rows]
+            else:
+                tokens = drawn[step]
+            for (seq, _, ids), token in zip(rows, tokens, strict=True):
+                computed = seq.num_computed
                 if (computed + 1) % bs:
                     seq.num_computed = computed + 1  # what blocks.computed does when no block fills
                 else:
                     blocks.computed(seq, 1)
-                outputs.append(token)
-                self.ids[j].append(token)
-                if check:
-                    reason = scheduler.stop_reason(seq, token)
-                    if reason is not None:
-                        scheduler.finish(seq, reason, begin)
+                seq.output_ids.append(token)
+                ids.append(token)
+            # who can end at this step: anyone where a token can end it, else those at their length
+            ending = seqs if drawn is not None else self._enders if step + 1 == self._last else ()
+            for seq in ending:
+                reason = scheduler.stop_reason(seq, seq.output_ids[-1])
+                if reason is not None:
+                    scheduler.finish(seq, reason, begin)
             seconds = self.seconds[step]
             runner.last_step_seconds = seconds
             runner.total_seconds += seconds

@@ -106,8 +106,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            decodes -= seq.remaining == 1
-            n = min(seq.remaining, budget - decodes)
+            remaining = seq.remaining
+            decodes -= remaining == 1
+            n = min(remaining, budget - decodes)
             while n > 0 and not self.blocks.grow(seq, n):
                 if self.running[-1] is not seq:
                     victim = self.running.pop()

@@ -63,7 +63,7 @@ class SimulatedRunner:
         )
         self.eos_token_ids = frozenset({eos_token_id})
         self.max_model_len = max_model_len
-        self._eos, self.eos_prob, self._seed, self._wait = eos_token_id, eos_prob, seed, wait
+        self._eos, self.eos_prob, self._seed64, self._wait = eos_token_id, eos_prob, seed % 2**64, wait
         self._vocab = cost.shape.vocab if vocab is None else vocab
         self._eos_below = math.ceil(eos_prob * 2**64)  # a digest's first 8 bytes below this: eos
         self.last_step_seconds = 0.0
@@ -91,7 +91,7 @@ class SimulatedRunner:
         """The token ``execute`` samples for a sequence of sampling ``seed`` whose chunk ends with
         ``last`` at ``position``, as its ``index``-th output (a replay that jumps decode steps
         draws them here)."""
-        key = _KEY.pack(self._seed % 2**64, (seed or 0) % 2**64, index, last, position)
+        key = _KEY.pack(self._seed64, (seed or 0) % 2**64, index, last, position)
         digest = hashlib.blake2b(key, digest_size=16).digest()
         if self._eos_below and int.from_bytes(digest[:8]) < self._eos_below:
             return self._eos
