@@ -50,14 +50,12 @@ class StepOutput:
     scheduled_tokens: int
 
 
-def forward_batch(schedule: Schedule, block_size: int, cache: bool = True) -> ForwardBatch:
+def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
     """The flat batch for ``schedule``, before its sequences' ``num_computed`` moves on.
 
     Positions and slots are computed for the whole batch at once with numpy (a long prompt
     chunk is thousands of tokens): token ``t`` of sequence ``s`` at position ``p`` goes to
     ``table_s[p // block_size] * block_size + p % block_size``, every table laid end to end.
-    ``cache=False`` (a runner that keeps no KV) leaves positions, slots and tables empty: laying
-    out every block table of a 256-sequence batch is most of a priced step's cost.
     """
     input_ids, query_lens, context_lens, tables, samples = [], [], [], [], []
     for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=True):
@@ -65,11 +63,8 @@ def forward_batch(schedule: Schedule, block_size: int, cache: bool = True) -> Fo
         input_ids += seq.tokens(start, end)
         query_lens.append(n)
         context_lens.append(end)
-        if cache:
-            tables.append(list(seq.block_table))
+        tables.append(list(seq.block_table))
         samples.append(Sample(seq.sampling, len(seq.output_ids)) if end == seq.num_tokens else None)
-    if not cache:
-        return ForwardBatch(input_ids, [], [], query_lens, context_lens, [], samples)
     counts, ends = np.array(query_lens), np.array(context_lens)
     first_token = np.cumsum(counts) - counts  # each sequence's first index in the flat batch
     positions = np.arange(len(input_ids)) + np.repeat(ends - counts - first_token, counts)
@@ -94,7 +89,7 @@ class Engine:
                 f"the runner's cache ({runner.num_blocks} blocks of {runner.block_size})"
             )
         self.runner, self.config, self.clock = runner, config, clock
-        self._keeps_kv = getattr(runner, "keeps_kv", True)  # a priced runner reads no slot
+        self._keeps_kv = getattr(runner, "keeps_kv", True)  # see the Runner protocol
         self.scheduler = Scheduler(config, runner.eos_token_ids, runner.max_model_len)
         self._rids = itertools.count()
         self.steps = self.computed_tokens = self.generated_tokens = 0
@@ -129,8 +124,10 @@ class Engine:
         schedule = scheduler.schedule(self.clock())
         tokens: dict[int, int] = {}
         if schedule.seqs:
-            batch = forward_batch(schedule, self.config.block_size, self._keeps_kv)
-            sampled = self.runner.execute(batch)
+            if self._keeps_kv:
+                sampled = self.runner.execute(forward_batch(schedule, self.config.block_size))
+            else:  # a priced runner reads the schedule itself: no batch to lay out
+                sampled = self.runner.execute_schedule(schedule)  # type: ignore[attr-defined]
             tokens = scheduler.postprocess(schedule, sampled, self.clock())
             self.steps += 1
         scheduled = sum(schedule.num_tokens)

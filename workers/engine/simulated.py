@@ -23,12 +23,13 @@ from collections.abc import Callable
 
 from workers.engine.batch import ForwardBatch
 from workers.engine.cost_model import CostModel
+from workers.engine.scheduler import Schedule
 
 _KEY = struct.Struct(">5Q")
 
 
 class SimulatedRunner:
-    keeps_kv = False  # the engine may leave a batch's positions, slots and tables out
+    keeps_kv = False  # the engine hands it schedules (execute_schedule), not batches
 
     def __init__(
         self,
@@ -81,11 +82,31 @@ class SimulatedRunner:
             # the chunk's last token sits at position context_len - 1 (the batch's contract)
             last = batch.input_ids[end - 1]
             tokens.append(self.token(sample.params.seed, sample.index, last, context_len - 1))
-        self.last_step_seconds = self.cost.step(batch.query_lens, batch.context_lens).seconds
+        self._price(batch.query_lens, batch.context_lens)
+        return tokens
+
+    def execute_schedule(self, schedule: Schedule) -> list[int | None]:
+        """What ``execute`` returns for the batch of ``schedule``, read from its sequences (before
+        their ``num_computed`` moves on) without laying the batch out."""
+        tokens: list[int | None] = []
+        context_lens = []
+        for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=True):
+            end = seq.num_computed + n
+            context_lens.append(end)
+            outputs = seq.output_ids
+            if end < len(seq.prompt_ids) + len(outputs):  # a prompt chunk short of its last token
+                tokens.append(None)
+                continue
+            last = outputs[-1] if outputs else seq.prompt_ids[-1]  # the sequence's last token, at end - 1
+            tokens.append(self.token(seq.sampling.seed, len(outputs), last, end - 1))
+        self._price(schedule.num_tokens, context_lens)
+        return tokens
+
+    def _price(self, query_lens: list[int], context_lens: list[int]) -> None:
+        self.last_step_seconds = self.cost.step(query_lens, context_lens).seconds
         self.total_seconds += self.last_step_seconds
         if self._wait is not None:
             self._wait(self.last_step_seconds)
-        return tokens
 
     def token(self, seed: int | None, index: int, last: int, position: int) -> int:
         """The token ``execute`` samples for a sequence of sampling ``seed`` whose chunk ends with
