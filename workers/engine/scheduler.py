@@ -103,12 +103,18 @@ class Scheduler:
     def schedule(self, now: float) -> Schedule:
         budget, seqs, counts, preempted = self.config.max_batch_tokens, [], [], []
         decodes = sum(1 for seq in self.running if seq.remaining == 1)
-        i = 0
+        bs, i = self.config.block_size, 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             remaining = seq.remaining
             decodes -= remaining == 1
             n = min(remaining, budget - decodes)
+            if 0 < n and seq.num_computed + n <= len(seq.block_table) * bs:  # its blocks hold them
+                seqs.append(seq)
+                counts.append(n)
+                budget -= n
+                i += 1
+                continue
             while n > 0 and not self.blocks.grow(seq, n):
                 if self.running[-1] is not seq:
                     victim = self.running.pop()
