@@ -35,12 +35,13 @@ time and token the pool's callers see as a step-by-step engine would make them:
   takes the new work after that one, as a worker would.
 - A sequence's tokens are handed out when the pool needs them: its first token at once (its
   time is the request's first token, and it frees the pool's prefill room), the rest with its
-  end; meanwhile :meth:`unread` counts what the pool has not seen, and the pool's router adds
-  it to the replica's load, which then reads as if every step's frames had been read. A
+  end; meanwhile :meth:`unread` counts what the pool has not seen, and the pool's router takes
+  it off the replica's load, which then reads as if every step's frames had been read. A
   stream's text arrives as two deltas, the first token and the rest. A whole answer's stop
   sequences are seen only at its end: the replay streams every request.
 
-Without it (the pool's logic tests) every step is its own turn and its own frames.
+Without it (the pool's logic tests) every step is its own turn and its own frames; the faults
+above are for that engine (a jumping one killed would take its unsent tokens with it).
 """
 
 from __future__ import annotations

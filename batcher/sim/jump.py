@@ -40,12 +40,6 @@ def _decode_batch(engine: Engine) -> bool:
     return len(running) <= engine.config.max_batch_tokens
 
 
-def _token_can_end(runner: SimulatedRunner, seq: Sequence) -> bool:
-    """Whether a token of ``seq`` can end it: an end-of-sequence the runner may draw, a stop id."""
-    sampling = seq.sampling
-    return bool(sampling.stop_token_ids) or (runner.eos_prob > 0 and not sampling.ignore_eos)
-
-
 class Leap:
     """A planned run of pure decode steps (see the module doc): ``ends[i]`` is when step i+1
     ends; after :meth:`take`, ``ids[j]`` holds the tokens ``seqs[j]`` made, ``ended`` the
@@ -76,7 +70,7 @@ class Leap:
         run = cls(engine, runner, start)
         scheduler, bs = engine.scheduler, engine.config.block_size
         groups: list[list[Sequence]] = [[] for _ in range(bs)]
-        context, can_end, model_len = 0, False, scheduler.max_model_len
+        context, can_end, model_len, eos = 0, False, scheduler.max_model_len, runner.eos_prob > 0
         for seq in run.seqs:
             outputs, computed = seq.output_ids, seq.num_computed
             if not outputs or computed != len(seq.prompt_ids) + len(outputs) - 1:
@@ -92,7 +86,9 @@ class Leap:
             elif length == run._last:
                 run._enders.append(seq)
             context += computed + 1
-            can_end = can_end or _token_can_end(runner, seq)
+            if not can_end:  # a token can end it: an end-of-sequence the runner may draw, a stop id
+                sampling = seq.sampling
+                can_end = bool(sampling.stop_token_ids) or (eos and not sampling.ignore_eos)
         run._groups = groups
         if can_end:
             run._drawn = []
