@@ -109,30 +109,25 @@ class Scheduler:
             remaining = seq.remaining
             decodes -= remaining == 1
             n = min(remaining, budget - decodes)
-            if 0 < n and seq.num_computed + n <= len(seq.block_table) * bs:  # its blocks hold them
-                seqs.append(seq)
-                counts.append(n)
-                budget -= n
-                i += 1
-                continue
-            while n > 0 and not self.blocks.grow(seq, n):
-                if self.running[-1] is not seq:
-                    victim = self.running.pop()
-                    decodes -= victim.remaining == 1
-                    self.preempt(victim, now)
-                    preempted.append(victim)
-                elif seq.remaining > 1 and self.blocks.room(seq) > 0:
-                    n = min(n, self.blocks.room(seq))  # nobody left to preempt: a smaller chunk
-                elif i == 0:  # alone, and still no room: it can never finish
-                    self.running.pop()
-                    needed = cdiv(seq.num_computed + n, self.config.block_size)
-                    self.finish(seq, FinishReason.TOO_LONG, now, self._too_long(needed))
-                    n = 0
-                else:
-                    self.running.pop()
-                    self.preempt(seq, now)
-                    preempted.append(seq)
-                    n = 0
+            if n > 0 and seq.num_computed + n > len(seq.block_table) * bs:  # else its blocks hold them
+                while n > 0 and not self.blocks.grow(seq, n):
+                    if self.running[-1] is not seq:
+                        victim = self.running.pop()
+                        decodes -= victim.remaining == 1
+                        self.preempt(victim, now)
+                        preempted.append(victim)
+                    elif seq.remaining > 1 and self.blocks.room(seq) > 0:
+                        n = min(n, self.blocks.room(seq))  # nobody left to preempt: a smaller chunk
+                    elif i == 0:  # alone, and still no room: it can never finish
+                        self.running.pop()
+                        needed = cdiv(seq.num_computed + n, self.config.block_size)
+                        self.finish(seq, FinishReason.TOO_LONG, now, self._too_long(needed))
+                        n = 0
+                    else:
+                        self.running.pop()
+                        self.preempt(seq, now)
+                        preempted.append(seq)
+                        n = 0
             if n > 0:
                 seqs.append(seq)
                 counts.append(n)
