@@ -75,8 +75,13 @@ class EnginePool:
         queue: QueueConfig,
         spawn: Callable[[int], EngineProcess],
         tokenizer: Tokenizer,
+        unread: Callable[[int], int] | None = None,
     ) -> None:
+        """``unread(i)``: tokens replica ``i``'s engine has made whose frames the pool has not
+        read yet, which routing counts as generated. A process's frames are read as they come
+        (None: 0); a simulated engine that hands a sequence's tokens out at its end knows them."""
         self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
+        self._unread = unread
         self.stats = ContinuousStats()
         self._readiness = Readiness(config.workers)
         self._replicas = [
@@ -208,9 +213,11 @@ class EnginePool:
 
     def _route(self, ticket: Ticket) -> Replica:
         """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
-        up = any(r.up for r in self._replicas)
+        up, unread = any(r.up for r in self._replicas), self._unread
+        loads = [r.load - unread(r.index) if unread and r.up else r.load for r in self._replicas]
         route = self.router.choose(
-            [r.load if r.up or not up else None for r in self._replicas], ticket.hashes
+            [load if r.up or not up else None for r, load in zip(self._replicas, loads, strict=True)],
+            ticket.hashes,
         )
         ticket.replica = route.replica
         job = ticket.job
@@ -335,10 +342,12 @@ async def open_engine_pool(
     queue: QueueConfig,
     spawn: Callable[[int], EngineProcess],
     tokenizer: Tokenizer,
+    unread: Callable[[int], int] | None = None,
 ) -> AsyncIterator[EnginePool]:
-    """Start a model's engines and the pool in front of them; stop both on exit."""
+    """Start a model's engines and the pool in front of them (``unread``: see
+    :class:`EnginePool`); stop both on exit."""
     async with trio.open_nursery() as nursery:
-        pool = EnginePool(config, queue, spawn, tokenizer)
+        pool = EnginePool(config, queue, spawn, tokenizer, unread)
         await nursery.start(pool.run)
         yield pool
         nursery.cancel_scope.cancel()

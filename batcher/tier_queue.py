@@ -124,6 +124,9 @@ class TierQueues(Generic[T]):
         batch: list[T] = []
         if self._aged_share > 0 and len(self._queues) > 1:
             self._aged_credit = min(self._aged_credit + self._aged_share * size, float(size))
+            if not self.count:  # what _take_aged makes of empty queues, without looking at them
+                self._aged_credit = 0.0 if self._aged_credit >= 1.0 else self._aged_credit
+                return batch
             self._take_aged(batch, now)
         for tier in range(len(self._queues)):
             while len(batch) < size and self._front(tier) is not None:

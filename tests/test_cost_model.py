@@ -140,6 +140,26 @@ def test_simulated_answers_ignore_batch_mates_and_preemptions_and_never_end_unas
     assert reasons == [FinishReason.MAX_TOKENS] * 12 and all(2 not in answer for answer in alone)
 
 
+class BatchedRunner(SimulatedRunner):
+    """The simulated runner handed laid-out batches, as a runner that keeps KV is."""
+
+    keeps_kv = True
+
+
+def test_a_schedule_read_directly_gives_the_tokens_and_prices_of_its_laid_out_batch():
+    smol = PRESETS["smollm2-135m"]
+    prompts = [[(5 * i + j) % 400 + 3 for j in range(30 + 41 * i)] for i in range(10)]
+    sampling = SamplingParams(max_tokens=40, temperature=0.7, seed=5)
+    runs = []
+    for kind in (SimulatedRunner, BatchedRunner):  # chunked prompts, preemptions and recomputes
+        runner = kind(smol, num_blocks=30, eos_prob=0.02)
+        answers = run_all(runner, prompts, sampling, 30, max_batch_tokens=48, max_seqs=6)
+        runs.append((answers, runner.total_seconds))
+    (direct, direct_seconds), (batched, batched_seconds) = runs
+    assert direct == batched and direct_seconds == batched_seconds and direct[2].preemptions > 0
+    assert FinishReason.EOS in direct[1]
+
+
 def test_the_simulated_runner_ends_answers_with_eos_at_the_asked_rate():
     smol = PRESETS["smollm2-135m"]
     prompts = [[i + 3] * 5 for i in range(200)]

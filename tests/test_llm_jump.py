@@ -1,12 +1,13 @@
-"""The jumping replay against the step-by-step one: the same answers, times and KV state.
+"""The jumping replay against the step-by-step one: the same answers, times, routes and KV state.
 
-Small cases with preemptions (a cache too small for the load) and prefix hits (shared system
-prompts, conversations): every request's token ids and outcome are the same, its sent, first
-token and end times equal to float tolerance, every engine took the same steps and ends with the
+Small cases with preemptions (a cache too small for the load), prefix hits (shared system
+prompts, conversations), conversations over several replicas, and long answers on three
+replicas, where arrivals land inside runs: every request's token ids and outcome are the same,
+its sent, first token and end times equal to float tolerance, the router saw the same loads at
+every decision and chose the same replica, every engine took the same steps and ends with the
 same block manager (ref counts, free list order, cached hashes), and the jumping one advanced a
-fifth of its steps or more inside runs. Two-tier load under pressure, and conversations over
-several replicas, are left out: there a jump may change the aged-work credit and the routing of a
-next turn (``docs/simulation-continuous.md``).
+fifth of its steps or more inside runs. Two-tier load queued past the age limit is left out:
+there the aged-work credit may differ (``docs/simulation-continuous.md``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import pytest
 import trio
 
 from batcher.config import ContinuousModelConfig, QueueConfig
+from batcher.router import Router
 from batcher.sim import llm_replay
 from batcher.sim.arrivals import poisson
 from batcher.sim.engine_process import EngineSpec, SimulatedEngines
 from batcher.sim.llm_workload import Lengths, Workload
 from workers.engine.cost_model import PRESETS
+
+ANSWERED, CHOOSE = llm_replay.Prompts.answered, Router.choose
 
 
 def _model(workers: int, blocks: int) -> ContinuousModelConfig:
@@ -50,11 +54,17 @@ def _workload(rate: float, seconds: float, seed: int, turns: int, answer: int, p
 def _run(monkeypatch, workload: Workload, model: ContinuousModelConfig, jump: bool, eos: float):
     answers: dict[int, list[int]] = {}
     spawns: list[SimulatedEngines] = []
-    answered = llm_replay.Prompts.answered
+    routes: list[tuple[list[float | None], int]] = []
+    answered, choose = ANSWERED, CHOOSE  # the originals, not a previous run's patches
 
     def record(self, index, ids):
         answers[index] = list(ids)
         answered(self, index, ids)
+
+    def route(self, loads, hashes):
+        chosen = choose(self, loads, hashes)
+        routes.append((list(loads), chosen.replica))
+        return chosen
 
     class Kept(SimulatedEngines):
         def __init__(self, *args, **kwargs):
@@ -62,11 +72,12 @@ def _run(monkeypatch, workload: Workload, model: ContinuousModelConfig, jump: bo
             spawns.append(self)
 
     monkeypatch.setattr(llm_replay.Prompts, "answered", record)
+    monkeypatch.setattr(Router, "choose", route)
     monkeypatch.setattr(llm_replay, "SimulatedEngines", Kept)
     trio._core._run._r.seed(0)  # trio's order of tasks woken together, the same for both replays
     spec = EngineSpec.of(model, PRESETS["llama-70b"], eos_prob=eos)
     run = llm_replay.replay(workload, model, QueueConfig(wait_budgets=(30.0, 30.0)), spec, seed=3, jump=jump)
-    return run, answers, spawns[0]
+    return run, answers, spawns[0], routes
 
 
 def _blocks(spawn: SimulatedEngines, slot: int):
@@ -80,6 +91,9 @@ CASES = [  # workers, KV blocks, Poisson rate, seconds, workload seed, turns, lo
     (2, 120, 12.0, 5.0, 3, 1, 600, 1.0, 0.0),  # two replicas behind the router, preemptions
     (2, 120, 14.0, 5.0, 6, 1, 600, 1.0, 0.0),  # another seed
     (2, 1000, 10.0, 5.0, 4, 1, 120, 0.5, 0.01),  # roomy cache: long jumps, prefix hits, two tiers
+    (2, 400, 8.0, 6.0, 5, 3, 300, 1.0, 0.0),  # conversations over two replicas: next turns routed
+    (3, 2000, 15.0, 5.0, 7, 1, 600, 1.0, 0.0),  # long answers on three replicas: arrivals inside runs
+    (3, 300, 15.0, 5.0, 8, 2, 400, 1.0, 0.01),  # three replicas, conversations, preemptions, ends by eos
 ]
 
 
@@ -91,8 +105,9 @@ def test_the_jumping_replay_equals_the_step_by_step_one(
     monkeypatch, workers, blocks, rate, seconds, seed, turns, answer, paid, eos
 ):
     workload, model = _workload(rate, seconds, seed, turns, answer, paid), _model(workers, blocks)
-    step, step_ids, step_spawn = _run(monkeypatch, workload, model, False, eos)
-    jump, jump_ids, jump_spawn = _run(monkeypatch, workload, model, True, eos)
+    step, step_ids, step_spawn, step_routes = _run(monkeypatch, workload, model, False, eos)
+    jump, jump_ids, jump_spawn, jump_routes = _run(monkeypatch, workload, model, True, eos)
+    assert jump_routes == step_routes and len(step_routes) >= len(workload)
     assert step_ids == jump_ids and len(step_ids) == (step.outcomes.outcome == 1).sum() > 0
     assert (step.outcomes.outcome == jump.outcomes.outcome).all()
     assert (step.outcomes.tokens == jump.outcomes.tokens).all()
@@ -107,6 +122,7 @@ def test_the_jumping_replay_equals_the_step_by_step_one(
     engines = [engine for starts in jump_spawn.spawned.values() for engine in starts]
     leapt = sum(engine.leapt for engine in engines)
     assert leapt > sum(r["steps"] for r in jump.replicas) / 5  # a fifth of the steps or more, jumped
+    assert sum(engine.cut for engine in engines) > 0  # runs that work reached before their end
 
 
 def test_a_decode_steps_price_from_its_context_sum_is_the_cost_models_own():

@@ -14,14 +14,15 @@ prompts and the answers' very ids (:class:`IdText` makes an id one character, so
 from the text), which is what lets the replica that served the conversation hit its prefix cache.
 
 With ``jump`` (the default of ``ferry simulate --mode continuous``) the engines advance runs of
-pure decode steps at once up to the :class:`Horizon`: the next arrival at the pool or KV sample,
-never while the pool holds queued work; each sequence's tokens of such a run reach the pool as one
-frame at the run's end, so a stream's deltas come merged, its first token and end at the same
-times. Two things it can change (``docs/simulation-continuous.md`` says more): a conversation's
-next turn, sent when its previous answer ends on one replica, is routed on the other replicas'
-loads as of their last frames, up to one run old; and the tier queues' aged-work credit, which
-grows at each of the pool's dispatch passes (one per engine read), grows less. With one replica,
-or one tier and no conversations, the replay is the step-by-step one (``tests/test_llm_jump.py``).
+pure decode steps at once and hand each sequence's tokens out at its first token and at its end
+(:mod:`batcher.sim.engine_process`), and the pool's router counts the tokens not yet handed out
+(its ``unread``), so that every routing decision sees the loads a step-by-step replay would; a
+KV sample first brings every engine's run to the sample's time. A stream's deltas come merged,
+its first token and end at the same times. What it can change (``docs/simulation-continuous.md``
+says more): the pool makes a dispatch pass after every engine read, and the tier queues'
+aged-work credit grows at each pass, so with fewer reads a free request queued past the age
+limit may be taken ahead of paid work at another moment. With one tier, or with nothing queued
+past the age limit, the replay is the step-by-step one (``tests/test_llm_jump.py``).
 
 A seed fixes the workload, never quite the run: trio runs the tasks woken at one virtual instant
 (two replicas ending a step together) in an order of its own, so two runs of one seed differ a
@@ -164,21 +165,6 @@ class Replayed:
     shed_by_pool: int
 
 
-class Horizon:
-    """The next virtual time anything outside the engines acts on them: an arrival (``_drive``
-    sets it), a KV sample (``_sample`` does); -inf (no jump) while the pool queues work, which
-    its timers may expire or dispatch at any time."""
-
-    def __init__(self) -> None:
-        self.arrival = self.sample = math.inf
-        self.pool: EnginePool | None = None
-
-    def __call__(self) -> float:
-        if self.pool is None or self.pool.queued:
-            return -math.inf
-        return min(self.arrival, self.sample)
-
-
 async def _drive(
     pool: EnginePool,
     workload: Workload,
@@ -186,7 +172,6 @@ async def _drive(
     outcomes: Outcomes,
     done: trio.Event,
     prefix_cache: bool,
-    horizon: Horizon,
 ) -> None:
     """Send each request at its time, a conversation's turn only once the previous has ended;
     set ``done`` once every request has ended."""
@@ -226,7 +211,6 @@ async def _drive(
     following = 0
     while True:  # until cancelled, once every request has ended
         due = start + workload.times[following] if following < len(workload) else math.inf
-        horizon.arrival = due
         with trio.move_on_at(due):
             await wake[0].wait()
         wake[0] = trio.Event()
@@ -251,14 +235,14 @@ async def _sample(
     every: float,
     kv_use: list[list[float]],
     progress: Callable[[float], None] | None,
-    horizon: Horizon,
 ) -> None:
     while True:
-        horizon.sample = trio.current_time() + every
         await trio.sleep(every)
         row = []
         for slot in range(workers):
-            blocks = spawn.current(slot).engine.scheduler.blocks
+            engine = spawn.current(slot)
+            engine.catch_up()  # its blocks as they are now, a run of decode steps committed to now
+            blocks = engine.engine.scheduler.blocks
             row.append(blocks.num_used / blocks.num_blocks)
         kv_use.append(row)
         if progress is not None:
@@ -296,15 +280,14 @@ def replay(
     gives every request a tenant of its own, which salts its blocks' hashes: no prompt hits
     another's blocks, the cache is off as far as the traffic can tell. A run with requests still
     open ``drain`` virtual seconds after the last arrival stops with RuntimeError: the pool's
-    deadlines end every request, so that is a bug, not a long run. ``jump``: advance pure decode
-    steps at once between events (see the module doc)."""
+    deadlines end every request, so that is a bug, not a long run. ``jump``: advance runs of pure
+    decode steps at once and merge the engines' frames (see the module doc)."""
     if not len(workload):
         raise ValueError("replay: the workload has no request")
     if tuple(queue.tiers) != workload.tiers:
         raise ValueError(f"replay: the workload's tiers {workload.tiers} are not the queue's {queue.tiers}")
     outcomes = Outcomes(len(workload))
-    horizon = Horizon()
-    spawn = SimulatedEngines(spec, horizon if jump else None)
+    spawn = SimulatedEngines(spec, jump)
     kv_use: list[list[float]] = []
     cpu = time.process_time()
     span = float(workload.times[-1])
@@ -316,8 +299,7 @@ def replay(
     async def run() -> tuple[float, int]:
         done = trio.Event()
         prompts = Prompts(workload, spec.vocab or spec.cost.shape.vocab, seed)
-        async with open_engine_pool(model, queue, spawn, IdText()) as pool:
-            horizon.pool = pool
+        async with open_engine_pool(model, queue, spawn, IdText(), spawn.unread if jump else None) as pool:
             start = trio.current_time()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
@@ -327,9 +309,8 @@ def replay(
                     sample_every,
                     kv_use,
                     None if progress is None else tell,
-                    horizon,
                 )
-                nursery.start_soon(_drive, pool, workload, prompts, outcomes, done, prefix_cache, horizon)
+                nursery.start_soon(_drive, pool, workload, prompts, outcomes, done, prefix_cache)
                 with trio.move_on_at(start + span + drain):
                     await done.wait()
                 nursery.cancel_scope.cancel()

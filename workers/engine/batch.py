@@ -73,6 +73,10 @@ class Runner(Protocol):
     eos_token_ids: frozenset[int]
     max_model_len: int
     """The longest sequence (prompt and answer) the model can attend over: its context."""
+    # A runner may also say ``keeps_kv = False`` (the simulated one, which only prices a step):
+    # the engine then hands it the step's Schedule (``execute_schedule``) instead of a batch,
+    # whose positions, slots and block tables it would not read and whose layout would cost more
+    # than the rest of its step.
 
     def execute(self, batch: ForwardBatch) -> list[int | None]:
         """The next token of each sequence whose ``samples[i]`` is set, None for the others."""

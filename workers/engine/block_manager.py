@@ -30,8 +30,6 @@ sequences' decodes may use them), unless no block is in use at all.
 
 from __future__ import annotations
 
-import itertools
-
 from workers.engine.sequence import Sequence
 from workers.prefix_hash import chain_hash, prefix_root
 
@@ -45,13 +43,15 @@ class FreeBlockQueue:
     the middle, which taking a cached block back for a prefix hit needs), with two sentinels."""
 
     def __init__(self, num_blocks: int) -> None:
-        self._head, self._tail = num_blocks, num_blocks + 1
-        order = [self._head, *range(num_blocks), self._tail]
-        self._next = [-1] * (num_blocks + 2)
-        self._prev = [-1] * (num_blocks + 2)
-        for a, b in itertools.pairwise(order):
-            self._next[a], self._prev[b] = b, a
-        self._size = num_blocks
+        n = num_blocks
+        self._head, self._tail = n, n + 1
+        # head -> 0 -> 1 -> ... -> n - 1 -> tail, laid out as whole lists (a cache has ~10^5 blocks)
+        if n:
+            self._next = [*range(1, n), self._tail, 0, -1]
+            self._prev = [self._head, *range(n - 1), -1, n - 1]
+        else:
+            self._next, self._prev = [self._tail, -1], [-1, self._head]
+        self._size = n
 
     def __len__(self) -> int:
         return self._size
@@ -158,6 +158,8 @@ class BlockManager:
         """Blocks for a running ``seq``'s next ``num_tokens`` tokens (the watermark may go);
         False (and nothing changed) if they do not fit."""
         new = cdiv(seq.num_computed + num_tokens, self.block_size) - len(seq.block_table)
+        if new <= 0:
+            return True
         if new > len(self.free):
             return False
         seq.block_table.extend(self._allocate() for _ in range(new))
@@ -168,6 +170,8 @@ class BlockManager:
         bs = self.block_size
         first, seq.num_computed = seq.num_computed // bs, seq.num_computed + num_tokens
         full = seq.num_computed // bs
+        if full == first:
+            return  # no block filled (the hashes already cover every full block)
         self._extend_hashes(seq, full)
         for i in range(first, full):
             key, block = seq.block_hashes[i], seq.block_table[i]

@@ -89,6 +89,7 @@ class Engine:
                 f"the runner's cache ({runner.num_blocks} blocks of {runner.block_size})"
             )
         self.runner, self.config, self.clock = runner, config, clock
+        self._keeps_kv = getattr(runner, "keeps_kv", True)  # see the Runner protocol
         self.scheduler = Scheduler(config, runner.eos_token_ids, runner.max_model_len)
         self._rids = itertools.count()
         self.steps = self.computed_tokens = self.generated_tokens = 0
@@ -123,14 +124,16 @@ class Engine:
         schedule = scheduler.schedule(self.clock())
         tokens: dict[int, int] = {}
         if schedule.seqs:
-            sampled = self.runner.execute(forward_batch(schedule, self.config.block_size))
+            if self._keeps_kv:
+                sampled = self.runner.execute(forward_batch(schedule, self.config.block_size))
+            else:  # a priced runner reads the schedule itself: no batch to lay out
+                sampled = self.runner.execute_schedule(schedule)  # type: ignore[attr-defined]
             tokens = scheduler.postprocess(schedule, sampled, self.clock())
             self.steps += 1
         scheduled = sum(schedule.num_tokens)
         self.computed_tokens += scheduled
         self.generated_tokens += len(tokens)
-        finished = [self._finished(seq) for seq in scheduler.finished]
-        scheduler.finished = []
+        finished = self.take_finished()
         preempted = [seq.rid for seq in schedule.preempted]
         return StepOutput(tokens, finished, preempted, scheduled)
 
@@ -150,6 +153,13 @@ class Engine:
             computed_tokens=self.computed_tokens,
             generated_tokens=self.generated_tokens,
         )
+
+    def take_finished(self) -> list[SequenceEnd]:
+        """The sequences that ended since this was last called (a step calls it for its output;
+        a replay that advances decode steps itself, ``batcher/sim/jump.py``, calls it after them)."""
+        finished = [self._finished(seq) for seq in self.scheduler.finished]
+        self.scheduler.finished = []
+        return finished
 
     def _finished(self, seq: Sequence) -> SequenceEnd:
         assert seq.finish_reason is not None

@@ -82,9 +82,9 @@ class Scheduler:
                 f"a prompt of {seq.num_prompt} tokens leaves no room in the model's context "
                 f"of {self.max_model_len}"
             )
-            self._finish(seq, FinishReason.TOO_LONG, seq.arrival, detail)
+            self.finish(seq, FinishReason.TOO_LONG, seq.arrival, detail)
         elif needed > self.config.num_blocks:
-            self._finish(seq, FinishReason.TOO_LONG, seq.arrival, self._too_long(needed))
+            self.finish(seq, FinishReason.TOO_LONG, seq.arrival, self._too_long(needed))
         else:
             self.waiting.setdefault(seq.tier, deque()).append(seq)
 
@@ -97,35 +97,37 @@ class Scheduler:
             self.running.remove(seq)
         else:
             self.waiting[seq.tier].remove(seq)
-        self._finish(seq, FinishReason.ABORTED, now)
+        self.finish(seq, FinishReason.ABORTED, now)
         return True
 
     def schedule(self, now: float) -> Schedule:
         budget, seqs, counts, preempted = self.config.max_batch_tokens, [], [], []
         decodes = sum(1 for seq in self.running if seq.remaining == 1)
-        i = 0
+        bs, i = self.config.block_size, 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            decodes -= seq.remaining == 1
-            n = min(seq.remaining, budget - decodes)
-            while n > 0 and not self.blocks.grow(seq, n):
-                if self.running[-1] is not seq:
-                    victim = self.running.pop()
-                    decodes -= victim.remaining == 1
-                    self.preempt(victim, now)
-                    preempted.append(victim)
-                elif seq.remaining > 1 and self.blocks.room(seq) > 0:
-                    n = min(n, self.blocks.room(seq))  # nobody left to preempt: a smaller chunk
-                elif i == 0:  # alone, and still no room: it can never finish
-                    self.running.pop()
-                    needed = cdiv(seq.num_computed + n, self.config.block_size)
-                    self._finish(seq, FinishReason.TOO_LONG, now, self._too_long(needed))
-                    n = 0
-                else:
-                    self.running.pop()
-                    self.preempt(seq, now)
-                    preempted.append(seq)
-                    n = 0
+            remaining = seq.remaining
+            decodes -= remaining == 1
+            n = min(remaining, budget - decodes)
+            if n > 0 and seq.num_computed + n > len(seq.block_table) * bs:  # else its blocks hold them
+                while n > 0 and not self.blocks.grow(seq, n):
+                    if self.running[-1] is not seq:
+                        victim = self.running.pop()
+                        decodes -= victim.remaining == 1
+                        self.preempt(victim, now)
+                        preempted.append(victim)
+                    elif seq.remaining > 1 and self.blocks.room(seq) > 0:
+                        n = min(n, self.blocks.room(seq))  # nobody left to preempt: a smaller chunk
+                    elif i == 0:  # alone, and still no room: it can never finish
+                        self.running.pop()
+                        needed = cdiv(seq.num_computed + n, self.config.block_size)
+                        self.finish(seq, FinishReason.TOO_LONG, now, self._too_long(needed))
+                        n = 0
+                    else:
+                        self.running.pop()
+                        self.preempt(seq, now)
+                        preempted.append(seq)
+                        n = 0
             if n > 0:
                 seqs.append(seq)
                 counts.append(n)
@@ -176,26 +178,34 @@ class Scheduler:
             new[seq.rid] = token
             if seq.first_token is None:
                 seq.first_token = now
-            reason = self._stop_reason(seq, token)
+            reason = self.stop_reason(seq, token)
             if reason is not None:
-                self._finish(seq, reason, now)
+                self.finish(seq, reason, now)
                 ended = True
         if ended:
             self.running = [seq for seq in self.running if not seq.finished]
         return new
 
-    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        if token in self.eos_token_ids and not seq.sampling.ignore_eos:
-            return FinishReason.EOS
-        if token in seq.sampling.stop_token_ids:
-            return FinishReason.STOP_TOKEN
+    def stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Why ``seq`` ends with ``token`` just appended, or None if it goes on."""
+        reason = self.token_stop(seq, token)
+        if reason is not None:
+            return reason
         if len(seq.output_ids) >= seq.sampling.max_tokens or (
             self.max_model_len is not None and seq.num_tokens >= self.max_model_len
         ):
             return FinishReason.MAX_TOKENS
         return None
 
-    def _finish(self, seq: Sequence, reason: FinishReason, now: float, detail: str = "") -> None:
+    def token_stop(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Whether ``token`` itself ends ``seq``: an end-of-sequence id, or one of its stop ids."""
+        if token in self.eos_token_ids and not seq.sampling.ignore_eos:
+            return FinishReason.EOS
+        if token in seq.sampling.stop_token_ids:
+            return FinishReason.STOP_TOKEN
+        return None
+
+    def finish(self, seq: Sequence, reason: FinishReason, now: float, detail: str = "") -> None:
         """Mark ``seq`` finished and free its blocks; the caller takes it out of its queue."""
         self.blocks.free_blocks(seq)
         seq.status, seq.finish_reason, seq.finished_at = Status.FINISHED, reason, now

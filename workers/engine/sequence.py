@@ -115,7 +115,7 @@ class Sequence:
     @property
     def remaining(self) -> int:
         """Tokens still to compute before the next one can be sampled (1 for a decode)."""
-        return self.num_tokens - self.num_computed
+        return len(self.prompt_ids) + len(self.output_ids) - self.num_computed  # num_tokens, inlined: hot
 
     @property
     def finished(self) -> bool:

@@ -27,7 +27,7 @@ from typing import BinaryIO
 from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS
-from workers.engine.engine import Engine, StepOutput
+from workers.engine.engine import Engine, SequenceEnd, StepOutput
 from workers.engine.sequence import FinishReason, SamplingParams
 from workers.engine.simulated import SimulatedRunner
 from workers.protocol import (
@@ -189,10 +189,14 @@ def step_messages(output: StepOutput) -> list[Tokens | SequenceFinished]:
     messages: list[Tokens | SequenceFinished] = [
         Tokens(rid=rid, ids=[token]) for rid, token in output.tokens.items() if rid not in stopped
     ]
-    for done in output.finished:
-        usage = Usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
-        messages.append(SequenceFinished(rid=done.rid, reason=done.reason.value, usage=usage))
+    messages += map(finished_message, output.finished)
     return messages
+
+
+def finished_message(done: SequenceEnd) -> SequenceFinished:
+    """The ``finished`` frame of a sequence that ended, with its usage."""
+    usage = Usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
+    return SequenceFinished(rid=done.rid, reason=done.reason.value, usage=usage)
 
 
 def step_frames(output: StepOutput) -> list[bytes]:

@@ -17,16 +17,20 @@ behave like the GPU in real time.
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 from collections.abc import Callable
 
 from workers.engine.batch import ForwardBatch
 from workers.engine.cost_model import CostModel
+from workers.engine.scheduler import Schedule
 
 _KEY = struct.Struct(">5Q")
 
 
 class SimulatedRunner:
+    keeps_kv = False  # the engine hands it schedules (execute_schedule), not batches
+
     def __init__(
         self,
         cost: CostModel,
@@ -60,43 +64,57 @@ class SimulatedRunner:
         )
         self.eos_token_ids = frozenset({eos_token_id})
         self.max_model_len = max_model_len
-        self._eos, self._eos_prob, self._seed, self._wait = eos_token_id, eos_prob, seed, wait
+        self._eos, self.eos_prob, self._seed64, self._wait = eos_token_id, eos_prob, seed % 2**64, wait
         self._vocab = cost.shape.vocab if vocab is None else vocab
+        self._eos_below = math.ceil(eos_prob * 2**64)  # a digest's first 8 bytes below this: eos
         self.last_step_seconds = 0.0
         self.total_seconds = 0.0
 
     def execute(self, batch: ForwardBatch) -> list[int | None]:
         tokens: list[int | None] = []
         end = 0
-        for query_len, sample in zip(batch.query_lens, batch.samples, strict=False):
+        lens = zip(batch.query_lens, batch.context_lens, batch.samples, strict=True)
+        for query_len, context_len, sample in lens:
             end += query_len
             if sample is None:
                 tokens.append(None)
                 continue
-            key = (
-                self._seed,
-                sample.params.seed or 0,
-                sample.index,
-                batch.input_ids[end - 1],
-                batch.positions[end - 1],
-            )
-            digest = hashlib.blake2b(_KEY.pack(*(value % 2**64 for value in key)), digest_size=16).digest()
-            tokens.append(self._token(digest))
-        self.last_step_seconds = self.cost.step(batch.query_lens, batch.context_lens).seconds
+            # the chunk's last token sits at position context_len - 1 (the batch's contract)
+            last = batch.input_ids[end - 1]
+            tokens.append(self.token(sample.params.seed, sample.index, last, context_len - 1))
+        self._price(batch.query_lens, batch.context_lens)
+        return tokens
+
+    def execute_schedule(self, schedule: Schedule) -> list[int | None]:
+        """What ``execute`` returns for the batch of ``schedule``, read from its sequences (before
+        their ``num_computed`` moves on) without laying the batch out."""
+        tokens: list[int | None] = []
+        context_lens = []
+        for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=True):
+            end = seq.num_computed + n
+            context_lens.append(end)
+            outputs = seq.output_ids
+            if end < len(seq.prompt_ids) + len(outputs):  # a prompt chunk short of its last token
+                tokens.append(None)
+                continue
+            last = outputs[-1] if outputs else seq.prompt_ids[-1]  # the sequence's last token, at end - 1
+            tokens.append(self.token(seq.sampling.seed, len(outputs), last, end - 1))
+        self._price(schedule.num_tokens, context_lens)
+        return tokens
+
+    def _price(self, query_lens: list[int], context_lens: list[int]) -> None:
+        self.last_step_seconds = self.cost.step(query_lens, context_lens).seconds
         self.total_seconds += self.last_step_seconds
         if self._wait is not None:
             self._wait(self.last_step_seconds)
-        return tokens
 
     def token(self, seed: int | None, index: int, last: int, position: int) -> int:
         """The token ``execute`` samples for a sequence of sampling ``seed`` whose chunk ends with
         ``last`` at ``position``, as its ``index``-th output (a replay that jumps decode steps
         draws them here)."""
-        key = _KEY.pack(self._seed % 2**64, (seed or 0) % 2**64, index, last, position)
-        return self._token(hashlib.blake2b(key, digest_size=16).digest())
-
-    def _token(self, digest: bytes) -> int:
-        if int.from_bytes(digest[:8]) < self._eos_prob * 2**64:
+        key = _KEY.pack(self._seed64, (seed or 0) % 2**64, index, last, position)
+        digest = hashlib.blake2b(key, digest_size=16).digest()
+        if self._eos_below and int.from_bytes(digest[:8]) < self._eos_below:
             return self._eos
         token = int.from_bytes(digest[8:]) % (self._vocab - 1)
         return token + (token >= self._eos)  # every id but the end-of-sequence one
