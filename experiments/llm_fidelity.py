@@ -10,7 +10,7 @@ engine (the same engine scheduler over a runner priced by the constants ``ferry 
 on this machine: ``--costs``, or by default the steps of two ``ferry fit`` runs, one just before
 the real run and one just after, fitted together into ``results/llm_fidelity_costs.json``: on
 a shared machine other processes' load changes from minute to minute, and the two bracket it). Both
-are driven by the replay's own driver (:func:`batcher.sim.llm_replay._drive`), so a request is
+are driven by the replay's own driver (:func:`batcher.sim.llm_replay.drive`), so a request is
 sent, streamed and timed the same way. A real answer can end early at an end-of-sequence token;
 the virtual run asks each request for the tokens its real answer took, so both compute the same
 tokens. The real run is bounded by ``--limit`` seconds after its warm-up.
@@ -42,7 +42,7 @@ from batcher.engine_worker import EngineProcess
 from batcher.process_worker import process_workers
 from batcher.sim.arrivals import poisson
 from batcher.sim.engine_process import EngineSpec
-from batcher.sim.llm_replay import Horizon, IdText, Outcomes, Prompts, Replayed, _drive, replay
+from batcher.sim.llm_replay import IdText, Outcomes, Prompts, Replayed, drive, replay
 from batcher.sim.llm_report import ContinuousReport
 from batcher.sim.llm_workload import Lengths, Workload
 from experiments.common import RESULTS, plt, write
@@ -133,7 +133,7 @@ async def serve_real(workload: Workload, seed: int, limit: float) -> tuple[Outco
         done = trio.Event()
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_drive, pool, workload, prompts, outcomes, done, True, Horizon())
+            nursery.start_soon(drive, pool, workload, prompts, outcomes, done, True)
             with trio.move_on_after(limit):
                 await done.wait()
             nursery.cancel_scope.cancel()

@@ -165,7 +165,7 @@ class Replayed:
     shed_by_pool: int
 
 
-async def _drive(
+async def drive(
     pool: EnginePool,
     workload: Workload,
     prompts: Prompts,
@@ -310,7 +310,7 @@ def replay(
                     kv_use,
                     None if progress is None else tell,
                 )
-                nursery.start_soon(_drive, pool, workload, prompts, outcomes, done, prefix_cache)
+                nursery.start_soon(drive, pool, workload, prompts, outcomes, done, prefix_cache)
                 with trio.move_on_at(start + span + drain):
                     await done.wait()
                 nursery.cancel_scope.cancel()
