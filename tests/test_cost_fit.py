@@ -126,7 +126,9 @@ def test_the_steps_a_file_carries_fit_again_together_with_others(tmp_path):
     ("text", "match"),
     [
         ("[]", "expected a 'ferry step costs 1' file"),
-        ('{"format": "ferry step costs 1", "shape": {}}', "TypeError"),
+        ('{"format": "ferry step costs 1", "shape": {}}', "shape: Object missing required field `name`"),
+        ('{"format": "ferry step costs 1", "shape": {"name": "x", "layers": "two"}}',
+         r"shape: Expected `int`, got `str` - at `\$.layers`"),
         ("{", "not JSON"),
     ],
 )

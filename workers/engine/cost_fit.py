@@ -28,6 +28,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from workers.engine.cost_model import CostModel, Hardware, ModelShape, Overhead, attention_pairs
@@ -124,24 +125,23 @@ def as_dict(cost: CostModel, about: dict[str, Any] | None = None) -> dict[str, A
 
 
 def from_dict(data: dict[str, Any], source: str = "cost file") -> CostModel:
-    """The cost model :func:`as_dict` describes; ValueError naming what is wrong."""
+    """The cost model :func:`as_dict` describes; ValueError naming what is wrong and where."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{source}: expected a {FORMAT!r} file (ferry fit writes one)")
-    try:
-        shape = ModelShape(**data["shape"])
-        hardware = data["hardware"]
-        roofline = Hardware(
-            str(hardware.get("name", "")),
-            float(hardware.get("bandwidth", math.inf)),
-            float(hardware.get("flops", math.inf)),
-            int(hardware.get("gpus", 1)),
-        )
-        overhead = Overhead(**data["overhead_seconds"])
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        raise ValueError(f"{source}: {type(exc).__name__}: {exc}") from None
+    hardware = data.get("hardware")
+    if isinstance(hardware, dict):  # an unbounded roofline is written without its speeds
+        hardware = {"bandwidth": math.inf, "flops": math.inf, **hardware}
+    parts = {}
+    for name, kind, value in (("shape", ModelShape, data.get("shape")), ("hardware", Hardware, hardware),
+                              ("overhead_seconds", Overhead, data.get("overhead_seconds"))):
+        try:
+            parts[name] = msgspec.convert(value, kind)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{source}: {name}: {exc}") from None
+    roofline = parts["hardware"]
     if not (roofline.bandwidth > 0 and roofline.flops > 0 and roofline.gpus >= 1):
-        raise ValueError(f"{source}: expected bandwidth and flops > 0 and gpus >= 1")
-    return CostModel(shape, roofline, overhead)
+        raise ValueError(f"{source}: hardware: expected bandwidth and flops > 0 and gpus >= 1")
+    return CostModel(parts["shape"], roofline, parts["overhead_seconds"])
 
 
 def save(path: str, cost: CostModel, about: dict[str, Any] | None = None) -> None:
