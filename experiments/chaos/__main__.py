@@ -153,10 +153,10 @@ async def main(args: argparse.Namespace) -> int:
     rows, verdicts = [], []
     with tempfile.TemporaryDirectory(prefix="ferry-chaos-") as scratch:
         for name in names:
-            verdict = await run(BY_NAME[name], params, pathlib.Path(scratch) / name)
-            rate = BY_NAME[name].rate or params.rate  # a row with a rate of its own runs at it
-            command = (f".venv/bin/python -m experiments.chaos --only {name} --rate {rate:g} "
-                       f"--duration {params.duration:g} --workers {params.workers} --seed {params.seed}")
+            own = BY_NAME[name].own(params)  # a row with a rate or duration of its own runs at it
+            verdict = await run(BY_NAME[name], own, pathlib.Path(scratch) / name)
+            command = (f".venv/bin/python -m experiments.chaos --only {name} --rate {own.rate:g} "
+                       f"--duration {own.duration:g} --workers {own.workers} --seed {own.seed}")
             rows.append(row(verdict, command))
             verdicts.append(verdict)
             print(rows[-1], flush=True)
