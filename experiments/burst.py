@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import bisect
 import dataclasses
-import gc
 import json
 import os
 import sys
@@ -49,6 +48,7 @@ from batcher.sim.arrivals import poisson, tier_mix
 from batcher.sim.replay import Replay, ReplayBatcher
 from batcher.sim.workers import SimulatedWorker, constant
 from batcher.types import Overloaded, Request, State
+from experiments.generator_gc import collector_off
 from experiments.http_load import fixed_only, process_cpu, start_gateway
 from gateway.config import DEFAULT_TOML, default_config, parse_config
 from gateway.usage import UsageRecord, read_usage
@@ -268,12 +268,8 @@ async def burst(args: argparse.Namespace, scratch: str) -> dict:
                 ) as r:
                     await r.read()
             cpu_before = process_cpu(process.pid)
-            gc.collect()
-            gc.disable()
-            try:
+            with collector_off():
                 lag = await fire(session, f"{url}/v1/messages", body, shots, timeout=35)
-            finally:
-                gc.enable()
             cpu = process_cpu(process.pid) - cpu_before
             async with session.get(f"{url}/readyz") as ready:
                 call = (await ready.json())["models"]["ferry-fixed@1"]["call_seconds"]

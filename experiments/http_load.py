@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import collections
 import dataclasses
-import gc
 import json
 import os
 import pathlib
@@ -34,6 +33,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from batcher.sim.arrivals import poisson
 from batcher.sim.report import Latency
+from experiments.generator_gc import collector_off
+from gateway import event_loop
 from gateway.config import DEFAULT_TOML
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
@@ -177,16 +178,10 @@ async def main(args: argparse.Namespace) -> list[Run]:
     try:
         async with aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout) as session:
             for rate in args.rate:
-                # The generator's garbage collector stays off during a run: its pauses would be
-                # charged to the server as latency. Between runs it catches up.
-                gc.collect()
-                gc.disable()
-                try:
+                with collector_off():  # its pauses would be charged to the server as latency
                     run = await run_once(
                         session, f"{url}/v1/messages", body, rate, args.duration, args.timeout, args.seed, pid
                     )
-                finally:
-                    gc.enable()
                 print(run.row(), flush=True)
                 runs.append(run)
                 await asyncio.sleep(1.0)  # let the queues drain between rates
@@ -219,11 +214,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":
     arguments = parse_args()
     print(HEADER, flush=True)
-    try:
-        import uvloop
-        results = uvloop.run(main(arguments))
-    except ImportError:
-        results = asyncio.run(main(arguments))
+    results = event_loop.run(main(arguments))
     held = [run.rate for run in results if run.held(arguments.p95_ms / 1000)]
     print(f"highest rate held (p95 <= {arguments.p95_ms:g} ms, no errors): "
           f"{max(held):,.0f}/s" if held else "no rate held")

@@ -48,6 +48,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from batcher.sim.arrivals import poisson
 from experiments.http_load import process_cpu, start_gateway
+from gateway import event_loop
 from gateway.usage import read_usage
 
 KEY = "sk-rollout-paid-01"
@@ -277,8 +278,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 if __name__ == "__main__":
     arguments = parse_args()
-    try:
-        import uvloop
-        sys.exit(uvloop.run(main(arguments)))
-    except ImportError:
-        sys.exit(asyncio.run(main(arguments)))
+    sys.exit(event_loop.run(main(arguments)))

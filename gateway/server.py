@@ -28,6 +28,7 @@ from aiohttp import web
 
 from batcher.fleet import Launch
 from batcher.ray_placement import use_cluster
+from gateway import event_loop
 from gateway.admin import reload_on_signal, start_admin
 from gateway.api import ShuttingDown
 from gateway.app import GATEWAY, make_app
@@ -173,11 +174,7 @@ def serve_command(args) -> int:
     running = serve(
         config, say, reread=functools.partial(_load, args), source=args.config or "<embedded default>"
     )
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(running)
-    return uvloop.run(running)
+    return event_loop.run(running)
 
 
 FD_RESERVE = 256  # descriptors kept for worker pipes, SQLite, Redis and the listening socket

@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -268,3 +269,19 @@ async def test_a_garbage_frame_is_a_protocol_fault_and_only_the_named_slot_misbe
     assert answers == [f"r{i}" for i in range(4)]
     assert retries >= 1  # slot 0's first call broke the protocol: its batch went to slot 1
     assert restarts[1] == 0  # slot 1 never misbehaved
+
+
+def test_a_fixed_mode_worker_starts_without_importing_an_engine():
+    """A restarted fixed-mode worker is what a fleet whose workers all failed waits for: its
+    start-up imports neither engine (their scheduler, model code, numpy: two thirds of it)."""
+    probe = (
+        "import sys, workers.__main__ as main; main.build_parser().parse_args(['sleep']); "
+        "print(sorted(name for name in sys.modules if name.split('.')[0] in ('numpy', 'torch', 'vllm') "
+        "or name in ('workers.engine.engine', 'workers.engine.serve', 'workers.vllm_engine')))"
+    )
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]"
+    engine = subprocess.run(
+        [sys.executable, "-c", "import workers.__main__ as main; main.build_parser().parse_args("
+         "['engine', '--simulated', 'llama-70b'])"], capture_output=True, text=True)
+    assert engine.returncode == 0, engine.stderr  # the engine kinds still parse their command lines

@@ -19,11 +19,10 @@ import sys
 import threading
 import time
 
-from workers.engine.serve import add_engine_arguments, engine_main
+from workers.engine_arguments import add_engine_arguments, add_vllm_arguments
 from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
 from workers.models import Model, add_model_arguments, load_model
 from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, encode
-from workers.vllm_engine import add_vllm_arguments, vllm_main
 
 CRASH_EXIT_CODE = 3
 
@@ -95,9 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     protocol_in, protocol_out = claim_protocol_fds()
     exit_with_parent()
-    if args.kind == "engine":
+    if args.kind == "engine":  # an engine is imported only by the worker that runs it
+        from workers.engine.serve import engine_main
+
         return engine_main(args, protocol_in, protocol_out)
     if args.kind == "vllm-engine":
+        from workers.vllm_engine import vllm_main
+
         return vllm_main(args, protocol_in, protocol_out)
     injector = FaultInjector(plan_from_args(args), instance_from_env())
     model = load_model(args)

@@ -48,23 +48,6 @@ ENVIRONMENT = {
 }
 
 
-def add_vllm_arguments(kinds: argparse._SubParsersAction) -> None:
-    engine = kinds.add_parser("vllm-engine", help="vLLM's engine (LLMEngine), speaking ferry's engine frames")
-    engine.add_argument("--model", metavar="DIR", required=True, help="a Hugging Face model directory")
-    engine.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    engine.add_argument("--block-size", type=int, default=16, help="tokens per block in stats (ferry's unit)")
-    size = engine.add_mutually_exclusive_group()
-    size.add_argument("--num-blocks", type=int, help="KV cache in --block-size blocks (default: vLLM's)")
-    size.add_argument("--kv-memory-gb", type=float, help="KV cache size in GiB, instead of --num-blocks")
-    engine.add_argument("--max-batch-tokens", type=int, default=512, help="token budget of a step")
-    engine.add_argument("--max-seqs", type=int, default=256, help="running sequences at most")
-    engine.add_argument("--max-model-len", type=int, default=None, help="longest sequence (default: model's)")
-    engine.add_argument("--model-version", default="", help="prefix cache salt (default: the model's name)")
-    engine.add_argument("--device", default=None, help="accepted for symmetry; vLLM's build decides")
-    engine.add_argument("--compile", action="store_true", help="torch.compile (slow start, faster steps)")
-    engine.add_argument("--threads", type=int, default=1, help="CPU threads of its steps (default 1)")
-
-
 @dataclasses.dataclass(slots=True)
 class Live:
     """What the adapter remembers of one sequence vLLM holds."""

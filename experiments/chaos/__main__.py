@@ -36,7 +36,9 @@ from experiments.chaos.scenarios import (
 )
 from experiments.chaos.server import Server, StartFailed
 from experiments.chaos.traffic import send
+from experiments.generator_gc import collector_off
 from experiments.redis_server import RedisServer
+from gateway import event_loop
 from gateway.fallback import REDIS_CONNECTIONS
 
 REPORT = pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "RELIABILITY.md"
@@ -54,7 +56,8 @@ async def run(scenario: Scenario, params: Params, workdir: pathlib.Path) -> Verd
     try:
         if scenario.ray:
             ray = RayNodes(scenario.workers or params.workers)  # this thread: Ray's daemons die with theirs
-        return await _run(scenario, params, workdir, redis, ray)
+        with collector_off():  # a pause of this process's collector would be timed as the gateway's
+            return await _run(scenario, params, workdir, redis, ray)
     finally:
         if redis is not None:
             redis.stop()
@@ -214,4 +217,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(parse_args())))
+    sys.exit(event_loop.run(main(parse_args())))

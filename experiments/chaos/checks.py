@@ -108,7 +108,9 @@ def judge(name: str, shots: list[Shot], usage: Iterable[UsageRecord], rules: Rul
             and shot.latency is not None
             and shot.latency > rules.answer_within(shot)
         ):
-            verdict.violate(f"request {shot.index} ({shot.tier}) answered after {shot.latency:.2f} s, "
+            rows = records.get(shot.request_id or "", [])
+            own = f" (the gateway's own timing: {rows[0].total_s:.2f} s)" if rows else ""
+            verdict.violate(f"request {shot.index} ({shot.tier}) answered after {shot.latency:.2f} s{own}, "
                             f"not within {rules.answer_within(shot):.2f} s")
     received = {s.request_id for s in shots if s.request_id}
     for request_id, rows in records.items():

@@ -49,42 +49,6 @@ READ_LIMIT = 1 << 20
 BAD_START, PROTOCOL_FAULT = 2, 2
 
 
-def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
-    engine = kinds.add_parser(
-        "engine", help="the continuous LLM engine: paged KV cache, one token budget a step"
-    )
-    source = engine.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", metavar="DIR", help="a Hugging Face model directory")
-    source.add_argument(
-        "--simulated",
-        choices=sorted(PRESETS),
-        help="no model: seeded tokens, each step as long as this preset costs",
-    )
-    engine.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
-    size = engine.add_mutually_exclusive_group()
-    size.add_argument("--num-blocks", type=int, help="KV cache blocks (default: the runner's choice)")
-    size.add_argument("--kv-memory-gb", type=float, help="KV cache size in GiB, instead of --num-blocks")
-    engine.add_argument(
-        "--max-batch-tokens", type=int, default=512, help="token budget of a step (default 512)"
-    )
-    engine.add_argument("--max-seqs", type=int, default=256, help="running sequences at most (default 256)")
-    engine.add_argument(
-        "--watermark", type=float, default=0.01, help="fraction of blocks admissions leave free"
-    )
-    engine.add_argument("--model-version", default="", help="prefix cache salt (default: the model's name)")
-    engine.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    engine.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
-    engine.add_argument(
-        "--threads", type=int, default=1, help="torch's CPU threads (default 1: none spins on a shared core)"
-    )
-    engine.add_argument(
-        "--sim-eos-prob", type=float, default=0.0, help="--simulated: chance a token ends its answer"
-    )
-    engine.add_argument(
-        "--sim-vocab", type=int, default=None, help="--simulated: draw ids below this (128: ASCII)"
-    )
-
-
 def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
     """The runner the command line names, and the model name ``ready`` announces."""
     size = {"block_size": args.block_size, "num_blocks": args.num_blocks, "kv_memory_gb": args.kv_memory_gb}
