@@ -48,14 +48,10 @@ class EngineProcess(PipeProcess):
 
     async def receive(self) -> list[Message]:
         """The frames of the next read, continued until they end on a frame boundary."""
-        assert self._from_worker is not None, "receive before start"
         messages = list(self._received)
         self._received.clear()
         while not messages or self._decoder.pending:
-            data = await self._from_worker.receive_some(1 << 16)
-            if not data:
-                raise WorkerLost(await self._lost())
-            messages += self._decoder.feed(data)
+            messages += self._decoder.feed(await self._read())
         return messages
 
 

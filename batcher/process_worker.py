@@ -100,13 +100,21 @@ class PipeProcess:
                 await stream.aclose()
 
     async def _receive(self) -> Message:
-        assert self._from_worker is not None, "receive before start"
         while not self._received:
-            data = await self._from_worker.receive_some(1 << 16)
-            if not data:
-                raise WorkerLost(await self._lost())
-            self._received.extend(self._decoder.feed(data))
+            self._received.extend(self._decoder.feed(await self._read()))
         return self._received.popleft()
+
+    async def _read(self) -> bytes:
+        """The worker's next bytes; :class:`WorkerLost` once its stream has ended: at EOF, or
+        broken (a worker on another node whose connection is reset as the node goes)."""
+        assert self._from_worker is not None, "receive before start"
+        try:
+            data = await self._from_worker.receive_some(1 << 16)
+        except trio.BrokenResourceError:
+            data = b""
+        if not data:
+            raise WorkerLost(await self._lost())
+        return data
 
 
 class ProcessWorker(PipeProcess):

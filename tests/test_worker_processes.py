@@ -7,9 +7,12 @@ and nothing asserts speed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 
@@ -23,7 +26,7 @@ from batcher.process_worker import ProcessWorker, process_workers
 from batcher.slot import SlotState
 from batcher.supervisor import WorkerStartError
 from batcher.types import RequestFailed
-from workers.protocol import NotDelivered, Result, RunBatch, WorkerLost
+from workers.protocol import NotDelivered, Ready, Result, RunBatch, WorkerLost, encode
 
 LATENCY = ["sleep", "--latency-ms", "100"]
 
@@ -285,3 +288,40 @@ def test_a_fixed_mode_worker_starts_without_importing_an_engine():
         [sys.executable, "-c", "import workers.__main__ as main; main.build_parser().parse_args("
          "['engine', '--simulated', 'llama-70b'])"], capture_output=True, text=True)
     assert engine.returncode == 0, engine.stderr  # the engine kinds still parse their command lines
+
+
+class TcpWorker(ProcessWorker):
+    """A fixed-mode worker at the far end of a TCP connection, as a Ray-placed one is."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(LATENCY, {})
+        self._port = port
+
+    async def _launch(self) -> None:
+        self._to_worker = self._from_worker = await trio.open_tcp_stream("127.0.0.1", self._port)
+
+    async def _lost(self) -> str:
+        return "connection ended"
+
+    async def stop(self) -> None:
+        await self._from_worker.aclose()
+
+
+async def test_a_worker_whose_connection_is_reset_mid_call_is_lost_not_an_error_of_its_pool():
+    """A node that goes away resets its workers' connections (no EOF): the call ends as a lost
+    worker, which the pool retries elsewhere, not as an exception out of the pool."""
+
+    async def host(stream: trio.SocketStream) -> None:
+        await stream.send_all(encode(Ready(pid=1, model="tcp")))
+        await stream.receive_some(1 << 16)  # the call
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()  # closed with linger 0: an RST
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, host, 0, host="127.0.0.1"))
+        worker = TcpWorker(listeners[0].socket.getsockname()[1])
+        await worker.start()
+        with pytest.raises(WorkerLost, match="connection ended"):
+            await worker.call(RunBatch(id=1, inputs=["x"]))
+        await worker.stop()
+        nursery.cancel_scope.cancel()
