@@ -62,6 +62,7 @@ LEVELS = {
     "test_engine_model.py": "engine",
     "test_fit_command.py": "engine",
     "test_model.py": "engine",
+    "test_packed_linear.py": "engine",
     "test_sampler.py": "engine",
     "test_static_batch.py": "engine",
     # system: real processes, real HTTP (or an in-process server on loopback), real threads on the real

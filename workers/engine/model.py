@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.engine.checkpoint import LlamaConfig, read_config, read_tensors
+from workers.engine.packed_linear import can_pack, pack_linears
 
 
 class Attention(Protocol):
@@ -145,8 +146,13 @@ def placement(dtype: str, device: str | torch.device | None) -> tuple[torch.dtyp
     return DTYPES[dtype], torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
+LAYER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Llama:
-    """The network of a Hugging Face directory, its weights fused and cast to ``dtype``."""
+    """The network of a Hugging Face directory, its weights fused and cast to ``dtype``; in
+    bfloat16 on the CPU, each layer's matrices prepacked for oneDNN
+    (:mod:`workers.engine.packed_linear`)."""
     config = read_config(model_dir)
     weights: dict[str, torch.Tensor] = {}
     for name, tensor in read_tensors(model_dir).items():
@@ -170,4 +176,7 @@ def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Lla
     model.load_state_dict(weights, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    if can_pack(dtype, device):
+        for layer in model.layers:
+            pack_linears(layer, LAYER_LINEARS)
     return model.eval()

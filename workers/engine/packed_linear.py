@@ -1,0 +1,55 @@
+"""bfloat16 matmuls on the CPU with each weight laid out once, at load, the way oneDNN reads it.
+
+``F.linear`` on a bfloat16 CPU tensor hands the weight to oneDNN, which reorders it into its
+blocked layout on every call: a decode step, which reads each weight once for a handful of rows,
+pays that reorder thirty layers times four matrices over. :class:`PackedLinear` keeps the
+reordered copy instead (``torch.ops.mkldnn._reorder_linear_weight``) and multiplies with it
+(``torch.ops.mkldnn._linear_pointwise``), the route torch's own inductor takes for CPU linears
+when it freezes a model. The arithmetic is oneDNN's in both cases, so the output is the same bit
+for bit; only the per-call reorder goes. Measured figures are in experiments/README.md.
+
+Packing applies only where it can: bfloat16, on the CPU, with oneDNN built in and able to do
+bfloat16 here. Anywhere else (float32, CUDA) the model keeps its ``nn.Linear`` layers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether oneDNN can take prepacked weights of ``dtype`` on ``device`` here."""
+    return (
+        dtype == torch.bfloat16
+        and device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
+
+
+class PackedLinear(nn.Module):
+    """``x @ weight.T`` for 2-D ``x`` ([rows, in_features]), with ``weight`` reordered once."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"expected [rows, {self.in_features}], got {list(x.shape)}")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+
+
+def pack_linears(module: nn.Module, names: tuple[str, ...]) -> None:
+    """Replace ``module``'s ``nn.Linear`` children called ``names`` by :class:`PackedLinear`
+    (the plain weight is dropped with the old layer, so memory does not double)."""
+    for name in names:
+        linear = getattr(module, name)
+        if not isinstance(linear, nn.Linear) or linear.bias is not None:
+            raise TypeError(f"{name}: expected an nn.Linear without bias, got {linear!r}")
+        setattr(module, name, PackedLinear(linear.weight))
