@@ -13,7 +13,8 @@ dies, without its client ever knowing (:meth:`Output.restart`); a stream that ha
 can only end with ``Failed`` (:meth:`Output.fail` says how many tokens it sent).
 
 End-of-sequence and stop-token ids are not text: the engine does not send them (it counts them in
-the usage it reports at the end), so every id pushed here is. A whole answer's text is also
+the usage it reports at the end), so every id pushed here is; :meth:`Output.finish` delivers the
+stop token's count with the last delta. A whole answer's text is also
 watched for the job's stop sequences, so that the pool can stop its engine early: the gateway's
 stop matcher still decides where the answer ends, and streams rely on it alone (it aborts the
 sequence by cancelling).
@@ -85,9 +86,12 @@ class Output:
 
     def finish(self, stop_reason: str, usage: Usage, queued: float) -> None:
         """The sequence ended normally (``end_turn`` or ``max_tokens``): the rest of the text, then
-        ``Finished``."""
+        ``Finished``. The stop token the engine counted but did not send is delivered with that
+        last delta (one with no text if nothing is left): it is the model's answer that it is done,
+        and it is billed, as vLLM and OpenAI count it."""
         text = "".join(self._parts) + self._decoder.flush()
-        if text or not self.started:
+        self._pending += max(0, usage.output_tokens - self.generated)
+        if text or self._pending or not self.started:
             self._emit(text, queued)
         self.on_event(Finished(stop_reason, usage))
 
@@ -98,7 +102,7 @@ class Output:
         if not self.started:
             self.started = True
             self.on_event(Started(queued))
-        if text:
+        if text or self._pending:
             self.on_event(Delta(text, self._pending))
             self.sent += self._pending
             self._pending = 0

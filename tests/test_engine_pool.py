@@ -276,7 +276,8 @@ async def test_an_answer_whose_engines_die_under_it_max_attempts_times_fails(aut
 async def test_steps_read_together_lose_no_token_and_show_no_stop_token(autojump_clock):
     # The gateway is too busy to read while the engine runs on, so one read brings many steps'
     # frames, some sequences' last step among them: every token is text in its answer, the
-    # end-of-sequence id alone is not, whether streamed or whole.
+    # end-of-sequence id alone is not (it is delivered, and billed, with no text), whether
+    # streamed or whole.
     async with engines(workers=1, eos_prob=0.02) as (pool, spawn):
         streams, wholes = [Client() for _ in range(8)], [Client() for _ in range(8)]
         for seed, (streamed, whole) in enumerate(zip(streams, wholes, strict=False)):
@@ -290,8 +291,8 @@ async def test_steps_read_together_lose_no_token_and_show_no_stop_token(autojump
     assert all(isinstance(end, Finished) for end in ends)
     assert {end.stop_reason for end in ends} == {"end_turn", "max_tokens"}  # some drew the end id
     for client, end in zip(streams + wholes, ends, strict=False):
-        shown = end.usage.output_tokens - (end.stop_reason == "end_turn")  # the end id is not text
-        assert client.delivered == len(client.text) == shown
+        assert client.delivered == end.usage.output_tokens
+        assert len(client.text) == end.usage.output_tokens - (end.stop_reason == "end_turn")  # the end id is not text
     assert [c.text for c in streams] == [c.text for c in wholes]
     biggest = max(max(c.times.count(t) for t in set(c.times)) for c in streams)
     assert biggest > 20  # one read handed a stream many steps' tokens at one instant

@@ -1,6 +1,7 @@
 """A job's ids into events, pure: a stream's deltas as text completes, a whole answer held to its
 end, a held answer run again unseen, a whole answer's stop spotted. (Stop tokens never reach it:
-the engine does not send them, ``tests/test_engine_worker.py``.)"""
+the engine does not send them, ``tests/test_engine_worker.py``; the count it reports at the end
+bills them.)"""
 
 from __future__ import annotations
 
@@ -41,14 +42,14 @@ def test_a_whole_answer_is_one_delta_at_its_end_billed_as_the_engine_counted():
     out.push([105], queued=0.1)
     assert events == []
     out.finish("end_turn", Usage(3, 3), queued=0.1)  # the engine counts the end id it did not send
-    assert events == [Started(0.1), Delta("hi", 2), Finished("end_turn", Usage(3, 3))]
-    assert (out.generated, out.sent) == (2, 2)
+    assert events == [Started(0.1), Delta("hi", 3), Finished("end_turn", Usage(3, 3))]  # the end id billed
+    assert (out.generated, out.sent) == (2, 3)
 
 
-def test_a_stream_that_ends_before_any_text_still_starts_and_finishes():
+def test_a_stream_that_ends_before_any_text_still_starts_and_finishes_billing_its_end_id():
     out, events = output(stream=True)
     out.finish("end_turn", Usage(3, 1), queued=0.0)  # its first id was the end of sequence
-    assert events == [Started(0.0), Finished("end_turn", Usage(3, 1))]
+    assert events == [Started(0.0), Delta("", 1), Finished("end_turn", Usage(3, 1))]
 
 
 def test_a_held_answer_runs_again_from_nothing_and_its_client_sees_only_the_second_run():
