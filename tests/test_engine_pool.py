@@ -292,7 +292,8 @@ async def test_steps_read_together_lose_no_token_and_show_no_stop_token(autojump
     assert {end.stop_reason for end in ends} == {"end_turn", "max_tokens"}  # some drew the end id
     for client, end in zip(streams + wholes, ends, strict=False):
         assert client.delivered == end.usage.output_tokens
-        assert len(client.text) == end.usage.output_tokens - (end.stop_reason == "end_turn")  # the end id is not text
+        text_tokens = end.usage.output_tokens - (end.stop_reason == "end_turn")  # the end id is not text
+        assert len(client.text) == text_tokens
     assert [c.text for c in streams] == [c.text for c in wholes]
     biggest = max(max(c.times.count(t) for t in set(c.times)) for c in streams)
     assert biggest > 20  # one read handed a stream many steps' tokens at one instant
