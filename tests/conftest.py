@@ -57,6 +57,7 @@ LEVELS = {
     "test_tokenizer.py": "pure",
     "test_usage_idempotency_safety.py": "pure",
     # engine: torch and the engine's model, runner and sampler on tiny checkpoints or SmolLM2.
+    "test_allocator.py": "engine",
     "test_convert.py": "engine",
     "test_engine_core.py": "engine",
     "test_engine_model.py": "engine",

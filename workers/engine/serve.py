@@ -59,11 +59,13 @@ def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
         return runner, f"sim-{args.simulated}"
     import torch  # imported only by a real engine
 
+    from workers.engine.allocator import keep_freed_memory
     from workers.engine.runner import ModelRunner
 
     if args.threads < 1:
         raise ValueError(f"--threads: expected >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
+    keep_freed_memory()
     runner = ModelRunner(args.model, dtype=args.dtype, device=args.device, **size)
     return runner, os.path.basename(os.path.normpath(args.model))
 
