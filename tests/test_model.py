@@ -285,14 +285,15 @@ def test_partition_pads_alike_sequences_together():
 
 def test_groups_of_one_step_each_read_their_own_contexts(tiny_checkpoint):
     """Decodes of very different contexts and prefill chunks of very different sizes land in
-    separate padded calls of one step; each sampled row still equals the naive model."""
-    runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=300)
+    separate padded calls of one step, a whole prompt long enough alone and causal; each sampled
+    row still equals the naive model."""
+    runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=320)
     rng = random.Random(8)
-    lengths = {"long": 601, "s1": 6, "s2": 8, "p": 20, "p2": 2}
+    lengths = {"long": 601, "s1": 6, "s2": 8, "p": 20, "p2": 2, "whole": 70}
     tokens = {
         name: [rng.randrange(3, runner.config.vocab_size) for _ in range(n)] for name, n in lengths.items()
     }
-    free = list(range(300))
+    free = list(range(320))
     rng.shuffle(free)
     tables = {name: [free.pop() for _ in range(-(-n // 4))] for name, n in lengths.items()}
 
@@ -325,13 +326,15 @@ def test_groups_of_one_step_each_read_their_own_contexts(tiny_checkpoint):
             part("s1", 5, 6, True),
             part("p", 0, 20, True),
             part("long", 600, 601, True),
+            part("whole", 0, 70, True),
             part("p2", 0, 2, True),
             part("s2", 7, 8, True),
         ]
     )
     plan = plan_attention(step, runner.cache_shape, torch.float32, runner.device)
     assert [g.num_seqs for g in plan.groups] == [2, 1, 2]  # s1 s2 | long | p p2 (p2 padded to 20 rows)
+    assert plan.fresh == ((22, 70),)  # after s1's 1, p's 20 and long's 1 tokens
     logits = runner.logits(step)
     naive = NaiveLlama(tiny_checkpoint)
-    for row, name in enumerate(["s1", "p", "long", "p2", "s2"]):
+    for row, name in enumerate(["s1", "p", "long", "whole", "p2", "s2"]):
         torch.testing.assert_close(logits[row], naive.logits(tokens[name])[-1], atol=1e-4, rtol=1e-4)

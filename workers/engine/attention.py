@@ -12,6 +12,10 @@ positions in order::
 
 A decode group whose contexts the runner keeps between steps reads them from that contiguous
 copy instead, appended to token by token (:mod:`workers.engine.context_copy`): no gather.
+A prompt prefilled whole in this step (from position 0, no cached prefix) needs no gather
+either: its context is its own new K and V, so it is attended alone, causally
+(``is_causal``, which skips the upper triangle a mask would compute and throw away), with no
+padding to a longer neighbour.
 
 Sequences are attended in groups, each one ``scaled_dot_product_attention`` call over padded
 tensors: decodes apart from prefill chunks, and each kind split by size where padding would
@@ -71,6 +75,7 @@ class AttentionPlan:
     writes: torch.Tensor  # [2 * kv_heads * tokens] where each token's K and V rows go
     groups: tuple[AttentionGroup, ...]
     shape: CacheShape
+    fresh: tuple[tuple[int, int], ...] = ()  # (first token, tokens) of each prompt attended alone
 
 
 def plan_attention(
@@ -81,19 +86,21 @@ def plan_attention(
     fixed: Sequence[Sequence[int]] = (),
 ) -> AttentionPlan:
     """Lay out the indices of each group :func:`partition` forms (``fixed`` groups first, as
-    given); the masks are additive, in the model's ``dtype`` (what the attention kernel adds to
-    its scores)."""
+    given), apart from the prompts :func:`fresh_prompts` attends alone; the masks are additive,
+    in the model's ``dtype`` (what the attention kernel adds to its scores)."""
     starts = [0]
     for length in batch.query_lens:
         starts.append(starts[-1] + length)
+    alone = fresh_prompts(batch.query_lens, batch.context_lens, fixed)
     groups = tuple(
         _group(batch, list(members), starts, shape, dtype, device)
-        for members in partition(batch.query_lens, batch.context_lens, shape.block_size, fixed)
+        for members in partition(batch.query_lens, batch.context_lens, shape.block_size, fixed, alone)
     )
     # Token slots as rows of [2 * kv_heads * slots, head_dim]: (K or V, head) major, slot minor.
     slots = torch.tensor(batch.slot_mapping, dtype=torch.long)
     planes = torch.arange(2 * shape.kv_heads)[:, None] * (shape.num_blocks * shape.block_size)
-    return AttentionPlan(writes=(planes + slots).reshape(-1).to(device), groups=groups, shape=shape)
+    fresh = tuple((starts[i], batch.query_lens[i]) for i in alone)
+    return AttentionPlan((planes + slots).reshape(-1).to(device), groups, shape, fresh)
 
 
 GROUP_OVERHEAD = 1024
@@ -102,12 +109,31 @@ cost (gather, kernel launch, index copies) over the rate a decode group reads ke
 measured (experiments/README.md, "Constants measured for the code")."""
 
 
+def fresh_prompts(
+    query_lens: list[int], context_lens: list[int], fixed: Sequence[Sequence[int]] = ()
+) -> list[int]:
+    """The sequences (by index) attended alone: prompts prefilled whole in this step (their
+    context is this step's tokens) whose causal triangle saves more than the call costs, that is
+    whose skipped upper half (``tokens**2 / 2`` query-key pairs) is more than ``GROUP_OVERHEAD``."""
+    taken = {i for members in fixed for i in members}
+    return [
+        i
+        for i, (query, context) in enumerate(zip(query_lens, context_lens, strict=True))
+        if query == context and query * query > 2 * GROUP_OVERHEAD and i not in taken
+    ]
+
+
 def partition(
-    query_lens: list[int], context_lens: list[int], block_size: int, fixed: Sequence[Sequence[int]] = ()
+    query_lens: list[int],
+    context_lens: list[int],
+    block_size: int,
+    fixed: Sequence[Sequence[int]] = (),
+    alone: Sequence[int] = (),
 ) -> list[list[int]]:
     """Sequences (by index) into attention groups, each padded to its longest query and context;
     the ``fixed`` groups come first as they are (decode groups whose contexts are kept between
-    steps, :mod:`workers.engine.context_copy`), the other sequences are grouped as follows.
+    steps, :mod:`workers.engine.context_copy`), the sequences in ``alone`` are in none (they are
+    attended on their own, :func:`fresh_prompts`), the others are grouped as follows.
 
     One group for everything would pad a 20-token context to the step's longest (800), and a
     decode's one query to the longest prefill chunk; one call per sequence would pay a call's
@@ -119,7 +145,7 @@ def partition(
         prefill chunks' tokens     3 | 200                     two more
     """
     buckets: dict[tuple[bool, int, int], list[int]] = {}
-    taken = {i for members in fixed for i in members}
+    taken = {i for members in fixed for i in members} | set(alone)
     for i, (query, context) in enumerate(zip(query_lens, context_lens, strict=False)):
         if i in taken:
             continue
@@ -235,15 +261,23 @@ def paged_attention(
     copies: tuple[ContextSource | None, ...] = (),
 ) -> torch.Tensor:
     """Write ``k``, ``v`` ([tokens, kv_heads, head_dim]) to their slots of one layer's cache,
-    then attend ``q`` ([tokens, heads, head_dim]) to each sequence's context, gathered from the
-    blocks or read from the group's entry of ``copies`` (layer ``layer`` of it); returns
-    [tokens, heads * head_dim]."""
+    then attend ``q`` ([tokens, heads, head_dim]) to each sequence's context: a fresh prompt's
+    is its own ``k`` and ``v``; a group's is gathered from the blocks or read from its entry of
+    ``copies`` (layer ``layer`` of it). Returns [tokens, heads * head_dim]."""
     tokens, heads, head_dim = q.shape
     s = plan.shape
     new = torch.stack((k, v)).transpose(1, 2).reshape(-1, head_dim)  # (K or V, head, token) rows
     cache.view(-1, head_dim).index_copy_(0, plan.writes, new)
     blocks = cache.view(-1, s.block_size * head_dim)
-    out = None if len(plan.groups) == 1 and plan.groups[0].whole else q.new_empty(tokens, heads * head_dim)
+    alone = plan.fresh or len(plan.groups) != 1 or not plan.groups[0].whole
+    out = q.new_empty(tokens, heads * head_dim) if alone else None
+    for start, length in plan.fresh:
+        span = slice(start, start + length)
+        query, key, value = (x[span].transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, heads, len, dim]
+        attended = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scale, enable_gqa=True
+        )
+        out[span] = attended[0].transpose(0, 1).reshape(length, heads * head_dim)  # type: ignore[index]
     for g, copy in itertools.zip_longest(plan.groups, copies):
         rows = g.num_seqs * g.max_query
         dense = g.whole or g.max_query == 1  # no padded query slot: rows are the group's tokens
