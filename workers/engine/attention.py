@@ -62,6 +62,7 @@ class AttentionGroup:
     rows: torch.Tensor  # [n] where those tokens sit in the padded [num_seqs * max_query] layout
     reads: torch.Tensor  # [2 * num_seqs * kv_heads * max_blocks] cache rows, padded with block 0
     mask: torch.Tensor  # [num_seqs, 1, max_query * group or 1, max_blocks * block_size]: 0 or -inf
+    lengths: torch.Tensor  # [num_seqs] int64 on the CPU: each member's context (what a decode sees)
     num_seqs: int
     max_query: int
     max_blocks: int
@@ -210,6 +211,7 @@ def _group(
         rows=torch.tensor(rows, dtype=torch.long, device=device),
         reads=(kv + heads + tables).reshape(-1).to(device),
         mask=mask.unsqueeze(1).to(device),
+        lengths=torch.tensor([batch.context_lens[i] for i in members], dtype=torch.long),
         num_seqs=len(members),
         max_query=max_query,
         max_blocks=max_blocks,
@@ -227,6 +229,21 @@ def attend(
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
 
 
+class DecodeAttention(Protocol):
+    """A kernel for decode groups (:mod:`workers.engine.decode_kernel`): ``query``
+    [seqs, kv_heads, group, head_dim], ``keys`` and ``values`` [seqs, kv_heads, keys, head_dim],
+    each sequence seeing its first ``lengths[s]`` keys; float32 [seqs, kv_heads, group, head_dim]."""
+
+    def __call__(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        lengths: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor: ...
+
+
 class ContextSource(Protocol):
     """Where a group reads its context from instead of gathering it from the blocks (a kept
     copy, :class:`workers.engine.context_copy.ContextCopy`)."""
@@ -237,17 +254,20 @@ class ContextSource(Protocol):
 @dataclasses.dataclass(frozen=True, slots=True)
 class PagedAttention:
     """The :class:`~workers.engine.model.Attention` of one engine step: every layer's paged
-    cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]``, the step's plan and,
-    per group, a kept copy of its context or None (gather it from the blocks)."""
+    cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]``, the step's plan, per
+    group a kept copy of its context or None (gather it from the blocks), and the kernel decode
+    groups attend with, if any (else torch's)."""
 
     kv_cache: torch.Tensor
     plan: AttentionPlan
     copies: tuple[ContextSource | None, ...]
+    decode: DecodeAttention | None = None
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        return paged_attention(q, k, v, self.kv_cache[layer], self.plan, scale, layer, self.copies)
+        cache = self.kv_cache[layer]
+        return paged_attention(q, k, v, cache, self.plan, scale, layer, self.copies, self.decode)
 
 
 def paged_attention(
@@ -259,11 +279,13 @@ def paged_attention(
     scale: float,
     layer: int = 0,
     copies: tuple[ContextSource | None, ...] = (),
+    decode: DecodeAttention | None = None,
 ) -> torch.Tensor:
     """Write ``k``, ``v`` ([tokens, kv_heads, head_dim]) to their slots of one layer's cache,
     then attend ``q`` ([tokens, heads, head_dim]) to each sequence's context: a fresh prompt's
     is its own ``k`` and ``v``; a group's is gathered from the blocks or read from its entry of
-    ``copies`` (layer ``layer`` of it). Returns [tokens, heads * head_dim]."""
+    ``copies`` (layer ``layer`` of it), and a decode group attends with ``decode`` where given.
+    Returns [tokens, heads * head_dim]."""
     tokens, heads, head_dim = q.shape
     s = plan.shape
     new = torch.stack((k, v)).transpose(1, 2).reshape(-1, head_dim)  # (K or V, head, token) rows
@@ -296,7 +318,10 @@ def paged_attention(
             context = blocks.index_select(0, g.reads).view(2, g.num_seqs, s.kv_heads, -1, head_dim)
         else:
             context = copy.context(layer, blocks, new)
-        attended = attend(query, context[0], context[1], g.mask, scale)
+        if decode is not None and g.max_query == 1:
+            attended = decode(query, context[0], context[1], g.lengths, scale).to(q.dtype)
+        else:
+            attended = attend(query, context[0], context[1], g.mask, scale)
         flat = (
             attended.view(g.num_seqs, s.kv_heads, g.max_query, s.group, head_dim)
             .permute(0, 2, 1, 3, 4)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from workers.engine import decode_kernel
 from workers.engine.attention import CacheShape, PagedAttention, plan_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.checkpoint import read_eos_token_ids
@@ -86,6 +87,8 @@ class ModelRunner:
         budget = int(context_copy_gb * 1e9)
         self.copies = ContextCopies(self.cache_shape, config.num_layers, self.dtype, budget)
         self.sampler = Sampler(self.device)
+        shape = self.cache_shape
+        self.decode = decode_kernel.usable(self.dtype, self.device, shape.head_dim, shape.group)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> list[int | None]:
@@ -106,7 +109,7 @@ class ModelRunner:
             hidden = self.model(
                 torch.tensor(batch.input_ids, device=self.device),
                 torch.tensor(batch.positions, device=self.device),
-                PagedAttention(self.kv_cache, plan, self.copies.plan(batch, plan)),
+                PagedAttention(self.kv_cache, plan, self.copies.plan(batch, plan), self.decode),
             )
         except BaseException:
             self.copies.clear()  # some layers' copies may hold this step's tokens, others not
