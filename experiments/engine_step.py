@@ -40,7 +40,10 @@ BEFORE = "before_workers"
 
 
 def unpack(ref: str, into: Path) -> None:
-    """``ref``'s ``workers`` package, as package :data:`BEFORE` under ``into``."""
+    """``ref``'s ``workers`` package, as package :data:`BEFORE` under ``into``, beside this tree's
+    ``build/`` (its compiled decode kernel: both sides load the one ``make kernels`` built, where
+    their code asks for it)."""
+    (into / "build").symlink_to(Path(__file__).resolve().parents[1] / "build", target_is_directory=True)
     archive = subprocess.run(["git", "archive", ref, "workers"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         for member in tar.getmembers():

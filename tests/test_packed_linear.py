@@ -39,5 +39,6 @@ def test_only_a_bfloat16_model_on_the_cpu_is_packed(tiny_checkpoint):
     assert all(isinstance(getattr(layer, name), nn.Linear) for layer in f32.layers for name in LAYER_LINEARS)
     bf16 = load_llama(tiny_checkpoint, torch.bfloat16, CPU)
     kinds = {type(getattr(layer, name)) for layer in bf16.layers for name in LAYER_LINEARS}
-    assert kinds == ({PackedLinear} if can_pack(torch.bfloat16, CPU) else {nn.Linear})
+    assert kinds | {type(bf16.lm_head)} == ({PackedLinear} if can_pack(torch.bfloat16, CPU) else {nn.Linear})
+    assert isinstance(f32.lm_head, nn.Linear) and f32.lm_head.weight is f32.embed_tokens.weight  # tied
     assert not can_pack(torch.bfloat16, torch.device("cuda")) and not can_pack(torch.float32, CPU)

@@ -151,7 +151,7 @@ LAYER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Llama:
     """The network of a Hugging Face directory, its weights fused and cast to ``dtype``; in
-    bfloat16 on the CPU, each layer's matrices prepacked for oneDNN
+    bfloat16 on the CPU, each layer's matrices and the lm_head prepacked for oneDNN
     (:mod:`workers.engine.packed_linear`)."""
     config = read_config(model_dir)
     weights: dict[str, torch.Tensor] = {}
@@ -176,7 +176,8 @@ def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Lla
     model.load_state_dict(weights, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    if can_pack(dtype, device):
+    if can_pack(dtype, device):  # a tied lm_head's packed copy is a second copy of the embedding
         for layer in model.layers:
             pack_linears(layer, LAYER_LINEARS)
+        pack_linears(model, ("lm_head",))
     return model.eval()
