@@ -1,7 +1,7 @@
 """One batched decode step of the engine, this tree against an earlier commit, side by side.
 
     python -m experiments.engine_step [--before main] [--seqs 32] [--dtype bfloat16]
-        [--threads 1] [--rounds 8] [--steps 4] [--churn 0] [--profile]
+        [--threads 1] [--rounds 8] [--steps 4] [--churn 0] [--prefill 0] [--profile]
 
 The engine of ``--before`` (a git ref; its ``workers`` package is unpacked into a temporary
 directory under another name) and this tree's each load SmolLM2-135M and take the same
@@ -12,8 +12,11 @@ this thread's, which a loaded machine's other processes disturb less than the wa
 min and median, and this tree's over the earlier one's. ``--churn N``: before each timed step,
 each side aborts its ``N`` oldest sequences and adds ``N`` new random prompts of 20-60 tokens
 (the same on both sides), so that every step prefills some and the batch's decodes change, as
-a busy server's do. ``--profile`` then prints torch.profiler's table of each side's steps, by
-operator.
+a busy server's do. ``--prefill N``: each timed step is instead the first step of a burst of
+new prompts of 64-600 tokens, ``N`` tokens in all (the same on both sides; every step of the
+burst after the timed one runs untimed, so the next burst starts on an empty batch), and the
+table adds that step's page faults (the kernel's count for this process). ``--profile`` then
+prints torch.profiler's table of each side's steps, by operator.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import importlib
 import io
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -80,6 +84,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4, help="timed steps per side and round")
     parser.add_argument("--churn", type=int, default=0, help="sequences replaced before each timed step")
+    parser.add_argument("--prefill", type=int, default=0, help="time a burst's first step of N tokens")
     parser.add_argument("--profile", action="store_true", help="then profile this tree's steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -95,20 +100,33 @@ def main() -> None:
         }
         wall: dict[str, list[float]] = {name: [] for name in engines}
         cpu: dict[str, list[float]] = {name: [] for name in engines}
+        faults: dict[str, list[float]] = {name: [] for name in engines}
         newcomers = random.Random(1)
+        if args.prefill:
+            for engine in engines.values():
+                replace(engine, [], everyone=True)
         for _ in range(args.rounds):
             arrivals = [
                 [newcomers.randrange(3, 40_000) for _ in range(newcomers.randint(20, 60))]
                 for _ in range(args.churn * args.steps)
             ]
+            bursts = [burst(newcomers, args.prefill) for _ in range(args.steps if args.prefill else 0)]
             for name, engine in engines.items():
-                engine.step()
+                if not args.prefill:  # one untimed decode step (a burst's is its own warm-up)
+                    engine.step()
                 for step in range(args.steps):
-                    replace(engine, arrivals[step * args.churn : (step + 1) * args.churn])
+                    if args.prefill:
+                        replace(engine, bursts[step], everyone=True)
+                    else:
+                        replace(engine, arrivals[step * args.churn : (step + 1) * args.churn])
                     started, started_cpu = time.perf_counter(), time.thread_time()
+                    paged_in = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     engine.step()
                     cpu[name].append(time.thread_time() - started_cpu)
                     wall[name].append(time.perf_counter() - started)
+                    faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - paged_in)
+                    while args.prefill and engine.has_work:
+                        engine.step()
     rows = [
         {
             "engine": name,
@@ -116,27 +134,39 @@ def main() -> None:
             "wall ms median": 1e3 * statistics.median(wall[name]),
             "CPU ms min": 1e3 * min(cpu[name]),
             "CPU ms median": 1e3 * statistics.median(cpu[name]),
+            **({"page faults median": statistics.median(faults[name])} if args.prefill else {}),
         }
         for name in engines
     ]
     before, after = rows
-    rows.append({key: f"{after[key] / before[key]:.2f}" for key in after if key != "engine"})
+    rows.append({key: f"{after[key] / max(before[key], 1):.2f}" for key in after if key != "engine"})
     rows[-1]["engine"] = "this / before"
-    print(f"{args.seqs} decodes a step, {args.dtype}, {args.threads} thread(s)", file=sys.stderr)
+    what = f"a first step of {args.prefill} prompt tokens" if args.prefill else f"{args.seqs} decodes a step"
+    print(f"{what}, {args.dtype}, {args.threads} thread(s)", file=sys.stderr)
     print(markdown(rows))
     for name, engine in engines.items() if args.profile else ():
         print(f"{name}, 5 steps:")
         print(profile(engine, 5))
 
 
-def replace(engine, prompts: list[list[int]]) -> None:
-    """Abort ``engine``'s oldest running sequences, one for each of ``prompts``, and add those."""
-    oldest = sorted(seq.rid for seq in engine.scheduler.running)[: len(prompts)]
-    for rid in oldest:
+def burst(rng: random.Random, tokens: int) -> list[list[int]]:
+    """New prompts of 64-600 tokens, ``tokens`` in all."""
+    prompts: list[list[int]] = []
+    while (left := tokens - sum(map(len, prompts))) > 0:
+        prompts.append([rng.randrange(3, 40_000) for _ in range(min(left, rng.randint(64, 600)))])
+    return prompts
+
+
+def replace(engine, prompts: list[list[int]], everyone: bool = False) -> None:
+    """Abort ``engine``'s oldest running sequences, one for each of ``prompts`` (or all of them),
+    and add those, each to be answered at length (or, with ``everyone``, with one token)."""
+    running = sorted(seq.rid for seq in engine.scheduler.running)
+    for rid in running if everyone else running[: len(prompts)]:
         engine.abort(rid)
-    params = type(engine.scheduler.running[0].sampling)
+    package = type(engine).__module__.rpartition(".")[0]  # workers.engine or its earlier copy's
+    params = importlib.import_module(f"{package}.sequence").SamplingParams
     for prompt in prompts:
-        engine.add(prompt, params(max_tokens=4000, ignore_eos=True))
+        engine.add(prompt, params(max_tokens=1 if everyone else 4000, ignore_eos=True))
 
 
 def profile(engine, steps: int) -> str:
