@@ -92,7 +92,7 @@ def plan_attention(
     starts = [0]
     for length in batch.query_lens:
         starts.append(starts[-1] + length)
-    alone = fresh_prompts(batch.query_lens, batch.context_lens, fixed)
+    alone = fresh_prompts(batch.query_lens, batch.context_lens)
     groups = tuple(
         _group(batch, list(members), starts, shape, dtype, device)
         for members in partition(batch.query_lens, batch.context_lens, shape.block_size, fixed, alone)
@@ -110,17 +110,15 @@ cost (gather, kernel launch, index copies) over the rate a decode group reads ke
 measured (experiments/README.md, "Constants measured for the code")."""
 
 
-def fresh_prompts(
-    query_lens: list[int], context_lens: list[int], fixed: Sequence[Sequence[int]] = ()
-) -> list[int]:
+def fresh_prompts(query_lens: list[int], context_lens: list[int]) -> list[int]:
     """The sequences (by index) attended alone: prompts prefilled whole in this step (their
     context is this step's tokens) whose causal triangle saves more than the call costs, that is
-    whose skipped upper half (``tokens**2 / 2`` query-key pairs) is more than ``GROUP_OVERHEAD``."""
-    taken = {i for members in fixed for i in members}
+    whose skipped upper half (``tokens**2 / 2`` query-key pairs) is more than ``GROUP_OVERHEAD``.
+    (A kept copy's decodes, ``fixed`` elsewhere, have one token each: never among them.)"""
     return [
         i
         for i, (query, context) in enumerate(zip(query_lens, context_lens, strict=True))
-        if query == context and query * query > 2 * GROUP_OVERHEAD and i not in taken
+        if query == context and query * query > 2 * GROUP_OVERHEAD
     ]
 
 
@@ -291,8 +289,7 @@ def paged_attention(
     new = torch.stack((k, v)).transpose(1, 2).reshape(-1, head_dim)  # (K or V, head, token) rows
     cache.view(-1, head_dim).index_copy_(0, plan.writes, new)
     blocks = cache.view(-1, s.block_size * head_dim)
-    alone = plan.fresh or len(plan.groups) != 1 or not plan.groups[0].whole
-    out = q.new_empty(tokens, heads * head_dim) if alone else None
+    out = None if len(plan.groups) == 1 and plan.groups[0].whole else q.new_empty(tokens, heads * head_dim)
     for start, length in plan.fresh:
         span = slice(start, start + length)
         query, key, value = (x[span].transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, heads, len, dim]
