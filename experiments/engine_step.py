@@ -139,7 +139,8 @@ def main() -> None:
         for name in engines
     ]
     before, after = rows
-    rows.append({key: f"{after[key] / max(before[key], 1):.2f}" for key in after if key != "engine"})
+    ratios = {key: after[key] / before[key] if before[key] else None for key in after if key != "engine"}
+    rows.append({key: "-" if ratio is None else f"{ratio:.2f}" for key, ratio in ratios.items()})
     rows[-1]["engine"] = "this / before"
     what = f"a first step of {args.prefill} prompt tokens" if args.prefill else f"{args.seqs} decodes a step"
     print(f"{what}, {args.dtype}, {args.threads} thread(s)", file=sys.stderr)

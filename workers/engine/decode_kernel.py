@@ -22,18 +22,16 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from workers.engine.attention import DecodeAttention
 
 SOURCE = Path(__file__).with_name("kernels") / "decode_attention.cpp"
 BUILD = Path(__file__).resolve().parents[2] / "build" / "kernels"
 FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512dq",
          "-mavx512vl", "-mfma"]
-
-DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
-
 
 def library() -> Path:
     """Where the library built for this torch lives (one per torch version: its C++ ABI)."""

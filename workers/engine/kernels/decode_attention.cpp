@@ -130,12 +130,13 @@ at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& keys, con
                   lengths.device().is_cpu(),
               "decode_attention: CPU tensors expected");
   const int64_t seqs = query.size(0), heads = query.size(1), rows = query.size(2), dim = query.size(3);
-  TORCH_CHECK(keys.size(0) == seqs && keys.size(1) == heads && keys.size(3) == dim && keys.sizes() == values.sizes(),
+  TORCH_CHECK(keys.size(0) == seqs && keys.size(1) == heads && keys.size(3) == dim &&
+                  keys.sizes() == values.sizes(),
               "decode_attention: keys and values must be [seqs, kv_heads, keys, head_dim] like query");
   const HeadKernel kernel = head_kernel(dim);
   TORCH_CHECK(kernel != nullptr, "decode_attention: head_dim must be 16, 32, 64, 128 or 256, got ", dim);
-  TORCH_CHECK(rows >= 1 && rows <= kMaxRows, "decode_attention: 1 to ", kMaxRows, " query rows per KV head, got ",
-              rows);
+  TORCH_CHECK(rows >= 1 && rows <= kMaxRows, "decode_attention: 1 to ", kMaxRows,
+              " query rows per KV head, got ", rows);
   TORCH_CHECK(keys.stride(3) == 1 && values.stride(3) == 1, "decode_attention: head_dim must be contiguous");
   TORCH_CHECK(lengths.scalar_type() == at::kLong && lengths.dim() == 1 && lengths.size(0) == seqs,
               "decode_attention: lengths must be int64 [seqs]");
