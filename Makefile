@@ -40,12 +40,12 @@ bytecode: $(STAMP)
 
 # The engine's decode-attention kernel for bfloat16 on AVX-512 CPUs, compiled against the installed
 # torch into build/ (quick when up to date). Where it cannot be built or run, the engine attends with
-# torch instead (workers/engine/decode_kernel.py).
+# torch instead (workers/engine/cpu/decode_kernel.py).
 kernels: $(STAMP)
-	$(PY) -m workers.engine.decode_kernel
+	$(PY) -m workers.engine.cpu.decode_kernel
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite. vLLM's virtualenv is
-# built first, so that the tests of `engine = "vllm"` (tests/test_vllm_engine.py) run rather than skip.
+# built first, so that the tests of `engine = "vllm"` (tests/system/test_vllm_engine.py) run rather than skip.
 test: $(STAMP) $(VLLM_STAMP) bytecode kernels
 	$(PY) -m pytest; status=$$?; [ $$status -eq 5 ] && exit 0; exit $$status
 

@@ -22,8 +22,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from batcher.backend import Delta, Finished, Job, Started, Usage
-from batcher.config import FixedModelConfig, QueueConfig
+from batcher.core.backend import Delta, Finished, Job, Started, Usage
+from batcher.core.config import FixedModelConfig, QueueConfig
 from gateway.bridge import Bridge
 
 

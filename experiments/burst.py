@@ -43,15 +43,15 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from batcher.fixed import open_batcher
+from batcher.core.types import Overloaded, Request, State
+from batcher.fixed.batcher import open_batcher
 from batcher.sim.arrivals import poisson, tier_mix
-from batcher.sim.replay import Replay, ReplayBatcher
-from batcher.sim.workers import SimulatedWorker, constant
-from batcher.types import Overloaded, Request, State
+from batcher.sim.fixed.replay import Replay, ReplayBatcher
+from batcher.sim.fixed.workers import SimulatedWorker, constant
 from experiments.generator_gc import collector_off
 from experiments.http_load import fixed_only, process_cpu, start_gateway
+from gateway.accounting.usage import UsageRecord, read_usage
 from gateway.config import DEFAULT_TOML, default_config, parse_config
-from gateway.usage import UsageRecord, read_usage
 
 KEYS = {"paid": "sk-ferry-demo-paid", "free": "sk-ferry-demo-free"}
 BUDGET = {tier.name: tier.wait_budget_ms / 1000 for tier in default_config().tiers}  # seconds

@@ -3,7 +3,7 @@ summary into ``experiments/results/`` (git-ignored; README copies live in ``expe
 
 The reference GPU of the fixed-batch contract: ``run_batch`` of 1..50 inputs takes 200 ms at any size, so one
 worker serves at most 50 / 0.2 = 250 requests per second. Every experiment runs the production
-batcher and pool over simulated workers in virtual time (:mod:`batcher.sim.simulate`).
+batcher and pool over simulated workers in virtual time (:mod:`batcher.sim.fixed.simulate`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt
 
 from batcher.sim.arrivals import Trace, poisson
-from batcher.sim.simulate import Scenario, Simulation, simulate
+from batcher.sim.fixed.simulate import Scenario, Simulation, simulate
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SERVICE = 0.200  # seconds per call, any batch size

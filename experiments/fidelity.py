@@ -16,14 +16,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import trio
 
-from batcher.config import PoolConfig
-from batcher.fixed import open_batcher
-from batcher.policy import make_policy
-from batcher.process_worker import process_workers
+from batcher.core.config import PoolConfig
+from batcher.core.types import State
+from batcher.fixed.batcher import open_batcher
+from batcher.fixed.policy import make_policy
+from batcher.placement.local import process_workers
 from batcher.sim.arrivals import Trace, poisson
-from batcher.sim.load import drive
-from batcher.sim.simulate import Scenario, simulate
-from batcher.types import State
+from batcher.sim.fixed.load import drive
+from batcher.sim.fixed.simulate import Scenario, simulate
 from experiments.common import HALF, SERVICE, write
 
 SCENARIOS = (  # policy, offered req/s, seconds, workers

@@ -15,7 +15,7 @@ import argparse
 import matplotlib.pyplot as plt
 
 from batcher.sim.arrivals import Trace, poisson
-from batcher.sim.simulate import Scenario, Service
+from batcher.sim.fixed.simulate import Scenario, Service
 from experiments.common import HALF, ms, run, write
 
 LOADS = (100, 200, 400, 800, 1200, 1600)

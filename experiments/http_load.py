@@ -32,10 +32,10 @@ import aiohttp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from batcher.sim.arrivals import poisson
-from batcher.sim.report import Latency
+from batcher.sim.fixed.report import Latency
 from experiments.generator_gc import collector_off
-from gateway import event_loop
 from gateway.config import DEFAULT_TOML
+from gateway.http import event_loop
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 

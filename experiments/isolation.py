@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from batcher.sim.arrivals import Trace, piecewise
-from batcher.sim.simulate import Scenario
+from batcher.sim.fixed.simulate import Scenario
 from experiments.common import run, write
 
 BEFORE, BURST, AFTER = 10.0, 5.0, 25.0

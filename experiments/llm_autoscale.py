@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from batcher.config import QueueConfig
+from batcher.core.config import QueueConfig
 from batcher.sim.arrivals import poisson
-from batcher.sim.llm_replay import FINISHED, Outcomes
-from batcher.sim.llm_workload import Workload
+from batcher.sim.continuous.replay import FINISHED, Outcomes
+from batcher.sim.continuous.workload import Workload
 from experiments.common import plt, write
 from experiments.llm_common import KV_BLOCKS_SMALL_70B, SMALL_70B, pool_replay
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from batcher.config import QueueConfig
+from batcher.core.config import QueueConfig
 from batcher.sim.arrivals import piecewise
-from batcher.sim.llm_replay import FINISHED, SHED, Outcomes
-from batcher.sim.llm_workload import Lengths, Workload
+from batcher.sim.continuous.replay import FINISHED, SHED, Outcomes
+from batcher.sim.continuous.workload import Lengths, Workload
 from experiments.common import plt, write
 from experiments.llm_common import KV_BLOCKS_SMALL_70B, SMALL_70B, pool_replay
 

@@ -4,7 +4,7 @@
 manager, prefix cache) over a :class:`~workers.engine.simulated.SimulatedRunner` priced by the
 cost model, stepped by hand: each step advances the replica's clock by the step's price. The
 experiments that need the pool and the router replay workloads through
-:func:`batcher.sim.llm_replay.replay` instead; :func:`pool_replay` does it for a fleet of
+:func:`batcher.sim.continuous.replay.replay` instead; :func:`pool_replay` does it for a fleet of
 replicas of one cost model.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from batcher.config import ContinuousModelConfig, QueueConfig
-from batcher.sim.engine_process import EngineSpec
-from batcher.sim.llm_replay import Replayed, replay
-from batcher.sim.llm_workload import Workload
+from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.sim.continuous.engine import EngineSpec
+from batcher.sim.continuous.replay import Replayed, replay
+from batcher.sim.continuous.workload import Workload
 from experiments.common import plt  # pyplot with the files-only backend
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import A100, PRESETS, CostModel

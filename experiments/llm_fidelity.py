@@ -10,7 +10,7 @@ engine (the same engine scheduler over a runner priced by the constants ``ferry 
 on this machine: ``--costs``, or by default the steps of two ``ferry fit`` runs, one just before
 the real run and one just after, fitted together into ``results/llm_fidelity_costs.json``: on
 a shared machine other processes' load changes from minute to minute, and the two bracket it). Both
-are driven by the replay's own driver (:func:`batcher.sim.llm_replay.drive`), so a request is
+are driven by the replay's own driver (:func:`batcher.sim.continuous.replay.drive`), so a request is
 sent, streamed and timed the same way. A real answer can end early at an end-of-sequence token;
 the virtual run asks each request for the tokens its real answer took, so both compute the same
 tokens. The real run is bounded by ``--limit`` seconds after its warm-up.
@@ -35,19 +35,19 @@ from pathlib import Path
 import numpy as np
 import trio
 
-from batcher.backend import Finished, Job
-from batcher.config import ContinuousModelConfig, QueueConfig
-from batcher.continuous import open_engine_pool
-from batcher.engine_worker import EngineProcess
-from batcher.process_worker import process_workers
+from batcher.continuous.engine_process import EngineProcess
+from batcher.continuous.pool import open_engine_pool
+from batcher.core.backend import Finished, Job
+from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.placement.local import process_workers
 from batcher.sim.arrivals import poisson
-from batcher.sim.engine_process import EngineSpec
-from batcher.sim.llm_replay import IdText, Outcomes, Prompts, Replayed, drive, replay
-from batcher.sim.llm_report import ContinuousReport
-from batcher.sim.llm_workload import Lengths, Workload
+from batcher.sim.continuous.engine import EngineSpec
+from batcher.sim.continuous.replay import IdText, Outcomes, Prompts, Replayed, drive, replay
+from batcher.sim.continuous.report import ContinuousReport
+from batcher.sim.continuous.workload import Lengths, Workload
 from experiments.common import RESULTS, plt, write
-from workers.engine import cost_fit
 from workers.engine.cost_model import SMOLLM2_135M, CostModel, Overhead
+from workers.engine.fit import cost_fit
 
 ENGINE = {  # the one replica, real or simulated
     "name": "smollm2@fidelity",

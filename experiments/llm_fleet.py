@@ -20,11 +20,11 @@ import math
 
 import numpy as np
 
-from batcher.config import ContinuousModelConfig, QueueConfig
+from batcher.core.config import ContinuousModelConfig, QueueConfig
 from batcher.sim.arrivals import poisson
-from batcher.sim.engine_process import EngineSpec
-from batcher.sim.llm_replay import FINISHED, replay
-from batcher.sim.llm_workload import Lengths, Workload
+from batcher.sim.continuous.engine import EngineSpec
+from batcher.sim.continuous.replay import FINISHED, replay
+from batcher.sim.continuous.workload import Lengths, Workload
 from experiments.common import write
 from experiments.llm_common import KV_BLOCKS_70B, two_scales
 

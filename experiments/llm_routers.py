@@ -4,7 +4,7 @@ The question: a router that sends each request to the replica with the least que
 spreads load evenly but scatters a conversation's turns over replicas that do not hold its
 history; one that always sends a conversation back to the replica holding its prefix hits the
 cache but piles load on whichever replicas hold the busiest conversations. The production router
-(``batcher/router.py``) arbitrates with a bound: the replica holding the longest prefix wins
+(``batcher/continuous/router.py``) arbitrates with a bound: the replica holding the longest prefix wins
 unless it has more than ``affinity_bound`` queued tokens above the least loaded one.
 
 Four 70B replicas (8 x H100 each), conversations of 12 turns (300 new prompt tokens and 200
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from batcher.config import ContinuousModelConfig, QueueConfig
+from batcher.core.config import ContinuousModelConfig, QueueConfig
 from batcher.sim.arrivals import poisson
-from batcher.sim.engine_process import EngineSpec
-from batcher.sim.llm_replay import FINISHED, replay
-from batcher.sim.llm_workload import Lengths, Workload
+from batcher.sim.continuous.engine import EngineSpec
+from batcher.sim.continuous.replay import FINISHED, replay
+from batcher.sim.continuous.workload import Lengths, Workload
 from experiments.common import write
 from experiments.llm_common import KV_BLOCKS_70B, two_scales
 

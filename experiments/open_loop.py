@@ -14,10 +14,10 @@ import sys
 
 import trio
 
-from batcher.config import PoolConfig
-from batcher.policy import SizeOrTimeout
-from batcher.process_worker import process_workers
-from batcher.sim.load import open_loop
+from batcher.core.config import PoolConfig
+from batcher.fixed.policy import SizeOrTimeout
+from batcher.placement.local import process_workers
+from batcher.sim.fixed.load import open_loop
 
 
 def main() -> int:

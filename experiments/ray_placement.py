@@ -27,19 +27,19 @@ import time
 import numpy as np
 import trio
 
-from batcher.backend import Delta, Failed, Finished, Job
-from batcher.config import ContinuousModelConfig, FixedModelConfig, PoolConfig, QueueConfig, RayConfig
-from batcher.continuous import open_engine_pool
-from batcher.engine_worker import EngineProcess
-from batcher.fixed import open_batcher
-from batcher.placement import placed
-from batcher.policy import SizeOrTimeout
-from batcher.process_worker import ProcessWorker
-from batcher.ray_placement import CLUSTER, use_cluster
+from batcher.continuous.engine_process import EngineProcess
+from batcher.continuous.pool import open_engine_pool
+from batcher.core.backend import Delta, Failed, Finished, Job
+from batcher.core.config import ContinuousModelConfig, FixedModelConfig, PoolConfig, QueueConfig, RayConfig
+from batcher.fixed.batcher import open_batcher
+from batcher.fixed.policy import SizeOrTimeout
+from batcher.placement.local import ProcessWorker
+from batcher.placement.ray_actors import CLUSTER, use_cluster
+from batcher.placement.spawn import placed
 from batcher.sim.arrivals import poisson, tier_mix
-from batcher.sim.load import drive
-from batcher.sim.report import summarize
-from gateway.tokenizer import ByteTokenizer
+from batcher.sim.fixed.load import drive
+from batcher.sim.fixed.report import summarize
+from gateway.text.tokenizer import ByteTokenizer
 from workers.protocol import RunBatch
 
 TICKS = os.sysconf("SC_CLK_TCK")

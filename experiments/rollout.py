@@ -48,8 +48,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from batcher.sim.arrivals import poisson
 from experiments.generator_gc import collector_off
 from experiments.http_load import process_cpu, start_gateway
-from gateway import event_loop
-from gateway.usage import read_usage
+from gateway.accounting.usage import read_usage
+from gateway.http import event_loop
 
 KEY = "sk-rollout-paid-01"
 ALIAS = "ferry-large"

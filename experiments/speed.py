@@ -4,7 +4,7 @@
 
 10 reference workers, SizeOrTimeout(50, 150 ms), Poisson arrivals, half paid and half free. The
 clock stops only where the scheduler has something to decide (a flush, a timer, a worker freeing):
-arrivals are admitted in bulk by the batcher's trace feed (``batcher.sim.replay.Replay``). ``--profile``
+arrivals are admitted in bulk by the batcher's trace feed (``batcher.sim.fixed.replay.Replay``). ``--profile``
 also prints the 25 functions with the most own time (cProfile, slower).
 """
 
@@ -18,7 +18,7 @@ import resource
 import matplotlib.pyplot as plt
 
 from batcher.sim.arrivals import Trace, poisson
-from batcher.sim.simulate import Progress, Scenario, print_progress, simulate
+from batcher.sim.fixed.simulate import Progress, Scenario, print_progress, simulate
 from experiments.common import HALF, write
 
 
@@ -76,7 +76,7 @@ Before the trace feed, the open-loop driver stopped the clock at every arrival (
 each): 26,000 requests per CPU second, about 4.6 minutes of CPU for the same hour, nine tenths of it
 in trio's run loop (cProfile). The feed admits every arrival due at each wake-up of the flush loop,
 and wakes it at the arrival that would have triggered it, so each decision sees exactly the same
-queue (`tests/test_simulate.py::test_a_replayed_trace_is_scheduled_exactly_as_on_time_arrivals_are`).
+queue (`tests/pure/test_simulate.py::test_a_replayed_trace_is_scheduled_exactly_as_on_time_arrivals_are`).
 """
     write("speed", rows, figure, summary, "python -m experiments.speed")
 

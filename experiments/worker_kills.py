@@ -21,13 +21,13 @@ import sys
 import numpy as np
 import trio
 
-from batcher.config import PoolConfig, QueueConfig
-from batcher.fixed import Batcher, open_batcher
-from batcher.policy import SizeOrTimeout
-from batcher.process_worker import process_workers
+from batcher.core.config import PoolConfig, QueueConfig
+from batcher.core.types import Request, State
+from batcher.fixed.batcher import Batcher, open_batcher
+from batcher.fixed.policy import SizeOrTimeout
+from batcher.fixed.slot import SlotState
+from batcher.placement.local import process_workers
 from batcher.sim.arrivals import poisson, tier_mix
-from batcher.slot import SlotState
-from batcher.types import Request, State
 
 BUDGETS = (1.0, 0.3)  # paid, free: the embedded default's wait budgets
 

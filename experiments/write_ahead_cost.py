@@ -31,8 +31,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.sqlite_writer import SqliteWriter  # noqa: E402
-from gateway.usage import _INSERT, _ROW, _SCHEMA, UsageLog, UsageRecord  # noqa: E402
+from gateway.accounting.sqlite_writer import SqliteWriter  # noqa: E402
+from gateway.accounting.usage import _INSERT, _ROW, _SCHEMA, UsageLog, UsageRecord  # noqa: E402
 
 KEY = "sk-bench-0001"
 CONFIG = f"""

@@ -3,7 +3,7 @@ knows both loops (docs/architecture.md, "The layers").
 
 The trio core (every model's backend: batchers, pools, supervision) runs in one ``trio.run`` on
 its own thread. The asyncio side calls :meth:`Bridge.submit` with a checked
-:class:`~batcher.backend.Job` and reads the returned :class:`Handle`'s events; a handler that
+:class:`~batcher.core.backend.Job` and reads the returned :class:`Handle`'s events; a handler that
 goes away calls :meth:`Bridge.cancel`. A hop from one loop to the other is costly when it has to
 wake a sleeping loop (experiments/README.md, "The gateway over HTTP"), so hops are batched in
 both directions::
@@ -18,7 +18,7 @@ one engine step's tokens for 200 streams) come back in one, as ``(handle, events
 
 The set of backends changes while the core runs (a rollout, docs/operations.md):
 :meth:`Bridge.prepare` readies a model version as its start would (the same code, on the trio
-thread), :meth:`Bridge.open` starts its backend in the trio core's :class:`~batcher.fleet.Fleet`
+thread), :meth:`Bridge.open` starts its backend in the trio core's :class:`~batcher.core.fleet.Fleet`
 and returns once it takes jobs, :meth:`Bridge.close` stops one, and :meth:`Bridge.retune` hands
 every backend the tiers' new wait budgets. They cross in the same ordered hops as submits, so a submit
 made before a close reaches its backend first. A close hands back the events its backend emitted
@@ -28,7 +28,7 @@ waits for ever; the gateway closes a version only once it has drained.
 Nothing on the asyncio side touches an object the trio side owns. A handle's two halves are
 kept apart: ``outbox`` and ``ticket`` are the trio side's, ``events`` the asyncio side's; events
 are frozen values; and the state ``/readyz`` and ``/metrics`` show crosses as immutable
-:class:`~batcher.backend.Snapshot`\\ s, taken on the trio thread when asked for.
+:class:`~batcher.core.backend.Snapshot`\\ s, taken on the trio thread when asked for.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from typing import Any
 
 import trio
 
-from batcher import modes
-from batcher.backend import TERMINAL_EVENTS, Event, Failed, Job, Snapshot
-from batcher.config import ModelConfig, QueueConfig
-from batcher.fleet import Fleet, Launch
-from gateway.api import Unavailable
-from gateway.tokenizer import make_tokenizer
+from batcher.core import modes
+from batcher.core.backend import TERMINAL_EVENTS, Event, Failed, Job, Snapshot
+from batcher.core.config import ModelConfig, QueueConfig
+from batcher.core.fleet import Fleet, Launch
+from gateway.text.tokenizer import make_tokenizer
+from gateway.wire.api import Unavailable
 
 log = logging.getLogger("ferry.bridge")
 
@@ -385,5 +385,5 @@ def _settle(future: asyncio.Future, outcome: tuple[Any, BaseException | None]) -
 
 
 open_backend: Launch = functools.partial(modes.launch, tokenizers=make_tokenizer)
-"""The production :data:`~batcher.fleet.Launch`: a model version's backend, prepared and opened
-by its mode's registry entry (:func:`batcher.modes.launch`), with the gateway's tokenizers."""
+"""The production :data:`~batcher.core.fleet.Launch`: a model version's backend, prepared and opened
+by its mode's registry entry (:func:`batcher.core.modes.launch`), with the gateway's tokenizers."""

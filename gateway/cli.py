@@ -1,8 +1,8 @@
 """``ferry``: the command line. One sub-command per job; each parses its flags and runs.
 
     ferry demo     push a few hundred requests through 8 reference workers and print the run
-    ferry serve    the HTTP gateway (gateway/server.py)
-    ferry reload | status | drain | weights   a running gateway's admin socket (gateway/control.py)
+    ferry serve    the HTTP gateway (gateway/http/server.py)
+    ferry reload | status | drain | weights   a running gateway's admin socket (gateway/ops/control.py)
     ferry simulate a scenario through the production batcher in virtual time (batcher/simulate.py)
     ferry fit      the real engine's step times on this machine, fitted into costs for simulate
 """
@@ -13,16 +13,16 @@ import argparse
 import logging
 import sys
 
-from gateway.control import CONTROL_COMMANDS, add_control_commands
+from gateway.ops.control import CONTROL_COMMANDS, add_control_commands
 
 
 def demo(args: argparse.Namespace) -> int:
     """Open-loop Poisson requests through the fixed-batch core and real `sleep` workers."""
     import trio
 
-    from batcher.config import PoolConfig
-    from batcher.process_worker import process_workers
-    from batcher.sim.load import open_loop
+    from batcher.core.config import PoolConfig
+    from batcher.placement.local import process_workers
+    from batcher.sim.fixed.load import open_loop
 
     spawn = process_workers(["sleep", "--latency-ms", str(args.latency_ms)], args.workers)
     print(
@@ -50,9 +50,9 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
     if control_only:
         add_control_commands(commands)
         return parser
-    from batcher.sim import simulate
-    from gateway.server import add_serve_command
-    from workers.engine import fit_command as fit
+    from batcher.sim.fixed import simulate
+    from gateway.http.server import add_serve_command
+    from workers.engine.fit import command as fit
 
     sub = commands.add_parser("demo", help=demo.__doc__)
     sub.add_argument("--workers", type=int, default=8)

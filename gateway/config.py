@@ -1,11 +1,11 @@
 """The server's configuration file: one TOML file describes a whole ferry.
 
 Where it listens, the tiers in priority order, the API keys, the models with their worker fleets
-(:mod:`batcher.config`), weighted aliases, limits, state, safety and the admin socket.
+(:mod:`batcher.core.config`), weighted aliases, limits, state, safety and the admin socket.
 ``load_config(path)`` reads one, ``default_config()`` reads the embedded default that ``ferry
 serve`` runs with no file. The gateway's own tables (server, keys, limits, state, safety, admin,
-aliases) are defined here; the core's (tiers, models) in :mod:`batcher.config` and
-:mod:`batcher.config_file`, which also converts each table into its frozen dataclass and says
+aliases) are defined here; the core's (tiers, models) in :mod:`batcher.core.config` and
+:mod:`batcher.core.config_file`, which also converts each table into its frozen dataclass and says
 where a bad value came from, so an error reads
 ``ferry.toml: models[1].max_batch: expected 1..1024, got 0``.
 """
@@ -19,8 +19,8 @@ import math
 import os
 import tomllib
 
-from batcher.config import ModelConfig, QueueConfig, RayConfig, _require
-from batcher.config_file import TierConfig, build_table, model_table
+from batcher.core.config import ModelConfig, QueueConfig, RayConfig, _require
+from batcher.core.config_file import TierConfig, build_table, model_table
 
 DEFAULT_TOML = """\
 # The embedded default of `ferry serve`: loopback only, one fixed-mode model on 8 reference
@@ -89,7 +89,7 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20  # a larger body is answered 413 by aiohttp's own limit
     shutdown_grace_ms: int = 30_000  # SIGTERM: in-flight requests get this long to finish
     ping_interval_ms: int = 5_000  # a stream waiting this long gets a `ping` event
-    # Connections (gateway/connections.py). The headers of a request are due within
+    # Connections (gateway/http/connections.py). The headers of a request are due within
     # header_timeout_ms of the connection's opening or of their first byte (Go servers commonly
     # set 10 s); its body within body_timeout_ms of the headers (4 MiB in 60 s is ~0.6 Mbit/s);
     # a keep-alive connection with nothing to do is closed after idle_timeout_ms (nginx's 75 s,

@@ -2,9 +2,9 @@
 trace replay, simulated workers and engines, reports and ``ferry simulate``.
 
 Nothing in the production core imports this package: it drives the real
-:class:`~batcher.fixed.Batcher` and :class:`~batcher.pool.WorkerPool` from the outside, with
-in-process :class:`~batcher.sim.workers.SimulatedWorker`\\ s, and the real
-:class:`~batcher.continuous.EnginePool` with in-process
-:class:`~batcher.sim.engine_process.SimulatedEngine`\\ s (the real engine scheduler over priced
+:class:`~batcher.fixed.batcher.Batcher` and :class:`~batcher.fixed.pool.WorkerPool` from the outside, with
+in-process :class:`~batcher.sim.fixed.workers.SimulatedWorker`\\ s, and the real
+:class:`~batcher.continuous.pool.EnginePool` with in-process
+:class:`~batcher.sim.continuous.engine.SimulatedEngine`\\ s (the real engine scheduler over priced
 steps), all under ``trio.testing.MockClock``.
 """

@@ -22,7 +22,7 @@ threads and memory before and after (a leak shows as growth that does not come b
 
     .venv/bin/python -m experiments.chaos                 # every scenario, writes docs/RELIABILITY.md
     .venv/bin/python -m experiments.chaos --only worker-kills --rate 1000 --duration 60
-    .venv/bin/python -m experiments.chaos --short         # the seconds-long form (tests/test_chaos.py)
+    .venv/bin/python -m experiments.chaos --short         # the seconds-long form (the CI rows)
 
 Continuous-mode faults plug in the same way: a scenario with a continuous model's config, its
 own expected answers (or none), and a fault that kills an engine worker mid-stream.

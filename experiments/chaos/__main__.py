@@ -37,9 +37,9 @@ from experiments.chaos.scenarios import (
 from experiments.chaos.server import Server, StartFailed
 from experiments.chaos.traffic import send
 from experiments.generator_gc import collector_off
-from experiments.redis_server import RedisServer
-from gateway import event_loop
-from gateway.fallback import REDIS_CONNECTIONS
+from gateway.accounting.fallback import REDIS_CONNECTIONS
+from gateway.http import event_loop
+from tests.support.redis_server import RedisServer
 
 REPORT = pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "RELIABILITY.md"
 SETTLE = 1.0  # seconds after the traffic before the leak check: queues drain, sockets close

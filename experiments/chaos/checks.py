@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from experiments.chaos.traffic import Shot
-from gateway.usage import UsageRecord
+from gateway.accounting.usage import UsageRecord
 
 STREAM_OPEN = ["message_start", "content_block_start"]
 STREAM_CLOSE = ["content_block_stop", "message_delta", "message_stop"]

@@ -19,7 +19,7 @@ import socket
 
 from experiments.chaos.ray_nodes import RayNodes
 from experiments.chaos.server import Server
-from experiments.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 
 class Clock:

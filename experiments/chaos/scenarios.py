@@ -232,7 +232,7 @@ SHORT = (
     "sigterm",
     "engine-kills",
 )
-"""The rows CI runs (tests/test_chaos.py), seconds each, fixed seeds."""
+"""The rows CI runs (experiments/tests/system/test_chaos.py), seconds each, fixed seeds."""
 SHORT_PARAMS = Params(rate=150.0, duration=3.0, workers=2, seed=7)
 
 

@@ -15,7 +15,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.usage import UsageLog, UsageRecord, read_usage
+from gateway.accounting.usage import UsageLog, UsageRecord, read_usage
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 

@@ -36,7 +36,7 @@ One concept per file, each small (nano-vllm's shape):
 
 Around it, not in it: ``workers/convert.py`` turns SmolLM2-135M's GGUF into the model directory
 the engine loads; ``experiments/static_batch.py`` is the padded static batch it is measured
-against; ``tests/tiny_checkpoint.py`` writes the tiny checkpoints the tests load.
+against; ``tests/support/tiny_checkpoint.py`` writes the tiny checkpoints the tests load.
 
 The engine talks to the network through the :class:`~workers.engine.batch.Runner` protocol: the
 torch model runner in a worker process, or a simulated runner priced by the cost model, so the

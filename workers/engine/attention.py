@@ -11,7 +11,7 @@ positions in order::
                                                                     (padded past the context)
 
 A decode group whose contexts the runner keeps between steps reads them from that contiguous
-copy instead, appended to token by token (:mod:`workers.engine.context_copy`): no gather.
+copy instead, appended to token by token (:mod:`workers.engine.cpu.context_copy`): no gather.
 A prompt prefilled whole in this step (from position 0, no cached prefix) needs no gather
 either: its context is its own new K and V, so it is attended alone, causally
 (``is_causal``, which skips the upper triangle a mask would compute and throw away), with no
@@ -131,7 +131,7 @@ def partition(
 ) -> list[list[int]]:
     """Sequences (by index) into attention groups, each padded to its longest query and context;
     the ``fixed`` groups come first as they are (decode groups whose contexts are kept between
-    steps, :mod:`workers.engine.context_copy`), the sequences in ``alone`` are in none (they are
+    steps, :mod:`workers.engine.cpu.context_copy`), the sequences in ``alone`` are in none (they are
     attended on their own, :func:`fresh_prompts`), the others are grouped as follows.
 
     One group for everything would pad a 20-token context to the step's longest (800), and a
@@ -228,7 +228,7 @@ def attend(
 
 
 class DecodeAttention(Protocol):
-    """A kernel for decode groups (:mod:`workers.engine.decode_kernel`): ``query``
+    """A kernel for decode groups (:mod:`workers.engine.cpu.decode_kernel`): ``query``
     [seqs, kv_heads, group, head_dim], ``keys`` and ``values`` [seqs, kv_heads, keys, head_dim],
     each sequence seeing its first ``lengths[s]`` keys; float32 [seqs, kv_heads, group, head_dim]."""
 
@@ -244,7 +244,7 @@ class DecodeAttention(Protocol):
 
 class ContextSource(Protocol):
     """Where a group reads its context from instead of gathering it from the blocks (a kept
-    copy, :class:`workers.engine.context_copy.ContextCopy`)."""
+    copy, :class:`workers.engine.cpu.context_copy.ContextCopy`)."""
 
     def context(self, layer: int, blocks: torch.Tensor, new: torch.Tensor) -> torch.Tensor: ...
 

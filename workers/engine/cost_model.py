@@ -21,7 +21,7 @@ What the roofline leaves out is an :class:`Overhead`, added to it: seconds per s
 sequence, per computed token, per context token and per attention pair (query, key). Every
 preset's is zero. On a CPU these terms are most of a step (a fixed cost per layer and operator,
 the lm_head and sampling per sequence, the KV gather per context token), and ``ferry fit``
-(:mod:`workers.engine.cost_fit`) measures them, with the roofline switched off (infinite
+(:mod:`workers.engine.fit.cost_fit`) measures them, with the roofline switched off (infinite
 bandwidth and FLOP/s: :data:`UNBOUNDED`).
 """
 

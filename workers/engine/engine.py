@@ -6,7 +6,7 @@ tokens back to the scheduler. Everything a batch says about a sequence is derive
 that sequence alone, every step: its positions start at its own ``num_computed``, its slots come
 from its own block table, its context length is its own. Nothing is carried over from whichever
 sequence last used the same blocks, which is how continuous batching's classic "new request
-inherits the old one's position offset" bug cannot happen here (``tests/test_engine_core.py`` pins it).
+inherits the old one's position offset" bug cannot happen here (``tests/engine/test_engine_core.py`` pins it).
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class Engine:
 
     def take_finished(self) -> list[SequenceEnd]:
         """The sequences that ended since this was last called (a step calls it for its output;
-        a replay that advances decode steps itself, ``batcher/sim/jump.py``, calls it after them)."""
+        a replay that advances decode steps itself, :mod:`batcher.sim.continuous.jump`, calls it after)."""
         finished = [self._finished(seq) for seq in self.scheduler.finished]
         self.scheduler.finished = []
         return finished

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.engine.checkpoint import LlamaConfig, read_config, read_tensors
-from workers.engine.packed_linear import can_pack, pack_linears
+from workers.engine.cpu.packed_linear import can_pack, pack_linears
 
 
 class Attention(Protocol):
@@ -152,7 +152,7 @@ LAYER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Llama:
     """The network of a Hugging Face directory, its weights fused and cast to ``dtype``; in
     bfloat16 on the CPU, each layer's matrices and the lm_head prepacked for oneDNN
-    (:mod:`workers.engine.packed_linear`)."""
+    (:mod:`workers.engine.cpu.packed_linear`)."""
     config = read_config(model_dir)
     weights: dict[str, torch.Tensor] = {}
     for name, tensor in read_tensors(model_dir).items():

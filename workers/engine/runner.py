@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from workers.engine import decode_kernel
 from workers.engine.attention import CacheShape, PagedAttention, plan_attention
 from workers.engine.batch import ForwardBatch
 from workers.engine.checkpoint import read_eos_token_ids
-from workers.engine.context_copy import ContextCopies
+from workers.engine.cpu import decode_kernel
+from workers.engine.cpu.context_copy import ContextCopies
 from workers.engine.model import load_llama, placement
 from workers.engine.sampler import Sampler
 
@@ -32,7 +32,7 @@ class ModelRunner:
     The cache has ``num_blocks`` blocks of ``block_size`` tokens; without ``num_blocks`` it
     takes ``kv_memory_gb`` (10^9 bytes; default 1) divided by the bytes a block holds.
     Decode groups keep contiguous copies of their contexts between steps, up to
-    ``context_copy_gb`` (default 0.5; 0 gathers every step; :mod:`workers.engine.context_copy`).
+    ``context_copy_gb`` (default 0.5; 0 gathers every step; :mod:`workers.engine.cpu.context_copy`).
     ``device`` defaults to CUDA where present, else the CPU.
     """
 

@@ -59,7 +59,7 @@ def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
         return runner, f"sim-{args.simulated}"
     import torch  # imported only by a real engine
 
-    from workers.engine.allocator import keep_freed_memory
+    from workers.engine.cpu.allocator import keep_freed_memory
     from workers.engine.runner import ModelRunner
 
     if args.threads < 1:

@@ -1,0 +1,106 @@
+"""What the continuous backend counts, and the ``/metrics`` families it becomes: what the
+scheduler controls (KV blocks, preemptions, prefix-cache hits), with vLLM's metric names as the model.
+
+The engines report their load in ``stats`` frames; the pool keeps the last report of each
+replica, adds up the counters of the engines that died before it (so a restart does not send a
+counter backwards), and copies it all into a :class:`ContinuousStats` at each snapshot. At
+scrape time :func:`engine_families` turns the snapshot into families (vLLM's in brackets):
+
+    ferry_engine_running_sequences      gauge    {model, replica}   (vllm:num_requests_running)
+    ferry_engine_waiting_sequences      gauge    {model, replica}   (vllm:num_requests_waiting)
+    ferry_engine_kv_blocks_free / _used gauge    {model, replica}   (vllm:kv_cache_usage_perc)
+    ferry_engine_preemptions            counter  {model, replica}   (vllm:num_preemptions)
+    ferry_engine_prefix_cache_queries   counter  {model, replica}   (vllm:prefix_cache_queries), tokens
+    ferry_engine_prefix_cache_hits      counter  {model, replica}   (vllm:prefix_cache_hits), tokens;
+                                                 a recompute after a preemption is not a hit
+    ferry_engine_generated_tokens       counter  {model, replica}   (vllm:generation_tokens)
+    ferry_engine_generation_tokens_per_second gauge {model, replica}  recent rate
+    ferry_engine_step_tokens            histogram {model}          (vllm:iteration_tokens_total),
+                                                 each stats interval's mean tokens per step, once per step
+    ferry_engine_reruns                 counter  {model}   jobs re-run unseen after their engine died
+    ferry_engine_interrupted_streams    counter  {model}   streams ended by an error after sending text
+
+TTFT, time per output token, end-to-end latency (the gateway's, by model and tier), queue wait
+(``ferry_queue_wait_seconds``, arrival to the engine, by tier), worker restarts, unanswered
+requests and ``ferry_queued_tokens`` are the families every mode shares (:mod:`batcher.core.metrics`);
+no batch family (flushes, batch sizes, batch retries, bisections) has a continuous model's sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from batcher.core.mode import Exported
+from batcher.core.stats import CoreStats, Histogram
+from workers.protocol import EngineStats
+
+STEP_TOKEN_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    """One replica: its engine's last report (all zero while it has none), with the counters
+    of the engines it lost added, so that they count since the pool started."""
+
+    replica: int
+    total_blocks: int
+    generation_rate: float  # tokens generated per second, recently
+    engine: EngineStats
+
+
+@dataclasses.dataclass(slots=True)
+class ContinuousStats(CoreStats):
+    """The pool's counters: the ones every mode keeps (queue wait, restarts, expired, cancelled,
+    shed, unanswered) and the engines'."""
+
+    reruns: int = 0  # jobs re-run on another replica, unseen by their client, after their engine died
+    interrupted: int = 0  # streams ended with ReplicaLost
+    step_tokens: Histogram = dataclasses.field(default_factory=lambda: Histogram(STEP_TOKEN_BOUNDS))
+    replicas: tuple[ReplicaStats, ...] = ()
+
+
+_GAUGES = (
+    ("ferry_engine_running_sequences", "Sequences the engine runs (vllm:num_requests_running).", "running"),
+    ("ferry_engine_waiting_sequences", "Sequences the engine holds but has not scheduled.", "waiting"),
+    ("ferry_engine_kv_blocks_free", "Free KV cache blocks, cached prefixes included.", "free_blocks"),
+    ("ferry_engine_kv_blocks_used", "KV cache blocks held by sequences.", "used_blocks"),
+)
+_COUNTERS = (
+    ("ferry_engine_preemptions", "Sequences preempted by recompute.", "preemptions"),
+    ("ferry_engine_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_queries"),
+    ("ferry_engine_prefix_cache_hits", "Prompt tokens the prefix cache supplied.", "prefix_hits"),
+    ("ferry_engine_generated_tokens", "Tokens generated.", "generated_tokens"),
+)
+
+
+def engine_families(backends: Sequence[Exported]) -> Iterator:
+    """The continuous families of every continuous backend, from its :class:`ContinuousStats`."""
+    by_replica = ["model", "replica"]
+    gauges = [(GaugeMetricFamily(name, text, labels=by_replica), field) for name, text, field in _GAUGES]
+    counters = [
+        (CounterMetricFamily(name, text, labels=by_replica), field) for name, text, field in _COUNTERS
+    ]
+    rate = GaugeMetricFamily("ferry_engine_generation_tokens_per_second",
+                             "Tokens generated per second, recently.", labels=by_replica)
+    steps = HistogramMetricFamily(
+        "ferry_engine_step_tokens", "Tokens computed per engine step.", labels=["model"]
+    )
+    reruns = CounterMetricFamily("ferry_engine_reruns", "Jobs re-run unseen after their engine died.",
+                                 labels=["model"])
+    interrupted = CounterMetricFamily("ferry_engine_interrupted_streams",
+                                      "Streams ended by an error after sending text.", labels=["model"])
+    for model, _, snapshot in backends:
+        stats: ContinuousStats = snapshot.stats
+        for replica in stats.replicas:
+            labels = [model, str(replica.replica)]
+            for family, field in (*gauges, *counters):
+                family.add_metric(labels, getattr(replica.engine, field))
+            rate.add_metric(labels, replica.generation_rate)
+        steps.add_metric([model], stats.step_tokens.cumulative(), stats.step_tokens.total)
+        reruns.add_metric([model], stats.reruns)
+        interrupted.add_metric([model], stats.interrupted)
+    yield from (family for family, _ in (*gauges, *counters))
+    yield from (rate, steps, reruns, interrupted)

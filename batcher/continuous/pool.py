@@ -1,0 +1,357 @@
+"""The continuous mode's backend: an EnginePool of engine worker processes behind a Router.
+
+One replica per GPU, each an engine worker (``python -m workers engine``) kept alive by its own
+:class:`~batcher.core.supervisor.Supervisor`, the fixed pool's supervision (spawn with its own
+``CUDA_VISIBLE_DEVICES``, ``ready``, exit watch, restart with backoff). The pool's part::
+
+    submit ─> too big for one replica's KV cache? 400 ─> Router: replica (least queued tokens,
+           bounded prefix affinity) ─> admission in tokens: 529 ─> that replica's tier queues
+    dispatch loop: expire queued jobs past their deadline (529, no prefill spent)
+                   hand a replica the next job while it can start it soon ─> add frame
+    a replica's frames, a step at a time: tokens ─> Output (detokenize; stream or hold)
+                   finished ─> the rest and Finished; stats ─> load, rate, liveness
+
+**Queues on the gateway side.** Each replica has tier queues in the pool (paid first, FIFO, with
+the fixed mode's aging); its engine gets a job only while it has room for it now: fewer than
+``max_seqs`` sequences, less than :data:`PREFILL_STEPS` steps' token budget of prompt not yet
+prefilled, and free KV blocks by its last report. So a job waits in the pool. **Admission fails
+fast**: the tier's wait budget is judged at arrival, where a job the estimate says cannot start
+within it gets 529 with its Retry-After at once; an admitted job then waits until it starts,
+never failing for having waited its budget (only a job's own deadline, or the queue's 30 s
+backstop, can pass in the queue: 529 :class:`~batcher.core.types.Expired` before it has cost a
+prefill). Once sent, a job runs to its end.
+
+**Routing** happens at arrival (:mod:`batcher.continuous.router`): the load of a replica is the tokens it
+still owes its jobs, queued here or running there; the prefix is the request's block hashes.
+What a replica holds and how its engine's frames become events is :mod:`batcher.continuous.replica`.
+
+**A replica that dies** (its process exits, breaks the protocol, or sends no ``stats`` for
+``stats_timeout``: killed) loses what it held. A job that has shown its client nothing (a whole
+answer, or a stream with no delta yet) is re-run on another replica, ahead of that replica's
+queue, and its client never learns of it; one that was lost ``max_attempts`` times fails (500),
+as does one that no replica takes within its tier's budget of the loss (every engine down). A
+stream that has sent deltas ends with :class:`~batcher.core.types.ReplicaLost` (an SSE ``error`` of
+type ``api_error``, retryable): never a silent restart, never a duplicate token, and the usage
+bills what was delivered. Jobs only queued for the dead replica go to the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+from batcher.continuous.engine_process import EngineProcess, prepare_engines
+from batcher.continuous.metrics import ContinuousStats, engine_families
+from batcher.continuous.replica import Replica, Stage, Ticket
+from batcher.continuous.router import Router
+from batcher.continuous.token_load import TokenLoad
+from batcher.continuous.token_stream import Output, Tokenizer
+from batcher.core.admission import AdmissionControl
+from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
+from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.core.mode import Mode
+from batcher.core.supervisor import Readiness, Supervisor, start_slots
+from batcher.core.types import Expired, ReplicaLost, RequestFailed, TooLarge, WorkersFailed
+from workers.engine.block_manager import cdiv
+from workers.prefix_hash import prefix_hashes
+from workers.protocol import Add
+
+PREFILL_STEPS = 2
+"""Steps' worth of prompt an engine is given ahead: the next step's chunk is already there while
+this one runs (with one, every other step of a burst would wait for the frames of the next)."""
+
+
+class EnginePool:
+    """The continuous :class:`~batcher.core.backend.Backend` (see the module doc)."""
+
+    def __init__(
+        self,
+        config: ContinuousModelConfig,
+        queue: QueueConfig,
+        spawn: Callable[[int], EngineProcess],
+        tokenizer: Tokenizer,
+        unread: Callable[[int], int] | None = None,
+    ) -> None:
+        """``unread(i)``: tokens replica ``i``'s engine has made whose frames the pool has not
+        read yet, which routing counts as generated. A process's frames are read as they come
+        (None: 0); a simulated engine that hands a sequence's tokens out at its end knows them."""
+        self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
+        self._unread = unread
+        self.stats = ContinuousStats()
+        self._readiness = Readiness(config.workers)
+        self._replicas = [
+            Replica(i, queue, self.stats, self._changed, self._readiness.answered)
+            for i in range(config.workers)
+        ]
+        timeout, pool = config.stats_timeout_ms / 1000, config.pool()
+        for r in self._replicas:
+            r.supervisor = Supervisor(
+                r.index,
+                spawn,
+                pool,
+                self.stats,
+                functools.partial(self._serve, r, timeout),
+                on_down=functools.partial(self._lost, r),
+            )
+        self.router = Router([0] * config.workers, config.affinity_bound)
+        self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
+        self._prompts = [0] * len(queue.tiers)  # prompt tokens queued, by tier: prefilled before they start
+        self._rids = itertools.count(1)
+        self._wakeup = trio.Event()
+
+    # --- the Backend protocol -----------------------------------------------------------
+
+    def submit(self, job: Job, on_event: OnEvent) -> Ticket:
+        """Route and queue a job, or fail it at once: too large (400) or shed (529)."""
+        now = trio.current_time()
+        tier = (
+            len(self.queue_config.tiers) - 1 if job.tier is None else self.queue_config.tier_index(job.tier)
+        )
+        wait = job.deadline if job.deadline is not None else self._patience(tier)
+        hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
+        ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
+        error = self._too_large(job)
+        if error is None:
+            replica = self._route(ticket)
+            if self.admission is not None:
+                error = self.admission.shed(self.load(), tier, now, ticket.cost)
+                if error is not None:
+                    self.stats.shed[tier] += 1
+        if error is not None:
+            ticket.state = Stage.ENDED
+            ticket.out.fail(error, retryable=not isinstance(error, TooLarge))
+            return ticket
+        self._enqueue(replica, ticket)
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The caller went away: out of its queue at once, or its sequence aborted."""
+        state = ticket.state
+        if state is Stage.ENDED:
+            return
+        self.stats.cancelled += 1
+        r = self._replicas[ticket.replica]
+        if state is Stage.QUEUED or state is Stage.RERUN:
+            r.leave(ticket)
+            if state is Stage.QUEUED:
+                self._count(ticket, -1)
+        else:
+            r.end(ticket)
+
+    @property
+    def queued(self) -> int:
+        """Prompt tokens waiting in the replicas' tier queues (0: nothing queued, re-runs aside)."""
+        return sum(self._prompts)
+
+    def load(self) -> TokenLoad:
+        """When a queued job would start: the prompt tokens queued per tier, less what the engines
+        take at once (a job is sent while its engine has seats, KV and under
+        :data:`PREFILL_STEPS` steps of prompt), against the rate at which they prefill: each
+        engine's measured token rate, less the share of its step budget its decodes take."""
+        config, up = self.config, [r for r in self._replicas if r.up]
+        decoding = [(r.stats.running if r.stats else 0) / config.max_batch_tokens for r in up]
+        rate = sum(r.computed.value * max(0.0, 1.0 - share) for r, share in zip(up, decoding, strict=True))
+        room = sum(max(0, PREFILL_STEPS * config.max_batch_tokens - r.prefilling) for r in up
+                   if len(r.live) < config.max_seqs and r.free_blocks > 0)
+        arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
+        return TokenLoad(tuple(self._prompts), rate, arrivals, room, sum(r.prefilling for r in up))
+
+    def snapshot(self) -> Snapshot:
+        """Each replica's engine as last reported, the pool's counters, the load in tokens."""
+        stats = self.stats.copy()
+        stats.replicas = tuple(r.replica_stats() for r in self._replicas)
+        load = self.load()
+        up = sum(r.up for r in self._replicas)
+        reason = not_ready_reason(up, self._readiness.proven)
+        status = Status(
+            self.ready, reason, tuple(r.status() for r in self._replicas), self.queued, "tokens",
+            {"token_rate": load.rate, "cancelled": stats.cancelled, "expired": stats.expired,
+             "reruns": stats.reruns, "interrupted": stats.interrupted},
+        )
+        return Snapshot(self.config.mode, status, stats, load)
+
+    @property
+    def ready(self) -> bool:
+        """A replica is up, and one has finished a sequence since every replica last died."""
+        return any(r.up for r in self._replicas) and self._readiness.proven
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every engine, report started once all are up, then dispatch until cancelled."""
+        async with trio.open_nursery() as nursery:
+            await start_slots(nursery, [r.supervisor for r in self._replicas], self.config.name)
+            nursery.start_soon(self._dispatch)
+            task_status.started()
+
+    # --- placement ----------------------------------------------------------------------
+
+    def _patience(self, tier: int) -> float:
+        """How long a job of ``tier`` (with no deadline of its own) may wait in the pool. With
+        admission on, its tier's budget is judged once, at arrival: a job the estimate says will
+        start within it is admitted and then waits until it starts, up to the queue's timeout
+        (the backstop for an estimate gone wrong, an engine that slowed down), rather than fail
+        after waiting its whole budget; the rest are shed at once, with their Retry-After."""
+        if self.admission is None:
+            return self.queue_config.deadline(tier)
+        return max(self.queue_config.deadline(tier), self.queue_config.queue_timeout)
+
+    def _too_large(self, job: Job) -> TooLarge | None:
+        bs = self.config.block_size
+        needed = cdiv(len(job.prompt_tokens) + job.max_tokens, bs)
+        capacity = max(r.total_blocks for r in self._replicas)
+        if needed <= capacity:
+            return None
+        return TooLarge(
+            f"prompt is too long for this model's KV cache: {len(job.prompt_tokens)} prompt tokens + "
+            f"max_tokens {job.max_tokens} need {needed} blocks of {bs} tokens; one replica holds "
+            f"{capacity} ({capacity * bs} tokens)"
+        )
+
+    def _route(self, ticket: Ticket) -> Replica:
+        """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
+        up, unread = any(r.up for r in self._replicas), self._unread
+        loads = [r.load - unread(r.index) if unread and r.up else r.load for r in self._replicas]
+        route = self.router.choose(
+            [load if r.up or not up else None for r, load in zip(self._replicas, loads, strict=True)],
+            ticket.hashes,
+        )
+        ticket.replica = route.replica
+        job = ticket.job
+        ticket.cost = len(job.prompt_tokens) - route.held_blocks * self.config.block_size + job.max_tokens
+        return self._replicas[route.replica]
+
+    def _enqueue(self, r: Replica, ticket: Ticket) -> None:
+        r.enqueue(ticket)
+        self._count(ticket, +1)
+        self._changed()
+
+    def _rerun(self, ticket: Ticket) -> None:
+        """Queue a ticket lost with its engine at the front of another replica's work."""
+        self._route(ticket).queue_rerun(ticket)
+
+    def _count(self, ticket: Ticket, sign: int) -> None:
+        """``ticket`` joins (+1) or leaves (-1) the tier queues: its prompt's tokens (less the
+        prefix its replica holds) are what must be prefilled before it starts."""
+        self._prompts[ticket.tier] += sign * (ticket.cost - ticket.job.max_tokens)
+
+    def _changed(self) -> None:
+        self._wakeup.set()
+
+    # --- the dispatch loop --------------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        """Expire what waited too long and hand each replica what it can start; then sleep until
+        the next deadline or a change (an arrival, an engine's step or report, an engine up)."""
+        while True:
+            now = trio.current_time()
+            wake = math.inf
+            for r in self._replicas:
+                wake = min(wake, self._expire(r, now))
+                if r.up:
+                    self._fill(r, now)
+            self._wakeup = trio.Event()
+            with trio.move_on_at(wake):
+                await self._wakeup.wait()
+
+    def _expire(self, r: Replica, now: float) -> float:
+        """Fail the tickets past their deadline; return the next deadline still to come."""
+        expired, timed_out = r.expire(now)
+        load = self.load() if expired else None
+        for ticket in expired:
+            retry_after = self.admission.retry_after(load, ticket.tier, now) if self.admission else 1.0
+            self._count(ticket, -1)
+            self.stats.expired += 1
+            error = Expired(f"not started within {now - ticket.arrival:.3f}s of arrival", retry_after)
+            ticket.out.fail(error, retryable=True)
+        for ticket in timed_out:
+            self.stats.timed_out += 1
+            ticket.out.fail(WorkersFailed("its engine was lost and no other took the request in time"), False)
+        return r.next_deadline()
+
+    def _fill(self, r: Replica, now: float) -> None:
+        """Send ``r`` the next tickets while its engine can start them within about two steps."""
+        config = self.config
+        while r.can_start(config.max_seqs, PREFILL_STEPS * config.max_batch_tokens):
+            ticket = r.next_ticket(now)
+            if ticket is None:
+                return
+            if ticket.state is Stage.PREFILLING:  # taken from the queues (a re-run's tokens were never there)
+                self._count(ticket, -1)
+            job, sampling = ticket.job, ticket.job.sampling
+            if not ticket.attempts:
+                self.stats.queue_wait[ticket.tier].observe(now - ticket.arrival)
+            self.router.sent(r.index, ticket.hashes)
+            r.start(ticket, Add(
+                next(self._rids), list(job.prompt_tokens), job.max_tokens, ticket.tier, job.tenant,
+                config.temperature if sampling.temperature is None else sampling.temperature,
+                1.0 if sampling.top_p is None else sampling.top_p,
+                0 if sampling.top_k is None else sampling.top_k,
+                sampling.seed, [], False,
+            ), cdiv(len(job.prompt_tokens) + 1, config.block_size), now)
+
+    # --- engines coming and going -------------------------------------------------------
+
+    async def _serve(self, r: Replica, timeout: float, worker: EngineProcess) -> bool:
+        self.router.resize(r.index, worker.first_stats.total_blocks)
+        return await r.serve(worker, timeout)
+
+    def _lost(self, r: Replica) -> None:
+        """``r``'s engine is gone (before anything awaits): re-run what showed its client
+        nothing, end the streams that showed text, and move what only queued there."""
+        now = trio.current_time()
+        self._readiness.lost(r.index)
+        self.router.forget(r.index)
+        lost = r.down()
+        reruns, queued = r.evacuate(now)  # placed again elsewhere below
+        for ticket in queued:
+            self._count(ticket, -1)
+        for ticket in lost:
+            if ticket.ended:
+                continue
+            ticket.attempts += 1
+            if ticket.out.sent:
+                ticket.state = Stage.ENDED
+                self.stats.interrupted += 1
+                ticket.out.fail(ReplicaLost(
+                    f"the engine serving this stream was lost after {ticket.out.sent} output tokens; "
+                    "send the request again for a whole answer"), retryable=True)
+            elif ticket.attempts >= self.config.max_attempts:
+                ticket.state = Stage.ENDED
+                ticket.out.fail(
+                    RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False
+                )
+            else:
+                self.stats.reruns += 1
+                ticket.out.restart()
+                ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
+                self._rerun(ticket)
+        for ticket in reruns:  # a re-run still waiting stays one
+            self._rerun(ticket)
+        for ticket in queued:
+            self._enqueue(self._route(ticket), ticket)
+        self._changed()
+
+
+@contextlib.asynccontextmanager
+async def open_engine_pool(
+    config: ContinuousModelConfig,
+    queue: QueueConfig,
+    spawn: Callable[[int], EngineProcess],
+    tokenizer: Tokenizer,
+    unread: Callable[[int], int] | None = None,
+) -> AsyncIterator[EnginePool]:
+    """Start a model's engines and the pool in front of them (``unread``: see
+    :class:`EnginePool`); stop both on exit."""
+    async with trio.open_nursery() as nursery:
+        pool = EnginePool(config, queue, spawn, tokenizer, unread)
+        await nursery.start(pool.run)
+        yield pool
+        nursery.cancel_scope.cancel()
+
+
+MODE = Mode(ContinuousModelConfig, argv=ContinuousModelConfig.engine_argv, process=EngineProcess,
+            open=open_engine_pool, prepare=prepare_engines, families=engine_families)

@@ -1,0 +1,118 @@
+"""One job's token ids into the events its caller reads: pure, no clock, no I/O.
+
+The engine pool feeds an :class:`Output` each ``tokens`` frame of the job's sequence and then its
+end. Ids become text through the model's incremental detokenizer (the gateway's tokenizer
+registry), which never splits a character: ids whose text is not yet complete are carried over
+and counted with the delta that shows them. What leaves depends on the job::
+
+    stream   Started, then a Delta as soon as new ids make text, ..., Finished
+    whole    nothing until the end, then Started, one Delta with all the text, Finished
+
+Holding a whole answer back is what lets the pool re-run it on another replica when its engine
+dies, without its client ever knowing (:meth:`Output.restart`); a stream that has sent a delta
+can only end with ``Failed`` (:meth:`Output.fail` says how many tokens it sent).
+
+End-of-sequence and stop-token ids are not text: the engine does not send them (it counts them in
+the usage it reports at the end), so every id pushed here is; :meth:`Output.finish` delivers the
+stop token's count with the last delta. A whole answer's text is also
+watched for the job's stop sequences, so that the pool can stop its engine early: the gateway's
+stop matcher still decides where the answer ends, and streams rely on it alone (it aborts the
+sequence by cancelling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from batcher.core.backend import Delta, Failed, Finished, Job, OnEvent, Started, Usage
+
+
+class Detokenizer(Protocol):
+    def push(self, ids: list[int]) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+class Tokenizer(Protocol):
+    def detokenizer(self) -> Detokenizer: ...
+
+
+class Output:
+    """The events of one job, from its ids (see the module doc)."""
+
+    __slots__ = (
+        "_decoder",
+        "_longest",
+        "_parts",
+        "_pending",
+        "_tokenizer",
+        "_watch",
+        "generated",
+        "job",
+        "on_event",
+        "sent",
+        "started",
+    )
+
+    def __init__(self, job: Job, on_event: OnEvent, tokenizer: Tokenizer) -> None:
+        self.job, self.on_event, self._tokenizer = job, on_event, tokenizer
+        self._longest = max(map(len, job.stop_sequences), default=0)
+        self.sent = 0  # tokens in the deltas emitted so far: once > 0, a stream cannot be re-run
+        self.started = False
+        self.restart()
+
+    def restart(self) -> None:
+        """Forget what the lost sequence made: it runs again from its prompt, unseen."""
+        assert not self.sent, "a stream that has sent text cannot be run again"
+        self._decoder = self._tokenizer.detokenizer()
+        self._parts: list[str] = []
+        self._pending = 0  # tokens whose text has not been emitted
+        self._watch = ""  # the end of a whole answer's text, where a stop sequence may begin
+        self.generated = 0
+
+    def push(self, ids: Sequence[int], queued: float) -> bool:
+        """Take a frame's ``ids``. True when a whole answer's text now holds one of its stop
+        sequences: the answer can end here."""
+        self.generated += len(ids)
+        text = self._decoder.push(list(ids))
+        self._pending += len(ids)
+        if self.job.stream:
+            if text:
+                self._emit(text, queued)
+            return False
+        self._parts.append(text)
+        return self._stop_seen(text)
+
+    def finish(self, stop_reason: str, usage: Usage, queued: float) -> None:
+        """The sequence ended normally (``end_turn`` or ``max_tokens``): the rest of the text, then
+        ``Finished``. The stop token the engine counted but did not send is delivered with that
+        last delta (one with no text if nothing is left): it is the model's answer that it is done,
+        and it is billed, as vLLM and OpenAI count it."""
+        text = "".join(self._parts) + self._decoder.flush()
+        self._pending += max(0, usage.output_tokens - self.generated)
+        if text or self._pending or not self.started:
+            self._emit(text, queued)
+        self.on_event(Finished(stop_reason, usage))
+
+    def fail(self, error: Exception, retryable: bool) -> None:
+        self.on_event(Failed(error, retryable, self.sent))
+
+    def _emit(self, text: str, queued: float) -> None:
+        if not self.started:
+            self.started = True
+            self.on_event(Started(queued))
+        if text or self._pending:
+            self.on_event(Delta(text, self._pending))
+            self.sent += self._pending
+            self._pending = 0
+        self._parts = []
+
+    def _stop_seen(self, text: str) -> bool:
+        """Whether a stop sequence ends in the text so far; looks only at ``text`` and the
+        ``longest - 1`` characters before it, so the cost is bounded by the new text."""
+        if not self._longest:
+            return False
+        window = self._watch + text
+        self._watch = window[-(self._longest - 1) :] if self._longest > 1 else ""
+        return any(stop in window for stop in self.job.stop_sequences)

@@ -1,0 +1,201 @@
+"""What the gateway hands a backend, what a backend says back, and the protocol both modes keep.
+
+A backend is whatever turns a :class:`Job` into text: the fixed-mode :class:`~batcher.fixed.batcher.Batcher`
+(one ``run_batch`` call answers a whole batch) or the continuous mode's engine pool (one engine
+step makes one token for many sequences). The gateway, admission, accounting and metrics see
+only this module, so a second backend plugs in without a second gateway (docs/architecture.md).
+
+Everything runs on the trio thread and nothing blocks. ``submit`` takes a callback rather than
+returning a channel: a task per request would undo the batched hand-offs, while a callback lets
+a finished batch of 50 (or a decode step of 200 sequences) queue its events for the bridge in
+one pass. A job's events arrive in this order, and end with exactly one of the last two::
+
+    Started ─> Delta ─> Delta ─> ... ─> Finished (stop reason, usage)
+                                 └────> Failed (error, retryable, tokens already sent)
+
+A job that is shed at admission gets ``Failed`` at once, from inside ``submit``. A cancelled
+job gets no further event. Events are named tuples: immutable like frozen dataclasses, and
+cheaper to make, which counts at three events per request (experiments/README.md, "The gateway
+over HTTP").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, Protocol
+
+from batcher.core.config import QueueConfig
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sampling:
+    """How to pick tokens, as the client asked (None: the model's default). Fixed-mode models
+    ignore it; the continuous engine honours each field, and a ``seed`` makes a sampled answer
+    reproducible whatever else shares its batch."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Job:
+    """One request as a backend sees it, checked and priced by the gateway; never changes.
+
+    ``prompt`` is the rendered input (a fixed-mode worker's one string) and ``prompt_tokens``
+    its token ids under the model's tokenizer (what a continuous engine prefills, and what
+    admission prices). ``deadline`` is the seconds it may wait for a worker after reaching the
+    core; None means its tier's wait budget. ``stream``: the client is shown text as it comes.
+    A continuous backend needs to know: it holds a whole answer's text until the answer ends,
+    so that a job whose engine dies can be re-run elsewhere without its client noticing, while
+    a stream's tokens go out as they are made (and a stream that has sent some cannot be re-run).
+    """
+
+    prompt: str
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+    tier: str | None = None
+    tenant: str = ""
+    deadline: float | None = None
+    sampling: Sampling = Sampling()
+    stop_sequences: tuple[str, ...] = ()
+    stream: bool = False
+
+
+class Usage(NamedTuple):
+    """Tokens a job used, as the backend counts them (the gateway bills what it delivered)."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied
+
+
+class Started(NamedTuple):
+    """A worker has the job; ``queued`` is the seconds it waited for one."""
+
+    queued: float
+
+
+class Delta(NamedTuple):
+    """More output: ``text`` (never a split character) worth ``tokens`` tokens."""
+
+    text: str
+    tokens: int
+
+
+class Finished(NamedTuple):
+    """The job ended normally: ``stop_reason`` is ``end_turn`` (the model stopped) or
+    ``max_tokens``; the gateway's stop-sequence matcher decides ``stop_sequence`` itself."""
+
+    stop_reason: str
+    usage: Usage
+
+
+class Failed(NamedTuple):
+    """The job ended without a whole answer. ``retryable``: sending the same request again may
+    well succeed (overload, a worker lost mid-stream), as opposed to an input that fails on its
+    own. ``tokens_sent`` counts the tokens of the deltas emitted before it."""
+
+    error: Exception  # a FerryError from a backend; the bridge's own when the core is gone
+    retryable: bool
+    tokens_sent: int = 0
+
+
+Event = Started | Delta | Finished | Failed
+OnEvent = Callable[[Event], None]
+TERMINAL_EVENTS = (Finished, Failed)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """One worker slot as a snapshot saw it. ``state`` is ``starting`` until its process has
+    answered ``ready``; ``details`` are the mode's own figures for it (an engine's running
+    sequences and KV blocks), shown by ``/readyz`` as they are and read by nothing else."""
+
+    slot: int
+    pid: int | None
+    state: str
+    restarts: int
+    details: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    placement: str = "local"  # where its worker runs: "local", or "ray:<address>:<node>"
+
+    @property
+    def up(self) -> bool:
+        return self.state != "starting"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Status:
+    """What every backend reports the same way, whatever its mode: ``/readyz``, ``ferry
+    status`` and ``/metrics`` read these fields and nothing mode-specific.
+
+    ``queued`` is the work waiting in the backend's queues, counted in ``unit`` (a batch
+    fills with ``requests``, an engine is loaded with ``tokens``), so a reader never adds one
+    to the other. ``reason`` says why a backend that is not ``ready`` should get no traffic
+    (empty when it is ready). ``details`` are the mode's own counters, shown by ``/readyz``.
+    """
+
+    ready: bool
+    reason: str
+    workers: tuple[WorkerStatus, ...]
+    queued: int
+    unit: str
+    details: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        """The status as ``/readyz`` shows it: the common fields, then the mode's own."""
+        workers = [{"slot": w.slot, "pid": w.pid, "state": w.state, "restarts": w.restarts,
+                    "placement": w.placement, **w.details}
+                   for w in self.workers]
+        return {"ready": self.ready, "reason": self.reason, "workers": workers, "queued": self.queued,
+                "queued_unit": self.unit, **self.details}
+
+
+def not_ready_reason(workers_up: int, proven: bool) -> str:
+    """Why a fleet with ``workers_up`` live workers is kept from traffic ("" if it is not):
+    none is up, or every slot lost its worker since a call was last answered (``proven``)."""
+    if not workers_up:
+        return "no worker up"
+    return "" if proven else "every worker was lost since one last answered"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A backend's state, copied on the trio thread so the asyncio side can read it freely:
+    ``status`` is what ``/readyz`` and ``ferry status`` show; ``stats`` and ``load`` what
+    ``/metrics`` exports, through the families of the backend's ``mode``
+    (:data:`batcher.core.modes.MODES`)."""
+
+    mode: str
+    status: Status
+    stats: Any
+    load: Any
+
+    @property
+    def ready(self) -> bool:
+        return self.status.ready
+
+
+class Backend(Protocol):
+    """A backend as the bridge, admission and metrics see it; every method runs on the trio
+    thread and returns at once."""
+
+    def submit(self, job: Job, on_event: OnEvent) -> object:
+        """Start a job; its events go to ``on_event`` (see the module doc). Returns the ticket
+        that :meth:`cancel` takes. Raises ``ValueError`` for a job the backend cannot take at
+        all (an unknown tier), before any event."""
+
+    def cancel(self, ticket: object) -> None:
+        """The caller went away: drop the job (from its queue, or its output); no more events."""
+
+    def load(self) -> Any:
+        """What overload admission judges new jobs by (:class:`~batcher.core.admission.Load`)."""
+
+    def snapshot(self) -> Snapshot:
+        """An immutable copy of the backend's state, for health checks and metrics."""
+
+    def retune(self, queue: QueueConfig) -> None:
+        """Judge jobs by the tiers' new wait budgets from now on (a live reconfiguration; the
+        tiers themselves, their names and order, are the ones the backend was opened with)."""

@@ -1,0 +1,63 @@
+"""What a serving mode is to the core: the one interface the registry (:mod:`batcher.core.modes`)
+holds an entry of per mode.
+
+A mode is a way of turning jobs into text over worker processes: the fixed mode batches whole
+requests for ``run_batch`` workers, the continuous mode streams tokens from engines. Everything
+outside the mode's own module reaches it through one :class:`Mode`, so a third mode is a module
+that builds one and a line in the registry::
+
+    config file [[models]] mode = "m"  ──> Mode.config (the table's fields, checked)
+    start-up, or a reload             ──> Mode.prepare (trio: what its workers will read, once)
+                                      ──> Mode.argv + Mode.process: the worker processes' spawn
+                                      ──> Mode.open: the Backend over them, while it is entered
+    each /metrics scrape              ──> Mode.families (the mode's own families, from snapshots)
+
+Everything a mode does runs on the trio thread; nothing here imports the gateway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, NamedTuple
+
+from batcher.core.backend import Backend, Snapshot
+from batcher.core.config import ModelConfig, QueueConfig
+
+
+class Exported(NamedTuple):
+    """One open backend at a scrape: its version's name, its tiers' names, its snapshot."""
+
+    model: str
+    tiers: Sequence[str]
+    snapshot: Snapshot
+
+
+async def nothing_to_prepare(model: ModelConfig) -> None:
+    """The preparation of a mode whose workers read their model as configured."""
+
+
+def no_families(backends: Sequence[Exported]) -> Iterable[Any]:
+    """The families of a mode that exports only the shared ones."""
+    return ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Mode:
+    """One serving mode (see the module doc).
+
+    ``open(model, queue, spawn, tokenizer)`` is an async context manager: entered, the backend
+    takes jobs (its workers are ready); left, its workers have stopped. ``tokenizer`` is the
+    model's own, read after ``prepare`` (which may be what writes it). ``families`` turns the
+    snapshots of this mode's backends into Prometheus families; the shared ones (queue wait,
+    queued work by unit, restarts) are not its business.
+    """
+
+    config: type[ModelConfig]
+    argv: Callable[[Any], Sequence[str]]  # a model's worker command: python -m workers ARGV
+    process: type  # the pool's side of one worker process
+    # open(model, queue, spawn: a fresh unstarted worker for a slot index, tokenizer)
+    open: Callable[[Any, QueueConfig, Callable[[int], Any], Any], AbstractAsyncContextManager[Backend]]
+    prepare: Callable[[Any], Awaitable[None]] = nothing_to_prepare
+    families: Callable[[Sequence[Exported]], Iterable[Any]] = no_families

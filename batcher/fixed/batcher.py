@@ -1,0 +1,328 @@
+"""The fixed-batch Batcher: collect requests, flush them as batches, hand batches to the pool.
+
+Three ways in. ``submit(job, on_event)``/``cancel`` are the :class:`~batcher.core.backend.Backend`
+protocol the HTTP bridge speaks: a finished request emits ``Started``, one ``Delta`` with its
+whole output and ``Finished``; a failed one emits ``Failed``. ``request``/``enqueue`` are the
+same synchronous door for code on the trio thread that wants the :class:`~batcher.core.types.Request`
+itself (simulations driving millions of requests); ``answer`` is the awaitable a library user
+wants. Every outcome leaves through the request's ``on_done``.
+
+The flush loop is a thin shell around two pure objects, the :class:`~batcher.core.tier_queue.TierQueues`
+and the flush policy. It asks the policy what to do, does it, and otherwise sleeps until the
+earliest of: the policy's timer, the next request deadline, the queue reaching the policy's size
+trigger, or a worker freeing up. It never polls.
+
+Two methods are the loop's extension points, and do nothing here: :meth:`Batcher._intake`
+(arrivals to admit at each wake-up) and :meth:`Batcher._next_wake` (an earlier wake-up for them).
+A trace replay (``batcher.sim.fixed.replay``) fills them in to admit arrivals known in advance in bulk,
+so virtual time no longer stops at every arrival.
+
+    submit/enqueue ──> TierQueues ──policy says Flush──> WorkerPool.dispatch ──> worker
+                          │                                      │
+                          └── deadline passed: Overloaded        └── outputs ──> on_done
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+from collections.abc import AsyncIterator, Callable
+
+import trio
+
+from batcher.core.admission import AdmissionControl, BatchLoad
+from batcher.core.backend import (
+    Delta,
+    Failed,
+    Finished,
+    Job,
+    OnEvent,
+    Snapshot,
+    Started,
+    Status,
+    Usage,
+    WorkerStatus,
+    not_ready_reason,
+)
+from batcher.core.config import PoolConfig, QueueConfig
+from batcher.core.stats import Stats
+from batcher.core.tier_queue import TierQueues
+from batcher.core.types import Expired, Overloaded, Request, State
+from batcher.fixed.policy import Flush, Policy, QueueState, SizeOrTimeout
+from batcher.fixed.pool import WorkerPool
+from batcher.fixed.slot import SlotState, Spawn
+
+
+class DeadlineUnreachable(Expired):
+    """Given up before dispatch: too little time was left to answer before its deadline."""
+
+
+def _ignore(request: Request) -> None:
+    pass
+
+
+def utf8_tokens(text: str) -> int:
+    """The default token count of an output: its UTF-8 bytes (the ``bytes`` tokenizer)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+class Batcher:
+    def __init__(
+        self, pool: WorkerPool, policy: Policy, queue: QueueConfig, tokens: Callable[[str], int] = utf8_tokens
+    ) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.config = queue
+        self.stats = pool.stats
+        self.queue = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share)
+        self._tokens = tokens  # counts an output's tokens for its events: the model's tokenizer
+        self._ids = itertools.count(1)
+        self._wakeup = trio.Event()
+        self._wake_at_count = 1
+        self._wake_at_time = math.inf
+        self._drop_before: float = getattr(policy, "drop_before", 0.0)
+        budgets = queue.wait_budgets
+        self.admission = AdmissionControl(budgets) if budgets is not None else None
+        pool.on_idle = self._worker_idle
+
+    # --- the Backend protocol (batcher.core.backend) --------------------------------------------
+
+    def submit(self, job: Job, on_event: OnEvent) -> Request:
+        """Queue a job; its events go to ``on_event``. Raises ``ValueError`` for an unknown tier."""
+        emit = functools.partial(self._emit, on_event, len(job.prompt_tokens))
+        request = self.request(job.prompt, job.tier, job.deadline, on_done=emit)
+        self.enqueue(request)
+        return request
+
+    def _emit(self, on_event: OnEvent, input_tokens: int, request: Request) -> None:
+        """A request's end as events: a finished one's whole output is one delta."""
+        if request.state is State.DONE:
+            output = request.output or ""
+            tokens = self._tokens(output)
+            on_event(Started(request.dispatched_at - request.arrival))  # type: ignore[operator]
+            if output:
+                on_event(Delta(output, tokens))
+            on_event(Finished("end_turn", Usage(input_tokens, tokens)))
+        elif request.state is State.FAILED:
+            error = request.error
+            on_event(Failed(error, retryable=isinstance(error, Overloaded)))  # type: ignore[arg-type]
+
+    def snapshot(self) -> Snapshot:
+        """The pool's workers and the batcher's counters, copied for /readyz and /metrics."""
+        workers = tuple(WorkerStatus(w.slot, w.pid, w.state.value, w.restarts, placement=w.placement)
+                        for w in self.pool.workers())
+        stats, ready = self.stats, self.pool.ready
+        up = [w for w in workers if w.up]
+        if ready:
+            reason = ""
+        elif up and all(w.state == SlotState.HUNG.value for w in up):
+            reason = "every worker is hung past its hang timeout"
+        else:
+            reason = not_ready_reason(len(up), ready)
+        status = Status(ready, reason, workers, self.queue.count, "requests", {
+            "flushed": stats.flushed_requests, "cancelled": stats.cancelled, "expired": stats.expired,
+            "calls": stats.calls, "retries": stats.retries,
+            "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
+        })
+        return Snapshot("fixed", status, stats.copy(), self.load())
+
+    def retune(self, queue: QueueConfig) -> None:
+        """The tiers' new wait budgets, for arrivals from now on: admission judges by them and
+        new requests take them as deadlines (queued ones keep theirs). The tier names and order
+        must be the ones this batcher was opened with: queued requests are filed by position."""
+        if queue.tiers != self.config.tiers:
+            raise ValueError(f"tiers: expected {list(self.config.tiers)} as opened, got {list(queue.tiers)}")
+        self.config = queue
+        if self.admission is not None and queue.wait_budgets is not None:
+            self.admission.budgets = queue.wait_budgets
+
+    def request(
+        self,
+        input: str,
+        tier: str | None = None,
+        timeout: float | None = None,
+        on_done: Callable[[Request], None] = _ignore,
+        arrival: float | None = None,
+    ) -> Request:
+        """A new request arriving now (or at ``arrival``, for a replayed trace).
+
+        ``tier`` defaults to the lowest; ``timeout`` (seconds after arrival) to the tier's wait
+        budget where the config has budgets (the same budget admission judges by), else to its
+        ``queue_timeout``.
+        """
+        now = trio.current_time() if arrival is None else arrival
+        index = len(self.config.tiers) - 1 if tier is None else self.config.tier_index(tier)
+        wait = timeout if timeout is not None else self.config.deadline(index)
+        return Request(next(self._ids), input, index, now, now + wait, on_done)
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a request (trio thread, no await); its outcome arrives through ``on_done``.
+
+        With wait budgets configured, a request whose estimated wait exceeds its tier's budget
+        is shed at once (:class:`~batcher.core.types.Overloaded`, with ``retry_after``).
+        """
+        if not self._admitted(request):
+            return
+        self.queue.push(request)
+        if (
+            self.queue.count >= self._wake_at_count
+            or request.deadline - self._drop_before < self._wake_at_time
+        ):
+            self._wakeup.set()
+
+    def _admitted(self, request: Request) -> bool:
+        """Admission by load (:mod:`batcher.core.admission`), judged at arrival: False if shed."""
+        if self.admission is None:
+            return True
+        error = self.admission.shed(self.load(), request.tier, request.arrival)
+        if error is None:
+            return True
+        self.stats.shed[request.tier] += 1
+        request.fail(error, request.arrival)
+        return False
+
+    def cancel(self, request: Request) -> None:
+        """The caller has gone: leave the queue at once, or drop the output if already running."""
+        if request.done:
+            return
+        queued = request.state is State.QUEUED
+        request.cancel(trio.current_time())
+        self.stats.cancelled += 1
+        if queued:
+            self.queue.discard(request)
+
+    async def answer(self, input: str, tier: str | None = None, timeout: float | None = None) -> str:
+        """Run one input through a batch and return its output.
+
+        Raises :class:`~batcher.core.types.Overloaded` if no worker took it before ``timeout``
+        (default: the queue config's), :class:`~batcher.core.types.RequestFailed` if its input failed
+        on every worker that tried it alone. Cancelling the caller takes the request out of the
+        queue at once, or drops its output if a worker already has it.
+        """
+        done = trio.Event()
+        request = self.request(input, tier, timeout, on_done=lambda _: done.set())
+        self.enqueue(request)
+        try:
+            await done.wait()
+        finally:
+            self.cancel(request)
+        return request.result()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The flush loop: runs until cancelled."""
+        task_status.started()
+        queue, pool, policy, drop_before = self.queue, self.pool, self.policy, self._drop_before
+        while True:
+            now = trio.current_time()
+            for request in self._intake(now):
+                if self._admitted(request):
+                    queue.push(request)
+            if queue.count:
+                self._expire(now)
+            deadline = queue.next_deadline()
+            decision = policy.decide(
+                QueueState(now, queue.count, queue.oldest_arrival(), pool.idle_count, deadline)
+            )
+            if isinstance(decision, Flush):
+                batch = queue.take(decision.size, now)
+                self.stats.flushes[decision.reason] += 1
+                self.stats.flushed_requests += len(batch)
+                pool.dispatch(batch, decision.reason, now)
+                continue
+            self._wake_at_count = decision.queued
+            self._wake_at_time = wake = min(decision.until, _drop_time(deadline, drop_before))
+            wake = self._next_wake(decision.queued - queue.count, wake)
+            self._wakeup = trio.Event()
+            with trio.move_on_at(wake):
+                await self._wakeup.wait()
+
+    def _intake(self, now: float) -> list[Request]:
+        """Arrivals to admit at this wake-up besides the enqueued ones: none here (a replay's)."""
+        return []
+
+    def _next_wake(self, more: int, wake: float) -> float:
+        """When the loop must wake: at ``wake``, or when ``more`` arrivals fill the next batch."""
+        return wake
+
+    def load(self) -> BatchLoad:
+        """Queued requests per tier and when each live worker takes its next batch, for admission.
+
+        A batch is the policy's size limit; a call lasts the recent call time (0 until one has
+        been answered).
+        """
+        now = trio.current_time()
+        queued = tuple(self.queue.queued(tier) for tier in range(len(self.config.tiers)))
+        batch = getattr(self.policy, "limit", None) or getattr(self.policy, "max_batch", 1)
+        arrivals = self.admission.arrivals(now) if self.admission is not None else ()
+        return BatchLoad(queued, tuple(self.pool.free_in(now)), batch, self.pool.call_seconds, arrivals)
+
+    def _retry_after(self, load: BatchLoad, tier: int, now: float) -> float:
+        """When the queue ahead of a request of ``tier`` should have drained (its 529's Retry-After)."""
+        if self.admission is not None:
+            return self.admission.retry_after(load, tier, now)
+        return max(load.dispatch_in(tier), 1.0 / load.drain_rate if load.drain_rate else 1.0)
+
+    def _expire(self, now: float) -> None:
+        """Fail the queued requests past their deadline, or too near it for the policy."""
+        expired = self.queue.expire(now + self._drop_before)
+        load = self.load() if expired else None
+        for request in expired:
+            self.stats.expired += 1
+            waited = now - request.arrival
+            retry_after = self._retry_after(load, request.tier, now)
+            if self._drop_before:
+                left = request.deadline - now
+                message = f"{left:.3f}s left before its deadline after {waited:.3f}s"
+                error: Overloaded = DeadlineUnreachable(message, retry_after)
+            else:
+                error = Expired(f"not dispatched within {waited:.3f}s of arrival", retry_after)
+            request.fail(error, now)
+
+    def _worker_idle(self) -> None:
+        if self.queue.count:
+            self._wakeup.set()
+
+
+@contextlib.asynccontextmanager
+async def open_batcher(
+    spawn: Spawn,
+    pool: PoolConfig = PoolConfig(),
+    policy: Policy = SizeOrTimeout(),
+    queue: QueueConfig = QueueConfig(),
+    stats: Stats | None = None,
+    tokens: Callable[[str], int] = utf8_tokens,
+    batcher: type[Batcher] | None = None,
+) -> AsyncIterator[Batcher]:
+    """Start a pool of workers and a batcher in front of it; stop both on exit.
+
+    ``tokens`` counts an output's tokens (the model's tokenizer); ``batcher`` is the class to
+    run (a trace replay's subclass).
+
+    >>> async with open_batcher(process_workers(["sleep"], 8), PoolConfig(workers=8)) as batcher:
+    ...     await batcher.answer("hello", tier="paid")
+    'olleh'
+    """
+    async with trio.open_nursery() as nursery:
+        workers = WorkerPool(pool, spawn, stats)
+        observe = getattr(policy, "observe", None)
+        if observe is not None:  # a policy that learns from calls (AIMD) hears every answer
+            workers.on_answer = observe
+        await nursery.start(workers.run)
+        front = (batcher or Batcher)(workers, policy, queue, tokens)
+        await nursery.start(front.run)
+        yield front
+        nursery.cancel_scope.cancel()
+
+
+def _drop_time(deadline: float, drop_before: float) -> float:
+    """The first clock reading ``now`` at which ``now + drop_before >= deadline`` holds in floats.
+
+    ``deadline - drop_before`` can round one step too early, and a loop that woke there would
+    find nothing to expire and wake again at once, for ever.
+    """
+    time = deadline - drop_before
+    while time + drop_before < deadline:
+        time = math.nextafter(time, math.inf)
+    return time

@@ -1,0 +1,60 @@
+"""The fixed mode's registry entry: how a fixed-mode model opens, and the families only it
+exports.
+
+A fixed-mode model is a :class:`~batcher.fixed.batcher.Batcher` (tier queues, flush by size or
+timeout) in front of a :class:`~batcher.fixed.pool.WorkerPool` of ``run_batch`` worker processes.
+What only batches have, only this mode exports::
+
+    ferry_flushes            counter    {model, reason}  batches flushed, by the policy's reason
+    ferry_batch_retries      counter    {model}          batches re-dispatched whole after a failed call
+    ferry_bisections         counter    {model}          failed batches split to isolate a bad input
+    ferry_batch_size         histogram  {model}          requests per flushed batch
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+from batcher.core.backend import Backend
+from batcher.core.config import FixedModelConfig, QueueConfig
+from batcher.core.mode import Exported, Mode
+from batcher.fixed.batcher import open_batcher
+from batcher.fixed.slot import Spawn
+from batcher.placement.local import ProcessWorker
+
+_COUNTERS = (
+    ("ferry_batch_retries", "Batches re-dispatched whole after a failed call.", "retries"),
+    ("ferry_bisections", "Failed batches split in two to isolate a bad input.", "bisections"),
+)
+
+
+def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokenizer: Any
+               ) -> AbstractAsyncContextManager[Backend]:
+    """A batcher over the model's pool, pricing each prompt with the model's tokenizer."""
+    return open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count)
+
+
+def batch_families(backends: Sequence[Exported]) -> Iterator:
+    """The batch families of every fixed-mode backend (see the module doc)."""
+    flushes = CounterMetricFamily("ferry_flushes", "Batches flushed, by reason.", labels=["model", "reason"])
+    counters = [(CounterMetricFamily(name, text, labels=["model"]), field) for name, text, field in _COUNTERS]
+    sizes = HistogramMetricFamily("ferry_batch_size", "Requests per flushed batch.", labels=["model"])
+    for model, _, snapshot in backends:
+        stats = snapshot.stats
+        for reason, count in sorted(stats.flushes.items()):
+            flushes.add_metric([model, reason], count)
+        for family, field in counters:
+            family.add_metric([model], getattr(stats, field))
+        sizes.add_metric([model], stats.batch_sizes.cumulative(), stats.batch_sizes.total)
+    yield flushes
+    yield from (family for family, _ in counters)
+    yield sizes
+
+
+MODE = Mode(FixedModelConfig, argv=operator.attrgetter("worker"), process=ProcessWorker, open=open_fixed,
+            families=batch_families)

@@ -1,0 +1,391 @@
+"""WorkerPool: N workers, one call each at a time, kept alive and honest.
+
+Each worker slot (one GPU) has a :class:`~batcher.core.supervisor.Supervisor` that spawns the worker,
+waits for ``ready``, watches the process for its whole life and restarts it after a backoff; the
+pool's part is what the worker does while it lives: serve batches one by one. A call that
+crashes the worker, breaks the protocol or runs past its hang timeout costs the worker its life;
+one that returns an error or the wrong number of outputs fails without killing it. A worker that
+dies while idle is noticed at once, and a call sent to a worker already gone (its pipe closed
+before the worker's ``accepted``) goes to another worker without counting as an attempt.
+
+Either way the batch is not lost. It goes to the retry backlog, which idle workers drain before
+they take new work, preferring a worker it has not failed on:
+
+    failed call ──> retry whole (attempt + 1) ──failed on two workers──> bisect into halves
+                                                                          │
+    halves are suspects: a suspect that fails is split again ─────────────┘
+    a single input that has failed max_attempts times fails alone (RequestFailed)
+
+so one poison input among 50 costs about 2·log2(50) extra calls, its own request fails, and
+the other 49 succeed. Requests whose callers have gone are pruned before every (re)send.
+
+None of this runs forever. A request whose batch a worker has failed is due by its dispatch
+deadline plus one ``hang_timeout``, and fails then (:class:`~batcher.core.types.WorkersFailed`)
+wherever it is, so a fleet that crashes or hangs on every call answers on time. Once every slot
+has lost its worker, :attr:`WorkerPool.ready` is false until a call is answered, and an idle
+worker sends a probe call (one empty input) to prove the fleet serves again without traffic;
+it is false too while every worker up runs a call past its hang timeout (reported ``hung``).
+
+A slow fleet is not a hung worker: a call may run the larger of ``hang_timeout`` and
+:data:`SLOW_CALLS` recent call times, doubled each time its batch was already killed as hung, at
+most :data:`MAX_STRETCH` x ``hang_timeout``. A caller is told what went wrong (a worker crashed,
+hung, broke the protocol; the model raised ValueError), never a pid or a slot; the log has the
+detail, and no input text. Workers are real processes (:mod:`batcher.placement.local`) or
+simulated ones (``batcher.sim.fixed.workers``, virtual time), behind :class:`Worker`."""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Iterator
+
+import trio
+
+from batcher.core.config import PoolConfig
+from batcher.core.stats import Stats
+from batcher.core.supervisor import Readiness, Supervisor, start_slots
+from batcher.core.types import Batch, Request, RequestFailed, State, WorkersFailed
+from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
+from workers.protocol import Error, NotDelivered, ProtocolError, RunBatch, WorkerLost
+
+log = logging.getLogger("ferry.pool")
+
+SLOW_CALLS = 3.0
+"""A call may run this many recent call times before it counts as hung (if over hang_timeout)."""
+MAX_STRETCH = 8.0
+"""However slow the fleet, a call that runs past this many hang_timeouts is hung."""
+
+
+class WorkerPool:
+    def __init__(self, config: PoolConfig, spawn: Spawn, stats: Stats | None = None) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else Stats()
+        self.on_idle: Callable[[], None] = lambda: None
+        """Called when a worker frees up with no retry to take: the batcher's wake-up."""
+        self.on_answer: Callable[[int, float], None] = lambda size, seconds: None
+        """Called with (batch size, seconds) for every call answered in full: policy feedback."""
+        self.call_seconds = 0.0
+        """Recent duration of an answered call (an EWMA; 0 until the first answer)."""
+        self._slots = [Slot(index) for index in range(config.workers)]
+        for slot in self._slots:
+            slot.supervisor = Supervisor(
+                slot.index, spawn, config, self.stats, functools.partial(self._serve, slot),
+                on_exit=functools.partial(self._exited, slot), on_down=functools.partial(self._down, slot),
+            )
+        self._idle: list[Slot] = []  # by slot index: the lowest idle GPU takes the next batch
+        self._retry: deque[Batch] = deque()
+        self._batch_ids = itertools.count(1)
+        self._readiness = Readiness(config.workers)
+        self._probe: Request | None = None  # the probe call in flight, if any
+        self._overdue_changed = trio.Event()  # wakes the task that fails overdue requests
+
+    @property
+    def idle_count(self) -> int:
+        return len(self._idle)
+
+    @property
+    def busy_count(self) -> int:
+        return sum(slot.state is SlotState.BUSY for slot in self._slots)
+
+    @property
+    def live_workers(self) -> int:
+        """Workers up and able to take a call (idle or busy), not starting or restarting."""
+        return sum(slot.state is not SlotState.STARTING for slot in self._slots)
+
+    @property
+    def ready(self) -> bool:
+        """Whether this fleet should be sent traffic (``/readyz``): a worker is up and not hung,
+        and a call has been answered since every slot last lost its worker, if that ever happened.
+
+        A worker is hung once its call has run past the hang timeout (or the slow fleet's longer
+        allowance, :meth:`_paced`), even while supervision still lets a batch that hung before
+        run longer: with every worker up hung, nothing the fleet is sent can start."""
+        now = trio.current_time()
+        return self._readiness.proven and any(self._state(slot, now) in SERVING for slot in self._slots)
+
+    def free_in(self, now: float) -> list[float]:
+        """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
+        call at the recent call time (0 once overdue). Admission plans with it (``BatchLoad``)."""
+        seconds, busy, starting = self.call_seconds, SlotState.BUSY, SlotState.STARTING
+        return [max(0.0, s.busy_since + seconds - now) if s.state is busy else 0.0
+                for s in self._slots if s.state is not starting]
+
+    def workers(self) -> list[WorkerInfo]:
+        now = trio.current_time()
+        return [WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None,
+                           self._state(slot, now), slot.supervisor.restarts,
+                           worker.placement if worker else "local") for slot in self._slots]
+
+    def _state(self, slot: Slot, now: float) -> SlotState:
+        """A slot's state as reported: BUSY past :meth:`_paced` reads HUNG."""
+        if slot.state is SlotState.BUSY and now - slot.busy_since > self._paced():
+            return SlotState.HUNG
+        return slot.state
+
+    def dispatch(self, requests: list[Request], reason: str, now: float) -> Batch:
+        """Hand a new batch to an idle worker; the caller has checked :attr:`idle_count`.
+
+        ``now`` is the clock reading the batcher formed the batch at: its requests' deadlines
+        were checked against it, so their dispatch time and queue wait are counted from it too
+        (a loop busy failing expired requests may read the clock again milliseconds later)."""
+        if not self._idle:
+            raise RuntimeError("dispatch needs an idle worker")
+        waits = self.stats.queue_wait
+        for request in requests:
+            request.dispatched_at = now
+            waits[request.tier].observe(now - request.arrival)
+        self.stats.batch_sizes.observe(len(requests))
+        batch = Batch(next(self._batch_ids), requests, reason)
+        self._send(self._idle.pop(0), batch)
+        return batch
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every worker, report started once all are ready, then supervise forever (one
+        :class:`~batcher.core.supervisor.WorkerStartError` if any cannot start)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._fail_overdue)
+            await start_slots(nursery, [slot.supervisor for slot in self._slots], self.config.model)
+            task_status.started()
+
+    async def _serve(self, slot: Slot, worker: Worker) -> bool:
+        """Serve batches until the worker must die; True if it answered at least one call."""
+        answered = False
+        while not slot.supervisor.exited:
+            with trio.CancelScope() as slot.idle_scope:
+                self._became_idle(slot)
+                batch = await slot.inbox.receive()
+            if slot.idle_scope.cancelled_caught:
+                return answered  # it died while idle: nothing was lost
+            requests = batch.prune()
+            if not requests:
+                continue
+            if slot.supervisor.exited:  # it died after this batch was handed to it
+                self._undelivered(slot, batch, "it had exited")
+                return answered
+            started = trio.current_time()
+            timeout = self._hang_timeout(batch)
+            slot.call, slot.call_ends = batch, started + timeout
+            if self._due(batch) < slot.call_ends:  # a retry that may outlast its requests' time
+                self._overdue_changed.set()
+            fault = None
+            try:
+                with trio.fail_after(timeout):
+                    reply = await worker.call(RunBatch(batch.id, [request.input for request in requests]))
+                if reply.id != batch.id:
+                    raise ProtocolError(f"answer to call {reply.id} while call {batch.id} ran")
+            except NotDelivered as exc:
+                self._undelivered(slot, batch, str(exc))
+                return answered
+            except trio.TooSlowError:
+                fault, detail = "hung", f"no answer within {timeout:g}s"
+                batch.hangs += 1
+            except WorkerLost as exc:
+                fault, detail = "crashed", str(exc)
+            except ProtocolError as exc:
+                fault, detail = "broke the protocol", str(exc)
+            finally:
+                slot.call = None
+            self.stats.calls += 1
+            self.stats.busy_seconds += trio.current_time() - started
+            if fault is not None:
+                log.warning("worker %d (pid %s) %s on batch %d of %d inputs (%s); restarting it",
+                            slot.index, worker.pid, fault, batch.id, len(requests), detail)
+                self._down(slot)
+                batch.worker_faults += 1
+                self._failed(batch, slot, f"a worker {fault}")
+                return answered
+            if isinstance(reply, Error):
+                kind = reply.message.partition(":")[0]
+                kind = kind if kind.isidentifier() else "an error"
+                log.warning("worker %d: the model raised %s on batch %d of %d inputs",
+                            slot.index, kind, batch.id, len(requests))
+                self._failed(batch, slot, f"the model raised {kind}")
+            elif len(reply.outputs) != len(requests):
+                self._failed(
+                    batch, slot, f"the model returned {len(reply.outputs)} outputs for {len(requests)} inputs"
+                )
+            else:
+                answered = True
+                now = trio.current_time()
+                self._answered(len(requests), now - started)
+                for request, output in zip(requests, reply.outputs, strict=False):
+                    request.finish(output, now)
+        return answered
+
+    def _hang_timeout(self, batch: Batch) -> float:
+        """How long this call may run before its worker counts as hung (see the module doc)."""
+        return min(self._paced() * 2**batch.hangs, MAX_STRETCH * self.config.hang_timeout)
+
+    def _paced(self) -> float:
+        """How long a call of a batch that never hung may run: the hang timeout, or longer for a
+        slow fleet."""
+        return max(self.config.hang_timeout, SLOW_CALLS * self.call_seconds)
+
+    def _answered(self, size: int, seconds: float) -> None:
+        self.call_seconds = seconds if not self.call_seconds else 0.8 * self.call_seconds + 0.2 * seconds
+        self._readiness.answered()
+        self.on_answer(size, seconds)
+
+    def _failed(self, batch: Batch, slot: Slot, error: str) -> None:
+        """Retry, bisect or give up on a batch whose call failed; never lose a request.
+
+        ``error`` is what a caller may be told: what went wrong, not where (no pid, no slot)."""
+        batch.failures += 1
+        batch.failed_on.add(slot.index)
+        batch.last_error = error
+        if batch.reason == "probe":  # it proved nothing: the next idle worker sends another
+            batch.requests[0].fail(WorkersFailed(error), trio.current_time())
+            return
+        live = self._drop_overdue(batch, trio.current_time())
+        if not live:
+            return
+        if len(live) == 1 and batch.failures >= self.config.max_attempts:
+            self.stats.failed_inputs += 1
+            message = f"the input failed on {batch.failures} attempts; last: {error}"
+            live[0].fail(RequestFailed(message), trio.current_time())
+            return
+        if len(live) > 1 and (batch.suspect or batch.failures >= min(2, self.config.max_attempts)):
+            self.stats.bisections += 1
+            half = len(live) // 2
+            for part in (live[:half], live[half:]):
+                piece = Batch(
+                    next(self._batch_ids),
+                    part,
+                    "bisect",
+                    suspect=True,
+                    last_error=error,
+                    hangs=batch.hangs,
+                    worker_faults=batch.worker_faults,
+                )
+                self._retry.append(piece)
+        else:
+            self.stats.retries += 1
+            batch.reason = "retry"
+            self._retry.append(batch)
+        self._overdue_changed.set()
+        self._offer_retries()
+
+    def _undelivered(self, slot: Slot, batch: Batch, detail: str) -> None:
+        """The worker was gone before the call reached it: the batch goes first to another
+        worker, and the failure counts against neither its inputs nor this slot."""
+        log.warning("worker %d was gone before batch %d reached it (%s); it goes to another worker",
+                    slot.index, batch.id, detail)
+        self._down(slot)
+        self._retry.appendleft(batch)
+        self._overdue_changed.set()
+        self._offer_retries()
+
+    def _offer_retries(self) -> None:
+        for idle in list(self._idle):
+            if retry := self._retry_for(idle):
+                self._idle.remove(idle)
+                self._send(idle, retry)
+
+    def _retry_for(self, slot: Slot) -> Batch | None:
+        """The first retry this slot may take: one that has not failed on it, or has no choice."""
+        for position, batch in enumerate(self._retry):
+            if slot.index not in batch.failed_on or not self._others_up(batch.failed_on):
+                del self._retry[position]
+                return batch
+        return None
+
+    def _others_up(self, failed_on: set[int]) -> bool:
+        return any(s.state is not SlotState.STARTING and s.index not in failed_on for s in self._slots)
+
+    def _became_idle(self, slot: Slot) -> None:
+        if retry := self._retry_for(slot):
+            self._send(slot, retry)
+            return
+        if not self._readiness.proven and self._probe is None:
+            self._send(slot, self._probe_batch())
+            return
+        slot.state = SlotState.IDLE
+        bisect.insort(self._idle, slot, key=lambda s: s.index)
+        self.on_idle()
+
+    def _probe_batch(self) -> Batch:
+        """A call of one empty input, sent while the fleet is not ready and a worker idles: its
+        answer makes the fleet ready without waiting for traffic that a load balancer would not
+        send to a gateway that says it is not ready."""
+        now = trio.current_time()
+        probe = self._probe = Request(0, "", 0, now, math.inf, self._probed, State.DISPATCHED)
+        self.stats.probes += 1
+        return Batch(next(self._batch_ids), [probe], "probe")
+
+    def _probed(self, probe: Request) -> None:
+        self._probe = None
+
+    def _exited(self, slot: Slot) -> None:
+        """The exit watch saw the worker die: an idle one stops waiting for work (a busy one's
+        call fails on its own, as a crash or as undelivered)."""
+        if slot.state is SlotState.IDLE:
+            log.warning(
+                "worker %d (pid %s) died while idle; restarting it", slot.index, slot.supervisor.worker.pid
+            )
+            self._down(slot)
+            slot.idle_scope.cancel()
+
+    def _down(self, slot: Slot) -> None:
+        """The slot has no worker until its supervisor starts another: it takes no work."""
+        slot.state = SlotState.STARTING
+        self._readiness.lost(slot.index)
+        if slot in self._idle:
+            self._idle.remove(slot)
+
+    def _due(self, batch: Batch) -> float:
+        """When the first of a batch's requests must have its answer: its dispatch deadline
+        plus one hang timeout (a request dispatched in time, whose call hangs, is failed then).
+
+        Only once a worker has failed the batch (crashed, hung, broke the protocol): a batch
+        that live workers answered with the model's error is an input being isolated, and
+        bisection bounds that in calls (2 + 2 log2 n + 2), not in time, so its batch mates
+        are still served."""
+        if not batch.worker_faults:
+            return math.inf
+        return (
+            min((request.deadline for request in batch.requests), default=math.inf) + self.config.hang_timeout
+        )
+
+    def _watched(self) -> Iterator[Batch]:
+        """The batches whose requests may run out of time before a call of theirs ends: those in
+        the retry backlog, and those in a call whose hang timeout falls after their due time."""
+        yield from self._retry
+        for slot in self._slots:
+            if slot.call is not None and self._due(slot.call) < slot.call_ends:
+                yield slot.call
+
+    async def _fail_overdue(self) -> None:
+        """Fail each watched request when it falls due, with a clear error (WorkersFailed)."""
+        while True:
+            self._overdue_changed = trio.Event()
+            with trio.move_on_at(min(map(self._due, self._watched()), default=math.inf)):
+                await self._overdue_changed.wait()
+            now = trio.current_time()
+            for batch in list(self._watched()):
+                if not self._drop_overdue(batch, now) and batch in self._retry:
+                    self._retry.remove(batch)
+
+    def _drop_overdue(self, batch: Batch, now: float) -> list[Request]:
+        """Fail the batch's requests that are due by ``now``; return the ones still waiting."""
+        hang = self.config.hang_timeout if batch.worker_faults else math.inf
+        for request in batch.prune():
+            if request.deadline + hang <= now:
+                self.stats.timed_out += 1
+                last = f"last: {batch.last_error}" if batch.last_error else "its call was still running"
+                after = request.deadline + hang - request.arrival
+                request.fail(
+                    WorkersFailed(
+                        f"no worker could serve it by its deadline ({after:.3f}s after arrival); {last}"
+                    ),
+                    now,
+                )
+        return batch.prune()
+
+    def _send(self, slot: Slot, batch: Batch) -> None:
+        slot.state = SlotState.BUSY
+        slot.busy_since = trio.current_time()
+        slot.outbox.send_nowait(batch)

@@ -1,0 +1,1 @@
+"""Tests of the experiments' own logic, by level like the project's tests."""

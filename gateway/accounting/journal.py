@@ -1,0 +1,87 @@
+"""Rows written ahead of a SQLite table: what makes a usage record survive a SIGKILL.
+
+A row put on the writer's queue reaches the database at its next commit, up to a flush interval
+later; a process killed meanwhile would lose it, though its client already had the answer. So
+each row is first appended to a journal file, one ``write`` of one JSON line: once that call
+returns the row is in the kernel's page cache, which outlives the process (not the machine:
+like SQLite's own ``synchronous=NORMAL``, which the table uses). A single small append needs no
+lock and no sync, so it costs microseconds on the request's path.
+
+The journal is a series of segment files beside the database, ``<database>.ahead.<n>``::
+
+    put:     append the row to segment n, then queue it        (under one lock)
+    commit:  rotate to segment n+1 and take the queue          (under the same lock)
+             commit what was taken, then delete segment n      (every row of n was in it)
+    start:   replay the segments a killed process left, in order, then delete them
+
+A row is in a segment that still exists until a commit holds it, so the database and the
+journal together always hold every row put. Replay applies rows with the table's "replace"
+statement in the order they were put, so a row written ahead and corrected later ends as the
+correction, as it would have without the crash. A last line cut short is skipped: it was never
+acknowledged to anyone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Iterator
+
+from gateway.accounting.private import FILE_MODE
+
+
+class Journal:
+    """The current segment to append to, and the segments left by a process that did not close."""
+
+    def __init__(self, database: str) -> None:
+        self._base = pathlib.Path(database + ".ahead")
+        self.leftovers = sorted(self._segments(), key=self._number)
+        self._next = max((self._number(path) for path in self.leftovers), default=0) + 1
+        self._fd = self._open()
+
+    def append(self, row: tuple) -> None:
+        """Write one row; it outlives this process once this returns."""
+        os.write(self._fd, json.dumps(row, separators=(",", ":")).encode() + b"\n")
+
+    def rotate(self) -> pathlib.Path:
+        """Append to a new segment from now on; the finished one's path (delete it once its
+        rows are committed)."""
+        finished = self._path(self._next - 1)
+        os.close(self._fd)
+        self._fd = self._open()
+        return finished
+
+    def close(self) -> None:
+        """Stop appending; the current segment is dropped (call once its rows are committed).
+        Closing again does nothing."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._path(self._next - 1).unlink(missing_ok=True)
+
+    @staticmethod
+    def rows(segment: pathlib.Path) -> Iterator[tuple]:
+        """The rows of a segment, in the order they were appended."""
+        for line in segment.read_bytes().split(b"\n"):
+            try:
+                yield tuple(json.loads(line))
+            except ValueError:
+                continue  # the empty tail, or a line a crash cut short
+
+    def _open(self) -> int:
+        path = self._path(self._next)
+        self._next += 1
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+
+    def _path(self, number: int) -> pathlib.Path:
+        return self._base.with_name(f"{self._base.name}.{number}")
+
+    def _segments(self) -> Iterator[pathlib.Path]:
+        for path in self._base.parent.glob(self._base.name + ".*"):
+            if path.suffix[1:].isdigit():
+                yield path
+
+    @staticmethod
+    def _number(path: pathlib.Path) -> int:
+        return int(path.suffix[1:])

@@ -1,0 +1,183 @@
+"""The ledger: what a request is charged at admission, and what it is billed and counted at the end.
+
+Per request (docs/admission.md), in the gateway's asyncio thread:
+
+    charge(...) charge input_tokens + max_tokens to the key's limit, all or nothing
+                  over the limit  -> RateLimited (429, Retry-After when it would fit)
+                  can never fit   -> InvalidRequest (400: bigger than a minute of the plan)
+    ... the request runs; after each write the handler notes the tokens it delivered ...
+    bill_ahead(...) just before the answer's last bytes: its usage record, journaled
+    close(...)  refund what was not used, write the usage record (or correct the one written
+                  ahead, if the last bytes never left), observe the metrics
+
+The record of an answered request is written ahead of the answer's last bytes, into a journal
+that outlives the process (:mod:`gateway.accounting.journal`): a client that has its answer is billed,
+even if the gateway is killed the next instant. ``close`` writes nothing more when the request
+ended as billed ahead (the common case: one record per request), and replaces the record when
+it did not (the client left while the last bytes were being written).
+
+Only tokens actually delivered are billed and kept charged: tokens count once the bytes that
+carry them are written to the client, an answer cut short refunds its unused ``max_tokens``,
+and a request that never reached a model (shed 529, failed) refunds its input tokens too. Each
+record says what happened (its :class:`Outcome`) beside the HTTP status the client really got:
+a stream that fails after its headers were sent got 200, and its outcome is ``interrupted``.
+The usage record and the metrics name the key by ``key_id`` and the model by version; no key
+and no prompt text leave this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+
+from batcher.core.types import Overloaded, Shed
+from gateway.accounting.limiter import Limiter
+from gateway.accounting.ratelimit import Limits
+from gateway.accounting.usage import UsageLog, UsageRecord
+from gateway.http.metrics import Metrics
+from gateway.wire.api import InvalidRequest, RateLimited
+
+
+class Outcome(enum.Enum):
+    """What happened to a request, whatever status its client saw."""
+
+    COMPLETED = "completed"  # answered in full
+    SHED = "shed"  # 529 at admission: the fleet could not take it within its tier's budget
+    EXPIRED = "expired"  # 529: admitted, but not dispatched before its deadline
+    RATE_LIMITED = "rate_limited"  # 429: its key's per-minute budget was used up
+    FAILED = "failed"  # an error answered before any output was sent
+    INTERRUPTED = "interrupted"  # a stream that failed after sending output (its status: 200)
+    CANCELLED = "cancelled"  # the client went away before its answer was whole (499)
+
+
+REJECTED = {Outcome.SHED: "shed", Outcome.EXPIRED: "expired"}  # admission_rejects reasons
+
+
+def outcome_of(error: BaseException) -> Outcome:
+    """The outcome of a request that ended with ``error`` before any output was sent."""
+    if isinstance(error, Shed):
+        return Outcome.SHED
+    if isinstance(error, Overloaded):
+        return Outcome.EXPIRED
+    if isinstance(error, RateLimited):
+        return Outcome.RATE_LIMITED
+    return Outcome.FAILED
+
+
+@dataclasses.dataclass(slots=True)
+class Entry:
+    """One request's account, from admission to its end."""
+
+    request_id: str
+    tenant: str
+    key_id: str
+    tier: str
+    model: str
+    limits: Limits
+    input_tokens: int
+    max_tokens: int
+    started: float  # time.monotonic() at arrival
+    charged: bool = False
+    first_token_at: float | None = None
+    output_tokens: int = 0  # delivered to the client
+    status: int = 500  # the HTTP status the client got (set as the request ends)
+    outcome: Outcome = Outcome.FAILED
+    stop_reason: str | None = None
+    owed: int = 0  # output tokens in a whole answer not yet written
+    # False: an idempotent repeat (replayed or refused) ran nothing, so nothing is recorded
+    recorded: bool = True
+    billed: UsageRecord | None = None  # the record written ahead of the last bytes, if any
+
+    def delivered(self, tokens: int, now: float | None = None) -> None:
+        """Note output tokens just written to the client (the first write marks the first token)."""
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic() if now is None else now
+        self.output_tokens += tokens
+
+
+class Ledger:
+    def __init__(self, limiter: Limiter, usage: UsageLog, metrics: Metrics) -> None:
+        self.limiter = limiter
+        self.usage = usage
+        self.metrics = metrics
+        self._series: dict[tuple[str, str, int], tuple] = {}
+
+    async def charge(self, entry: Entry) -> None:
+        """Charge the request's worst case to its key, or raise the 429 / 400 that says why not."""
+        if entry.limits.unlimited:  # the common case of an internal key: no store to ask
+            return
+        cost = entry.input_tokens + entry.max_tokens
+        verdict = await self.limiter.acquire(entry.key_id, entry.limits, cost)
+        if verdict.admitted:
+            entry.charged = True
+            return
+        self.metrics.admission_rejects.labels(entry.model, entry.tier, "rate_limit").inc()
+        if verdict.never:
+            raise InvalidRequest(
+                f"max_tokens: input_tokens + max_tokens = {cost} is more than this key's "
+                f"{entry.limits.tokens_per_minute} tokens per minute"
+            )
+        raise RateLimited(f"this key's per-minute limit is used up; retry in {verdict.retry_after:.3f}s",
+                          verdict.retry_after)
+
+    def bill_ahead(self, entry: Entry, status: int, tokens: int) -> None:
+        """Record the request as answered with ``tokens`` more delivered, before the bytes that
+        carry them (the answer's last) are written: once they are, the client is billed."""
+        if entry.recorded:
+            now = time.monotonic()
+            first = now if entry.first_token_at is None else entry.first_token_at
+            answered = dataclasses.replace(entry, status=status, outcome=Outcome.COMPLETED,
+                                           output_tokens=entry.output_tokens + tokens, first_token_at=first)
+            entry.billed = _record(answered, now)
+            self.usage.record(entry.billed)
+
+    async def close(self, entry: Entry) -> None:
+        """Refund the unused part, record usage, observe the request's metrics; call once."""
+        now, status = time.monotonic(), entry.status
+        if entry.charged:
+            unused = entry.max_tokens - min(entry.output_tokens, entry.max_tokens)
+            if entry.first_token_at is None and status != 200:
+                unused += entry.input_tokens  # it never reached a model
+            if unused:
+                await self.limiter.refund(entry.key_id, entry.limits, unused)
+        total = now - entry.started
+        ttft = None if entry.first_token_at is None else entry.first_token_at - entry.started
+        billed = entry.billed
+        if billed is None or (billed.status, billed.outcome, billed.output_tokens) != (
+                status, entry.outcome.value, entry.output_tokens):
+            self.usage.record(_record(entry, now), replace=billed is not None)
+        key = (entry.model, entry.tier, status, entry.outcome)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = self._labelled(*key)
+        requests, latency, first_token, per_token, rejected = series
+        requests.inc()
+        latency.observe(total)
+        if ttft is not None and entry.output_tokens:
+            first_token.observe(ttft)
+            if entry.output_tokens > 1:
+                per_token.observe((total - ttft) / (entry.output_tokens - 1))
+        if rejected is not None:
+            rejected.inc()
+
+    def _labelled(self, model: str, tier: str, status: int, outcome: Outcome) -> tuple:
+        """The metric series one (model, tier, status, outcome) writes to: looked up once."""
+        metrics = self.metrics
+        reason = REJECTED.get(outcome)
+        return (
+            metrics.requests.labels(model, tier, str(status)),
+            metrics.latency.labels(model, tier),
+            metrics.ttft.labels(model, tier),
+            metrics.time_per_output_token.labels(model, tier),
+            metrics.admission_rejects.labels(model, tier, reason) if reason else None,
+        )
+
+
+def _record(entry: Entry, now: float) -> UsageRecord:
+    """The usage record of ``entry`` as it stands at ``now`` (time.monotonic())."""
+    ttft = None if entry.first_token_at is None else entry.first_token_at - entry.started
+    return UsageRecord(
+        entry.request_id, time.time(), entry.tenant, entry.key_id, entry.model, entry.input_tokens,
+        entry.output_tokens, ttft, now - entry.started, entry.status, entry.stop_reason, entry.outcome.value,
+    )

@@ -1,0 +1,100 @@
+"""Usage records: one per finished request, written off the hot path, exactly once per id.
+
+The server bills from its own count of tokens actually delivered. The
+request handler only puts a record on a queue (no I/O, no lock held across a write); one writer
+thread drains the queue in batches into SQLite (:mod:`gateway.accounting.sqlite_writer`). The table is
+append-only and keyed by request id, and inserts are ``INSERT OR IGNORE``: a record written
+twice (a retry, a replay after a restart) stays one row; a correction (``replace=True``: the
+ledger bills an answer ahead of its last bytes, and corrects the row if they never left)
+replaces it. Every record is journaled before it is queued (:mod:`gateway.accounting.journal`): a gateway
+killed at any moment loses no record it made, and the next start writes them into the table.
+``close()`` flushes what is queued before it returns.
+
+API keys never reach this table: a record names the key by ``key_id`` (a short digest). The file
+is readable by the gateway's user only (:mod:`gateway.accounting.private`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import sqlite3
+from collections.abc import Iterable
+
+from gateway.accounting.private import private_database
+from gateway.accounting.sqlite_writer import SqliteWriter
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS usage (
+    request_id    TEXT PRIMARY KEY,
+    recorded_at   REAL NOT NULL,
+    tenant        TEXT NOT NULL,
+    key_id        TEXT NOT NULL,
+    model         TEXT NOT NULL,
+    input_tokens  INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    ttft_s        REAL,
+    total_s       REAL NOT NULL,
+    status        INTEGER NOT NULL,
+    stop_reason   TEXT,
+    outcome       TEXT
+)
+"""
+_MIGRATIONS = {
+    "usage": {"outcome": "ALTER TABLE usage ADD COLUMN outcome TEXT"}
+}  # columns added since the first release
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """What one finished request cost and how it went. Times in seconds."""
+
+    request_id: str
+    recorded_at: float
+    tenant: str
+    key_id: str
+    model: str  # the resolved model version, not the alias the client sent
+    input_tokens: int
+    output_tokens: int  # delivered to the client, not merely generated
+    ttft_s: float | None
+    total_s: float
+    status: int  # the HTTP status the client got
+    stop_reason: str | None
+    # what happened (gateway.accounting.ledger.Outcome); None in rows written before it existed
+    outcome: str | None = None
+
+
+_FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]
+_ROW = operator.attrgetter(*_FIELDS)  # a record's values in column order (astuple deep-copies: slow)
+_COLUMNS = f"INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
+_INSERT = f"INSERT OR IGNORE {_COLUMNS}"
+_REPLACE = f"INSERT OR REPLACE {_COLUMNS}"  # a correction, and the journal's replay (in order)
+
+
+class UsageLog:
+    """An append-only SQLite usage table fed by a queue and one writer thread."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._writer = SqliteWriter(private_database(path), _SCHEMA, "usage-writer", _MIGRATIONS, _REPLACE)
+
+    def record(self, record: UsageRecord, replace: bool = False) -> None:
+        """Journal and queue a record; returns at once (the caller is serving a request). With
+        ``replace`` it takes the place of the row of the same id."""
+        self._writer.put(_REPLACE if replace else _INSERT, _ROW(record))
+
+    def close(self) -> None:
+        """Write everything queued, then stop the writer."""
+        self._writer.close()
+
+
+def read_usage(path: str) -> list[UsageRecord]:
+    """Every record in a usage table, oldest first."""
+    connection = sqlite3.connect(path)
+    try:
+        rows: Iterable[tuple] = connection.execute(
+            f"SELECT {', '.join(_FIELDS)} FROM usage ORDER BY recorded_at"
+        )
+        return [UsageRecord(*row) for row in rows]
+    finally:
+        connection.close()

@@ -1,0 +1,406 @@
+"""The aiohttp application: routes, and the one path a request takes to the core and back.
+
+    POST /v1/messages            (Anthropic)  ┐ codec.parse ─> key ─> model (an alias: this session's
+    POST /v1/chat/completions    (OpenAI)     ├─ version) ─> chat template ─> safety ─> tokens within
+    POST /v1/completions         (OpenAI)     ┘ the context window ─> [Idempotency-Key: replay or wait]
+                       ─> admit: key's limit (429) ─> core (529 / 503) ─> events ─> Answer (max_tokens,
+                       stop sequences, output safety) ─> codec: JSON or SSE; the ledger refunds, bills, counts
+    POST /v1/messages/count_tokens   the prompt's tokens under the model's tokenizer
+    GET  /v1/models    the served versions, then the aliases: OpenAI's list shape, or Anthropic's
+                       when the request carries ``anthropic-version`` (as the Anthropic SDK does)
+    GET  /healthz      the process answers         GET /metrics   Prometheus text format
+    GET  /readyz       every model's fleet is ready to serve (JSON detail per model)
+
+Handlers are thin: wire formats live in the codecs (:mod:`gateway.wire.anthropic`,
+:mod:`gateway.wire.openai`, pure), identities in :mod:`gateway.accounting.auth`, model names and
+weighted aliases in :mod:`gateway.ops.models`, charges and bills in
+:mod:`gateway.accounting.ledger`, and the core behind :class:`gateway.bridge.Bridge`. Every route
+shares :meth:`Gateway._serve`; :meth:`Gateway.admit` is the one place a checked request passes to
+the core. Every error, whoever raises it (aiohttp included), leaves through
+:mod:`gateway.wire.errors` in its route's shape, with the status of :data:`gateway.wire.api.ERRORS`
+(translated by :data:`gateway.wire.openai.ERRORS` on OpenAI's routes). While a request runs, it
+holds its version (:class:`~gateway.ops.pins.Pins`), so a version taken out of service stops only
+once every request that resolved to it has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from batcher.core.backend import Job
+from gateway.accounting.auth import KeyRing
+from gateway.accounting.idempotency import IdempotencyStore
+from gateway.accounting.ledger import Entry, Ledger, Outcome, outcome_of
+from gateway.accounting.limiter import Limiter, open_limiter
+from gateway.accounting.usage import UsageLog
+from gateway.bridge import Bridge, Handle
+from gateway.config import FerryConfig
+from gateway.http.connections import key_before_body, read_body
+from gateway.http.metrics import Metrics
+from gateway.ops.models import Catalog, ServedModel
+from gateway.ops.pins import Pins
+from gateway.text.answer import Answer
+from gateway.text.safety import Blocklist, SafetyCheck
+from gateway.wire import anthropic, api, openai
+from gateway.wire.anthropic import Messages
+from gateway.wire.codec import Call, Codec, Head
+from gateway.wire.errors import REQUEST_ID, error_middleware, name_the_request, speaks_anthropic
+
+log = logging.getLogger("ferry.gateway")
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+CLIENT_CLOSED = 499  # the client went away before its answer (as nginx logs it)
+T = TypeVar("T")
+
+
+class Gateway:
+    """The state the handlers share: config, keys, models, the ledger, and the bridge to the core.
+    A reload (:mod:`gateway.ops.rollout`) replaces ``config``, ``keys``, ``catalog`` and ``safety``,
+    each whole, on this thread."""
+
+    def __init__(self, config: FerryConfig, bridge: Bridge, limiter: Limiter, metrics: Metrics) -> None:
+        self.apply(config)
+        self.bridge = bridge
+        self.catalog = Catalog.of(config.models, config.aliases)
+        self.metrics = metrics
+        self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
+        self.idempotency = IdempotencyStore(
+            config.state.path("idempotency.sqlite"),
+            config.state.idempotency_ttl_s,
+            config.state.idempotency_max_entries,
+        )
+        self.pins = Pins()
+        self.created = int(time.time())
+        self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
+        self._ids = itertools.count(1)
+        self._id_prefix = f"{os.getpid():x}{int(time.time()):x}_"
+
+    def apply(self, config: FerryConfig) -> None:
+        """A configuration's keys (with their limits), safety stage and settings, for every
+        request from now on (a reload: :mod:`gateway.ops.rollout`)."""
+        self.config = config
+        self.keys = KeyRing(config.keys)
+        self.safety: SafetyCheck = Blocklist(config.safety.blocklist, config.safety.refusal)
+
+    async def close(self) -> None:
+        """Flush the usage records and close the stores (the server is shutting down)."""
+        self.ledger.usage.close()
+        self.idempotency.close()
+        await self.ledger.limiter.aclose()
+
+    async def admit(self, entry: Entry, model: ServedModel, job: Job) -> Handle:
+        """The one place a checked request passes to the core: charge its key (429), then queue
+        it; the core sheds it at once (529) if its tier's wait budget cannot be met."""
+        await self.ledger.charge(entry)
+        return self.bridge.submit(model.name, job)  # the tier's budget is its deadline
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, Messages)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, openai.ChatCompletions)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, openai.Completions)
+
+    async def _serve(self, request: web.Request, route: type[Codec]) -> web.StreamResponse:
+        """Every API's request path: only ``route`` (the codec) differs."""
+        started = time.monotonic()
+        principal = self.keys.authenticate(request.headers)
+        body = await read_body(request, self.config.server.body_timeout_ms / 1000)
+        codec = route.parse(body)
+        call = codec.call
+        model = self.catalog.resolve(call.model, call.session or principal.key_id)
+        prompt, prompt_tokens = self._prompt(call, model)
+        if rule := self.safety.screen_input(prompt):
+            self.metrics.safety_blocks.labels(model.name, "input").inc()
+            raise api.InvalidRequest(f"messages: the input is refused by the safety policy ({rule})")
+        window = model.config.context_window
+        max_tokens = call.max_tokens if call.max_tokens is not None else max(1, window - len(prompt_tokens))
+        if error := api.context_overflow(len(prompt_tokens), max_tokens, window):
+            raise error
+        entry = Entry(
+            f"{codec.id_prefix}{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id,
+            principal.tier, model.name, principal.limits, len(prompt_tokens), max_tokens, started,
+        )
+        request[REQUEST_ID] = entry.request_id  # every answer names it (the request-id header)
+        if model.name != call.model:  # an alias: count which version took it
+            self.metrics.count_alias(call.model, model.name)
+        job = Job(prompt, prompt_tokens, max_tokens, principal.tier, principal.tenant,
+                  sampling=call.sampling, stop_sequences=call.stop_sequences, stream=call.stream)
+        self.pins.hold(model.name)
+        try:
+            if call.stream:
+                return await self._settled(entry, self._stream(request, entry, codec, model, job))
+            key = request.headers.get("Idempotency-Key")
+            if key:
+                scope = (principal.key_id, codec.idempotency_scope + key, body)
+                return await self._settled(entry, self._idempotent(request, entry, scope, codec, model, job))
+            return await self._settled(entry, self._whole(request, entry, codec, model, job))
+        finally:
+            self.pins.release(model.name)
+
+    @staticmethod
+    def _prompt(call: Call, model: ServedModel) -> tuple[str, tuple[int, ...]]:
+        """The prompt a model reads (a raw one, or the conversation through its chat template)
+        and its tokens."""
+        prompt = call.prompt if call.prompt is not None else model.template.render(call.system, call.turns)
+        return prompt, model.tokenizer.encode(prompt)
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """``POST /v1/messages/count_tokens``: what a request's prompt would cost, run nowhere."""
+        principal = self.keys.authenticate(request.headers)
+        body = await read_body(request, self.config.server.body_timeout_ms / 1000)
+        call = Messages(anthropic.parse_message_request(body, counting=True)).call
+        _, tokens = self._prompt(call, self.catalog.resolve(call.model, call.session or principal.key_id))
+        return web.json_response({"input_tokens": len(tokens)})
+
+    async def _idempotent(self, request: web.Request, entry: Entry, scope: tuple[str, str, bytes],
+                          codec: Codec, model: ServedModel, job: Job) -> web.StreamResponse:
+        """A whole answer under an ``Idempotency-Key``: computed once, replayed to every repeat.
+        A repeat runs nothing and is recorded nowhere; its answer names the request it repeats."""
+        entry.recorded = False
+
+        async def run_once() -> tuple[int, bytes]:
+            entry.recorded = True
+            return await self._answer_whole(entry, codec, model, job)
+
+        status, payload = await self.idempotency.run(*scope, run_once)
+        if entry.recorded:
+            return await self._write_whole(request, entry, status, payload)
+        request[REQUEST_ID] = json.loads(payload)["id"]
+        return web.Response(status=status, body=payload, content_type="application/json")
+
+    async def _settled(self, entry: Entry, work: Awaitable[T]) -> T:
+        """Run a request's work and close its ledger entry whatever happens: refund, usage, metrics."""
+        try:
+            return await work
+        except asyncio.CancelledError:
+            entry.status, entry.outcome = CLIENT_CLOSED, Outcome.CANCELLED
+            raise
+        except Exception as exc:
+            entry.status, entry.outcome = api.error_kind(exc).status, outcome_of(exc)
+            raise
+        finally:
+            if entry.recorded:
+                await self.ledger.close(entry)
+
+    def _answer(self, job: Job, model: ServedModel, streaming: bool) -> Answer:
+        return Answer(job.stop_sequences, job.max_tokens, model.tokenizer, self.safety, streaming)
+
+    @staticmethod
+    def _head(entry: Entry) -> Head:
+        return Head(entry.request_id, entry.model, entry.input_tokens, int(time.time()))
+
+    async def _whole(self, request: web.Request, entry: Entry, codec: Codec,
+                     model: ServedModel, job: Job) -> web.StreamResponse:
+        status, payload = await self._answer_whole(entry, codec, model, job)
+        return await self._write_whole(request, entry, status, payload)
+
+    async def _answer_whole(
+        self, entry: Entry, codec: Codec, model: ServedModel, job: Job
+    ) -> tuple[int, bytes]:
+        """Wait for the whole answer; the status and JSON body to send (raises its error)."""
+        handle = await self.admit(entry, model, job)
+        answer = self._answer(job, model, streaming=False)
+        try:
+            while not answer.done:
+                answer.push(await handle.wait())
+        finally:
+            self.bridge.cancel(handle)  # a no-op once finished; else the client has gone or a stop matched
+        completion = answer.completion()
+        self._count_blocked(answer, model)
+        entry.stop_reason, entry.owed = completion.stop_reason, completion.output_tokens
+        return 200, codec.whole(self._head(entry), completion, answer.blocked is not None)
+
+    async def _write_whole(
+        self, request: web.Request, entry: Entry, status: int, payload: bytes
+    ) -> web.StreamResponse:
+        """Send a whole answer, then count it delivered: latency and usage end at the last byte.
+        A client that left as it was written (its connection already closing) is recorded as a
+        stream's is: 499, cancelled, no output billed, and nothing for aiohttp to log."""
+        response = web.Response(status=status, body=payload, content_type="application/json")
+        self.ledger.bill_ahead(entry, status, entry.owed)  # billed before the client can have it
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionResetError:
+            entry.status, entry.outcome = CLIENT_CLOSED, Outcome.CANCELLED
+            return response
+        entry.delivered(entry.owed)
+        entry.status, entry.outcome = status, Outcome.COMPLETED
+        return response
+
+    async def _stream(self, request: web.Request, entry: Entry, codec: Codec,
+                      model: ServedModel, job: Job) -> web.StreamResponse:
+        """SSE, a piece of text per event as it is released. Headers go out with the first text,
+        or once the wait outlasts a ping interval, so a request that fails fast still gets a
+        real status (a 429 or 529 the SDK can retry); after that a failure is the codec's error
+        event, and each further interval of waiting sends its ping."""
+        handle = await self.admit(entry, model, job)
+        answer = self._answer(job, model, streaming=True)
+        encoder = codec.stream(self._head(entry))
+        stream = _Stream(request, encoder.start())
+        try:
+            while not answer.done:
+                events = await handle.wait(self.ping_interval)
+                if not events:
+                    await stream.send(encoder.ping)
+                    continue
+                piece = answer.push(events)
+                if answer.error is not None:
+                    if not stream.open:
+                        raise answer.error  # nothing sent yet: the error's own status
+                    entry.status = 200
+                    entry.outcome = Outcome.INTERRUPTED if answer.parts else Outcome.FAILED
+                    text = encoder.text(piece.text) if piece.text else b""  # before the error: it is billed
+                    await stream.send(text + encoder.error(answer.error), end=True)
+                elif answer.done:
+                    self._count_blocked(answer, model)
+                    entry.stop_reason = answer.stop_reason
+                    text = encoder.text(piece.text)  # before the stop: it opens what the stop closes
+                    stop = encoder.stop(
+                        answer.stop_reason or "end_turn",
+                        answer.stop_sequence,
+                        answer.credited,
+                        answer.blocked is not None,
+                    )
+                    self.ledger.bill_ahead(entry, 200, piece.tokens)  # billed before the client has it all
+                    await stream.send(text + stop, end=True)
+                    entry.status, entry.outcome = 200, Outcome.COMPLETED
+                elif piece.text:
+                    await stream.send(encoder.text(piece.text))
+                else:
+                    continue
+                entry.delivered(piece.tokens)
+            return stream.response  # type: ignore[return-value]
+        except ConnectionResetError:  # the client left mid-stream; nothing more to tell it
+            entry.status, entry.outcome = CLIENT_CLOSED, Outcome.CANCELLED
+            if not stream.open:
+                raise
+            return stream.response  # type: ignore[return-value]
+        finally:
+            self.bridge.cancel(handle)  # a no-op once finished; else the client has gone or a stop matched
+
+    @property
+    def ping_interval(self) -> float:
+        return self.config.server.ping_interval_ms / 1000
+
+    def _count_blocked(self, answer: Answer, model: ServedModel) -> None:
+        if answer.blocked is not None:
+            self.metrics.safety_blocks.labels(model.name, "output").inc()
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        """Prometheus text format: every ferry_* family (docs/admission.md, "Metrics")."""
+        snapshots = await self.bridge.snapshots() if self.bridge.running else {}
+        return web.Response(
+            body=self.metrics.exposition(snapshots), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        """The versions that take traffic, then the aliases, in the shape the client speaks."""
+        self.keys.authenticate(request.headers)
+        names = [*self.catalog.names(), *self.catalog.splits]
+        if speaks_anthropic(request):
+            return web.json_response(anthropic.models_body(names, self.created_at), dumps=_dumps)
+        return web.json_response(openai.models_body(names, self.created), dumps=_dumps)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        """Alive: this process answers, and its trio core still runs."""
+        if not self.bridge.running:
+            return _error(503, api.INTERNAL, "the scheduling core has stopped")
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Ready: every model's backend says so (fixed mode: a worker up and not hung, and a call
+        answered since every slot last lost its worker). The body details each model's status,
+        and says why a model that is not ready is not."""
+        snapshots = await self.bridge.snapshots() if self.bridge.running else {}
+        models = {name: snapshot.status.body() for name, snapshot in snapshots.items()}
+        waiting = [f"{name}: {snap.status.reason}" for name, snap in snapshots.items() if not snap.ready]
+        if models and not waiting:
+            return web.json_response({"ready": True, "models": models}, dumps=_dumps)
+        why = "; ".join(waiting) if waiting else "the scheduling core is not running"
+        body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
+        return web.json_response(body, status=503, dumps=_dumps)
+
+
+GATEWAY = web.AppKey("ferry", Gateway)
+
+
+class _Stream:
+    """One SSE response, opened at its first write: the codec's opening bytes, then the rest."""
+
+    __slots__ = ("request", "response", "start")
+
+    def __init__(self, request: web.Request, start: bytes) -> None:
+        self.request = request
+        self.start = start
+        self.response: web.StreamResponse | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.response is not None
+
+    async def send(self, data: bytes, end: bool = False) -> None:
+        """Write ``data`` (headers and the opening first, if not sent yet); ``end``: close it."""
+        if self.response is None:
+            self.response = web.StreamResponse(headers=SSE_HEADERS)
+            await self.response.prepare(self.request)
+            data = self.start + data
+        await self.response.write(data)
+        if end:
+            await self.response.write_eof()
+
+
+def _dumps(value: object) -> str:
+    return api.dumps(value).decode()
+
+
+def _error(status: int, kind: api.ErrorKind, message: str) -> web.Response:
+    return web.Response(
+        status=status, body=api.dumps(api.error_body(kind, message)), content_type="application/json"
+    )
+
+
+class _LiveKeys:
+    """The keys in force now, for the check made before a body is read (a reload replaces them)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    def authenticate(self, headers):
+        return self._gateway.keys.authenticate(headers)
+
+
+def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
+    """The application over a started bridge: its backends' counters are exported at /metrics."""
+    metrics = Metrics()
+    for model in config.models:
+        metrics.track(model.name, config.queue().tiers)
+    gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
+    limit = config.server.max_body_bytes
+    app = web.Application(middlewares=[error_middleware(limit)], client_max_size=limit)
+    app[GATEWAY] = gateway
+    app.on_response_prepare.append(name_the_request)
+    app.on_cleanup.append(lambda _: gateway.close())
+    expect = key_before_body(_LiveKeys(gateway), limit)  # type: ignore[arg-type]
+    app.router.add_post("/v1/messages", gateway.messages, expect_handler=expect)
+    app.router.add_post("/v1/messages/count_tokens", gateway.count_tokens, expect_handler=expect)
+    app.router.add_post("/v1/chat/completions", gateway.chat_completions, expect_handler=expect)
+    app.router.add_post("/v1/completions", gateway.completions, expect_handler=expect)
+    app.router.add_get("/metrics", gateway.metrics_text)
+    app.router.add_get("/v1/models", gateway.models)
+    app.router.add_get("/healthz", gateway.healthz)
+    app.router.add_get("/readyz", gateway.readyz)
+    return app

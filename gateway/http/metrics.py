@@ -1,0 +1,92 @@
+"""The one metrics registry: the gateway's families beside the core's, at ``/metrics``.
+
+The gateway sees each request end: requests by status, TTFT, time per output token, end-to-end
+latency, admission rejects by reason, safety blocks, requests by alias. It observes them
+directly (prometheus_client is thread-safe), once per request. The core's families (batches,
+workers, queues, engines) come from :class:`batcher.core.metrics.CoreCollector`, registered here,
+which reads the backends' snapshots at each scrape.
+
+Labels are model and tier names, statuses and reasons: never an API key or prompt text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from batcher.core.backend import Snapshot
+from batcher.core.metrics import CoreCollector
+
+LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+
+
+class Metrics:
+    """Every ferry_* family, in one registry of its own (tests can run several side by side)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        by_tier = ["model", "tier"]
+        self.requests = Counter(
+            "ferry_requests",
+            "Requests answered, by HTTP status.",
+            [*by_tier, "status"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "ferry_ttft_seconds", "Time to first token: arrival to the first text sent.", by_tier,
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.time_per_output_token = Histogram(
+            "ferry_time_per_output_token_seconds", "Time between output tokens after the first.", by_tier,
+            buckets=TOKEN_BUCKETS, registry=self.registry,
+        )
+        self.latency = Histogram(
+            "ferry_request_latency_seconds", "End-to-end latency: arrival to the last byte.", by_tier,
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.admission_rejects = Counter(
+            "ferry_admission_rejects",
+            "Requests refused, by reason: rate_limit (429), shed (529 at admission), "
+            "expired (529 in the queue).",
+            [*by_tier, "reason"],
+            registry=self.registry,
+        )
+        self.safety_blocks = Counter(
+            "ferry_safety_blocks",
+            "Inputs refused or outputs replaced by the safety stage.",
+            ["model", "stage"],
+            registry=self.registry,
+        )
+        self.alias_requests = Counter(
+            "ferry_alias_requests", "Requests that named an alias, by the version that took them.",
+            ["alias", "model"], registry=self.registry,
+        )
+        self._alias_series: dict[tuple[str, str], Counter] = {}  # a labelled child
+        self._core = CoreCollector()
+        self.registry.register(self._core)
+
+    def count_alias(self, alias: str, model: str) -> None:
+        """One request that named ``alias`` taken by version ``model`` (a configured pair, so
+        the series are few): each series looked up once, not on every request."""
+        series = self._alias_series.get((alias, model))
+        if series is None:
+            series = self._alias_series[alias, model] = self.alias_requests.labels(alias, model)
+        series.inc()
+
+    def track(self, model: str, tiers: Sequence[str]) -> None:
+        """Export one backend's core counters, from its snapshot at each scrape."""
+        self._core.track(model, tiers)
+
+    def untrack(self, model: str) -> None:
+        """A version's backend has stopped: its core counters leave the export."""
+        self._core.untrack(model)
+
+    def exposition(self, snapshots: Mapping[str, Snapshot] | None = None) -> bytes:
+        """The Prometheus text format of every family; the core's from these snapshots."""
+        self._core.snapshots = snapshots or {}
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._core.snapshots = {}

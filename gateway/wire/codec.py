@@ -1,0 +1,92 @@
+"""What the request path needs from an API's wire format: one interface, several codecs.
+
+The Anthropic Messages route (:mod:`gateway.wire.anthropic`) and the OpenAI-compatible routes
+(:mod:`gateway.wire.openai`) share everything between the bytes in and the bytes out: keys, model
+routing, safety, the context window, per-key limits, idempotency, the core, the answer's stop
+sequences and billing, usage records and metrics (``gateway/http/app.py``). Only this differs::
+
+    body bytes ──Codec.parse──> Call ── the shared path ──> Completion ──codec.whole──> JSON
+                                                     └──> events ──codec.stream(...)──> SSE bytes
+    any error ──Codec.error_response──> (status, body, headers) in the route's error shape
+
+Codecs are pure: no I/O, no clock (the reply's ``created`` time comes in a :class:`Head`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Protocol
+
+from batcher.core.backend import Sampling
+from gateway.wire.api import Completion, ErrorKind
+
+Turn = tuple[str, str]  # (role, text)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """A checked request, whatever API it came in by."""
+
+    model: str
+    max_tokens: int | None  # None: the rest of the model's context window
+    system: str = ""
+    turns: tuple[Turn, ...] = ()
+    prompt: str | None = None  # a raw prompt (legacy completions): no chat template
+    sampling: Sampling = Sampling()
+    stream: bool = False
+    stop_sequences: tuple[str, ...] = ()
+    session: str | None = None  # what keeps a user on one version of an alias (gateway.ops.routing)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Head:
+    """What every reply to one request names: its id, the version that answers, the prompt's
+    tokens, and when it was created (Unix seconds)."""
+
+    request_id: str
+    model: str
+    input_tokens: int
+    created: int
+
+
+class Stream(Protocol):
+    """The bytes of one streamed answer, in order: ``start`` once (with the headers), then
+    ``ping`` while waiting, ``text`` per piece released, and ``stop`` or ``error`` to end."""
+
+    ping: bytes
+
+    def start(self) -> bytes: ...
+
+    def text(self, text: str) -> bytes: ...
+
+    def stop(
+        self, stop_reason: str, stop_sequence: str | None, output_tokens: int, blocked: bool
+    ) -> bytes: ...
+
+    def error(self, error: BaseException) -> bytes: ...
+
+
+class Codec(Protocol):
+    """One route's wire format, as one parsed request."""
+
+    id_prefix: ClassVar[str]  # a request id starts with it (msg_, chatcmpl-, cmpl-)
+    idempotency_scope: ClassVar[str]  # an Idempotency-Key is scoped to the API key and this
+    call: Call
+
+    @classmethod
+    def parse(cls, body: bytes) -> Codec:
+        """Check a body; ``InvalidRequest`` names the first field that is wrong."""
+
+    def whole(self, head: Head, completion: Completion, blocked: bool) -> bytes:
+        """The JSON body of a whole answer (``blocked``: the safety stage replaced it)."""
+
+    def stream(self, head: Head) -> Stream:
+        """The encoder of a streamed answer."""
+
+    @staticmethod
+    def error_response(error: BaseException) -> tuple[int, bytes, dict[str, str]]:
+        """Status, body and headers of an error in this route's shape."""
+
+    @staticmethod
+    def error_reply(kind: ErrorKind, message: str) -> tuple[int, bytes]:
+        """Status and body of an error known only by its kind (aiohttp's own 404, 405...)."""

@@ -1,0 +1,201 @@
+"""The configuration file: the example in examples/ loads, the embedded default is what the issue
+asks for, and every mistake names the file and the field."""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+
+import pytest
+
+from batcher.core.config import PoolConfig, QueueConfig, converted_dir
+from gateway.config import default_config, load_config, parse_config
+
+EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "ferry.toml"
+
+MINIMAL = """
+[[tiers]]
+name = "paid"
+[[models]]
+name = "m@1"
+worker = ["echo"]
+"""
+
+
+def test_the_example_file_loads_with_every_field():
+    config = load_config(EXAMPLE)
+    assert (config.server.host, config.server.port, config.server.max_body_bytes) == (
+        "127.0.0.1",
+        8080,
+        4 << 20,
+    )
+    assert [(t.name, t.wait_budget_ms) for t in config.tiers] == [("paid", 1000), ("free", 300)]
+    assert config.queue() == QueueConfig(tiers=("paid", "free"), wait_budgets=(1.0, 0.3))
+    acme, hobbyist = config.keys
+    assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
+    assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()
+    fixed, echo, canary, smollm2 = config.models
+    assert (fixed.name, fixed.aliases, fixed.mode, fixed.worker) == (
+        "ferry-fixed@1", (), "fixed", ("sleep", "--latency-ms", "200"))
+    assert (fixed.max_batch, fixed.max_wait_ms, fixed.context_window, fixed.tokenizer) == (
+        50,
+        150,
+        8192,
+        "bytes",
+    )
+    assert fixed.pool() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3, model="ferry-fixed@1")
+    assert (echo.name, echo.workers, echo.max_wait_ms) == ("echo@1", 2, 5)
+    assert (canary.name, canary.policy) == ("ferry-fixed@2", "idle_aware")
+    [alias] = config.aliases
+    assert (alias.name, alias.weights) == ("ferry-fixed", (("ferry-fixed@1", 95), ("ferry-fixed@2", 5)))
+    assert config.admin.socket == "" and config.admin_socket().endswith("/admin.sock")
+    assert (smollm2.mode, smollm2.model, smollm2.kv_memory_gb, smollm2.affinity_bound) == (
+        "continuous", "smollm2-135m", 0.5, 2048)
+    assert smollm2.engine_argv() == [
+        "engine", "--model", converted_dir("smollm2-135m"), "--dtype", "float32", "--threads", "1",
+        "--block-size", "16", "--max-batch-tokens", "512", "--max-seqs", "256",
+        "--model-version", "smollm2-135m-instruct@1", "--kv-memory-gb", "0.5"]
+    assert smollm2.pool() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3,
+                                        model="smollm2-135m-instruct@1")
+
+
+def test_the_embedded_default_is_8_sleep_workers_and_smollm2_on_loopback_with_two_demo_keys():
+    config = default_config()
+    assert config.server.host == "127.0.0.1"
+    model, smollm2 = config.models
+    assert (model.name, model.workers, model.worker) == ("ferry-fixed@1", 8, ("sleep", "--latency-ms", "200"))
+    assert (model.max_batch, model.max_wait_ms) == (50, 150)
+    assert (smollm2.name, smollm2.mode, smollm2.model, smollm2.workers) == (
+        "smollm2-135m-instruct@1", "continuous", "smollm2-135m", 1)
+    directory = converted_dir("smollm2-135m")  # converted at the first start: the gateway reads its tokenizer
+    assert (smollm2.model_dir, smollm2.tokenizer, smollm2.chat_template) == (directory, directory, "model")
+    assert smollm2.engine_argv()[:3] == ["engine", "--model", directory]
+    assert sorted(key.tier for key in config.keys) == ["free", "paid"]
+    assert all(key.key for key in config.keys)
+
+
+def test_a_minimal_file_takes_the_defaults():
+    config = parse_config(MINIMAL)
+    assert config.server.port == 8080 and config.keys == ()
+    assert config.models[0].pool() == PoolConfig(model=config.models[0].name)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[tiers]\n", "f.toml: not valid TOML"),
+        ("[other]\n" + MINIMAL, "f.toml: unknown table 'other'"),
+        ("[server]\nport = 70000\n" + MINIMAL, "f.toml: server.port: expected 0..65535, got 70000"),
+        ("[server]\nport = '80'\n" + MINIMAL, "f.toml: server.port: expected int, got '80'"),
+        ("[server]\nprot = 80\n" + MINIMAL, "f.toml: server: unknown field 'prot'"),
+        (
+            "[server]\nheader_timeout_ms = 0\n" + MINIMAL,
+            "f.toml: server.header_timeout_ms: expected milliseconds > 0",
+        ),
+        (
+            "[server]\nmax_connections = 0\n" + MINIMAL,
+            "f.toml: server.max_connections: expected 1..1000000, got 0",
+        ),
+        ("server = 1\n" + MINIMAL, "f.toml: server: expected a table, got 1"),
+        ("tiers = 1\n", "f.toml: tiers: expected an array of tables"),
+        ("[[models]]\nname = 'm'\nworker = ['echo']\n", "f.toml: tiers: expected at least one tier"),
+        ("[[tiers]]\nname = 'paid'\n", "f.toml: models: expected at least one model"),
+        (MINIMAL + "max_batch = 0\n", "f.toml: models[0].max_batch: expected 1..1024, got 0"),
+        (MINIMAL + "workers = 0\n", "f.toml: models[0].workers: expected 1..4096, got 0"),
+        (MINIMAL + "workers = true\n", "f.toml: models[0].workers: expected int, got True"),
+        (MINIMAL + "hang_timeout_ms = 0\n", "f.toml: models[0].hang_timeout_ms: expected milliseconds > 0"),
+        (MINIMAL + "mode = 'streaming'\n", "f.toml: models[0].mode: expected one of ['continuous', 'fixed']"),
+        (
+            MINIMAL + "tokenizer = 'bpe'\n",
+            "f.toml: models[0].tokenizer: expected 'bytes' or a path to a tokenizer.json",
+        ),
+        (MINIMAL + "context_window = 0\n", "f.toml: models[0].context_window: expected 1..16777216"),
+        (
+            MINIMAL.replace('worker = ["echo"]', "worker = 'echo'"),
+            "f.toml: models[0].worker: expected a list",
+        ),
+        (MINIMAL.replace('["echo"]', "['echo', 1]"), "f.toml: models[0].worker[1]: expected str, got 1"),
+        (
+            MINIMAL + "policy_options = { max_batch = true }\n",
+            "f.toml: models[0].policy_options[...]: expected float, got {'max_batch': True}",
+        ),
+        (MINIMAL + "aliases = 'm'\n", "f.toml: models[0].aliases: expected a list, got 'm'"),
+        ("[server]\nport = 80.0\n" + MINIMAL, "f.toml: server.port: expected int, got 80.0"),
+        (
+            MINIMAL
+            + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\ntokens_per_minute = '9'\n",
+            "f.toml: keys[0].tokens_per_minute: expected int | null, got '9'",
+        ),
+        (
+            MINIMAL.replace('worker = ["echo"]', "mode = 'continuous'\nsimulated = 'llama-70b'\nthreads = 0"),
+            "f.toml: models[0].threads: expected 1..1024, got 0",
+        ),
+        (MINIMAL.replace('name = "m@1"\n', ""), "f.toml: models[0]: missing field 'name'"),
+        (
+            MINIMAL + "[[models]]\nname = 'n@1'\naliases = ['m@1']\nworker = ['echo']\n",
+            "f.toml: models[1]: 'm@1' already names model 'm@1'",
+        ),
+        (
+            MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'gold'\n",
+            "f.toml: keys[0].tier: expected one of ['paid'], got 'gold'",
+        ),
+        (MINIMAL + "[[keys]]\ntenant = 't'\ntier = 'paid'\n", "f.toml: keys[0].key: expected exactly one of"),
+        (
+            MINIMAL + "[[keys]]\nkey = 'short'\ntenant = 't'\ntier = 'paid'\n",
+            "f.toml: keys[0].key: expected at least 8",
+        ),
+        (
+            MINIMAL + "[[keys]]\nkey_sha256 = 'ABC'\ntenant = 't'\ntier = 'paid'\n",
+            "f.toml: keys[0].key_sha256: expected 64 lowercase hex digits",
+        ),
+        (
+            MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\n"
+            "[[keys]]\nkey = 'sk-000000001'\ntenant = 'u'\ntier = 'paid'\n",
+            "f.toml: keys: expected distinct keys",
+        ),
+        (
+            "[aliases]\nm = 1\n" + MINIMAL,
+            "f.toml: aliases.m: expected a table of model versions to weights, got 1",
+        ),
+        ("[aliases]\nm = {}\n" + MINIMAL, "f.toml: aliases.m: expected a table of model versions to weights"),
+        (
+            "[aliases]\nm = { 'm@2' = 1 }\n" + MINIMAL,
+            "f.toml: aliases.m: expected model versions, one of ['m@1'], got 'm@2'",
+        ),
+        (
+            "[aliases]\nm = { 'm@1' = -1 }\n" + MINIMAL,
+            "f.toml: aliases.m.m@1: expected a weight >= 0, got -1",
+        ),
+        (
+            "[aliases]\nm = { 'm@1' = 0 }\n" + MINIMAL,
+            "f.toml: aliases.m: expected weights adding up to more than 0",
+        ),
+        (
+            "[aliases]\nm = { 'm@1' = true }\n" + MINIMAL,
+            "f.toml: aliases.m.m@1: expected a weight >= 0, got True",
+        ),
+        (
+            "[aliases]\n'm@1' = { 'm@1' = 1 }\n" + MINIMAL,
+            "f.toml: aliases.m@1: expected a name no model uses",
+        ),
+        (
+            "[admin]\ntoken_sha256 = 'x'\n" + MINIMAL,
+            "f.toml: admin.token_sha256: expected 64 lowercase hex digits",
+        ),
+        ("[admin]\ntoken = 'x'\n" + MINIMAL, "f.toml: admin: unknown field 'token'"),
+    ],
+)
+def test_every_mistake_names_the_file_and_the_field(text, message):
+    with pytest.raises(ValueError) as caught:
+        parse_config(text, "f.toml")
+    assert str(caught.value).startswith(message)
+
+
+def test_a_missing_file_is_an_os_error(tmp_path):
+    with pytest.raises(OSError):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_the_configuration_reference_shows_the_example_file_as_it_is():
+    reference = (EXAMPLE.parent.parent / "docs" / "configuration.md").read_text()
+    assert "```toml\n" + EXAMPLE.read_text() + "```" in reference

@@ -1,0 +1,131 @@
+"""The jumping replay against the step-by-step one: the same answers, times, routes and KV state.
+
+Small cases with preemptions (a cache too small for the load), prefix hits (shared system
+prompts, conversations), conversations over several replicas, and long answers on three
+replicas, where arrivals land inside runs: every request's token ids and outcome are the same,
+its sent, first token and end times equal to float tolerance, the router saw the same loads at
+every decision and chose the same replica, every engine took the same steps and ends with the
+same block manager (ref counts, free list order, cached hashes), and the jumping one advanced a
+fifth of its steps or more inside runs. Two-tier load queued past the age limit is left out:
+there the aged-work credit may differ (``docs/simulation-continuous.md``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+from batcher.continuous.router import Router
+from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.sim.arrivals import poisson
+from batcher.sim.continuous import replay as llm_replay
+from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
+from batcher.sim.continuous.workload import Lengths, Workload
+from workers.engine.cost_model import PRESETS
+
+ANSWERED, CHOOSE = llm_replay.Prompts.answered, Router.choose
+
+
+def _model(workers: int, blocks: int) -> ContinuousModelConfig:
+    return ContinuousModelConfig(
+        name="sim@1",
+        simulated="llama-70b",
+        workers=workers,
+        num_blocks=blocks,
+        max_batch_tokens=256,
+        max_seqs=32,
+    )
+
+
+def _workload(rate: float, seconds: float, seed: int, turns: int, answer: int, paid: float) -> Workload:
+    return Workload.synthetic(
+        poisson(rate, seconds, seed),
+        {"paid": paid, "free": 1.0 - paid},
+        Lengths("uniform", 20, 200),
+        Lengths("uniform", 20, answer),
+        turns=turns,
+        prefixes=2,
+        prefix_tokens=48,
+        seed=seed,
+    )
+
+
+def _run(monkeypatch, workload: Workload, model: ContinuousModelConfig, jump: bool, eos: float):
+    answers: dict[int, list[int]] = {}
+    spawns: list[SimulatedEngines] = []
+    routes: list[tuple[list[float | None], int]] = []
+    answered, choose = ANSWERED, CHOOSE  # the originals, not a previous run's patches
+
+    def record(self, index, ids):
+        answers[index] = list(ids)
+        answered(self, index, ids)
+
+    def route(self, loads, hashes):
+        chosen = choose(self, loads, hashes)
+        routes.append((list(loads), chosen.replica))
+        return chosen
+
+    class Kept(SimulatedEngines):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            spawns.append(self)
+
+    monkeypatch.setattr(llm_replay.Prompts, "answered", record)
+    monkeypatch.setattr(Router, "choose", route)
+    monkeypatch.setattr(llm_replay, "SimulatedEngines", Kept)
+    trio._core._run._r.seed(0)  # trio's order of tasks woken together, the same for both replays
+    spec = EngineSpec.of(model, PRESETS["llama-70b"], eos_prob=eos)
+    run = llm_replay.replay(workload, model, QueueConfig(wait_budgets=(30.0, 30.0)), spec, seed=3, jump=jump)
+    return run, answers, spawns[0], routes
+
+
+def _blocks(spawn: SimulatedEngines, slot: int):
+    blocks = spawn.current(slot).engine.scheduler.blocks
+    return blocks.ref, list(blocks.free), blocks.block_hash, blocks.num_evictable, blocks.prefix_hits
+
+
+CASES = [  # workers, KV blocks, Poisson rate, seconds, workload seed, turns, longest answer, paid share, eos
+    (1, 160, 6.0, 6.0, 1, 3, 120, 0.5, 0.0),  # one replica, conversations, preemptions, two tiers
+    (1, 400, 8.0, 5.0, 2, 2, 120, 0.5, 0.02),  # ends by end-of-sequence too
+    (2, 120, 12.0, 5.0, 3, 1, 600, 1.0, 0.0),  # two replicas behind the router, preemptions
+    (2, 120, 14.0, 5.0, 6, 1, 600, 1.0, 0.0),  # another seed
+    (2, 1000, 10.0, 5.0, 4, 1, 120, 0.5, 0.01),  # roomy cache: long jumps, prefix hits, two tiers
+    (2, 400, 8.0, 6.0, 5, 3, 300, 1.0, 0.0),  # conversations over two replicas: next turns routed
+    (3, 2000, 15.0, 5.0, 7, 1, 600, 1.0, 0.0),  # long answers on three replicas: arrivals inside runs
+    (3, 300, 15.0, 5.0, 8, 2, 400, 1.0, 0.01),  # three replicas, conversations, preemptions, ends by eos
+]
+
+
+PARAMETERS = ("workers", "blocks", "rate", "seconds", "seed", "turns", "answer", "paid", "eos")
+
+
+@pytest.mark.parametrize(PARAMETERS, CASES)
+def test_the_jumping_replay_equals_the_step_by_step_one(
+    monkeypatch, workers, blocks, rate, seconds, seed, turns, answer, paid, eos
+):
+    workload, model = _workload(rate, seconds, seed, turns, answer, paid), _model(workers, blocks)
+    step, step_ids, step_spawn, step_routes = _run(monkeypatch, workload, model, False, eos)
+    jump, jump_ids, jump_spawn, jump_routes = _run(monkeypatch, workload, model, True, eos)
+    assert jump_routes == step_routes and len(step_routes) >= len(workload)
+    assert step_ids == jump_ids and len(step_ids) == (step.outcomes.outcome == 1).sum() > 0
+    assert (step.outcomes.outcome == jump.outcomes.outcome).all()
+    assert (step.outcomes.tokens == jump.outcomes.tokens).all()
+    for times in ("sent", "first", "end"):
+        np.testing.assert_allclose(getattr(jump.outcomes, times), getattr(step.outcomes, times), rtol=1e-9)
+    assert step.replicas == jump.replicas
+    for slot in range(workers):
+        assert _blocks(step_spawn, slot) == _blocks(jump_spawn, slot)
+    assert sum(r["prefix_hits"] for r in step.replicas) > 0
+    if blocks <= 200:
+        assert sum(r["preemptions"] for r in step.replicas) > 0
+    engines = [engine for starts in jump_spawn.spawned.values() for engine in starts]
+    leapt = sum(engine.leapt for engine in engines)
+    assert leapt > sum(r["steps"] for r in jump.replicas) / 5  # a fifth of the steps or more, jumped
+    assert sum(engine.cut for engine in engines) > 0  # runs that work reached before their end
+
+
+def test_a_decode_steps_price_from_its_context_sum_is_the_cost_models_own():
+    for cost in PRESETS.values():
+        contexts = [2000, 17, 4096, 1]
+        assert cost.decode_seconds(4, sum(contexts)) == cost.step([1] * 4, contexts).seconds

@@ -1,0 +1,63 @@
+"""The metrics registry: every family parses with prometheus_client's own parser."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from batcher.core.admission import BatchLoad
+from batcher.core.backend import Snapshot, Status
+from batcher.core.stats import Stats
+from gateway.http.metrics import Metrics
+
+
+def families(metrics: Metrics, snapshots: dict | None = None) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(metrics.exposition(snapshots or {}).decode())}
+
+
+def snapshot(stats: Stats, load: BatchLoad) -> Snapshot:
+    return Snapshot("fixed", Status(True, "", (), sum(load.queued), "requests"), stats.copy(), load)
+
+
+def test_core_counters_are_read_from_the_snapshot_taken_at_scrape_time():
+    stats = Stats()
+    metrics = Metrics()
+    metrics.track("m@1", ["paid", "free"])
+    stats.flushes["size"] += 3
+    stats.restarts += 2
+    stats.timed_out += 4
+    stats.batch_sizes.observe(50)
+    stats.queue_wait[1].observe(0.12)
+    found = families(metrics, {"m@1": snapshot(stats, BatchLoad((120, 30), (0.0,), 50, 0.25))})
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in found.values() for s in f.samples}
+    assert samples[("ferry_flushes_total", (("model", "m@1"), ("reason", "size")))] == 3
+    assert samples[("ferry_worker_restarts_total", (("model", "m@1"),))] == 2
+    assert samples[("ferry_unanswered_requests_total", (("model", "m@1"),))] == 4
+    assert samples[("ferry_batch_size_count", (("model", "m@1"),))] == 1
+    assert samples[("ferry_queue_wait_seconds_sum", (("model", "m@1"), ("tier", "free")))] == 0.12
+    assert samples[("ferry_queued_requests", (("model", "m@1"), ("tier", "paid")))] == 120
+    # the 151st request of a worker taking 50 every 250 ms goes in its 4th batch
+    assert samples[("ferry_estimated_wait_seconds", (("model", "m@1"), ("tier", "free")))] == 0.75
+
+
+def test_gateway_families_are_exported_with_model_and_tier_labels():
+    metrics = Metrics()
+    metrics.requests.labels("m@1", "paid", "200").inc()
+    metrics.ttft.labels("m@1", "paid").observe(0.3)
+    metrics.admission_rejects.labels("m@1", "free", "shed").inc()
+    found = families(metrics)
+    assert {"ferry_requests", "ferry_ttft_seconds", "ferry_time_per_output_token_seconds",
+            "ferry_request_latency_seconds", "ferry_admission_rejects", "ferry_safety_blocks"} <= set(found)
+    assert found["ferry_requests"].samples[0].labels == {"model": "m@1", "tier": "paid", "status": "200"}
+
+
+def test_several_backends_share_each_family_with_a_sample_per_model():
+    metrics = Metrics()
+    snapshots = {}
+    for model in ("a@1", "b@1"):
+        stats = Stats()
+        stats.retries = 3 if model == "a@1" else 4
+        metrics.track(model, ["paid"])
+        snapshots[model] = snapshot(stats, BatchLoad((0,), (), 1, 0.0))
+    retries = families(metrics, snapshots)["ferry_batch_retries"]
+    assert {s.labels["model"]: s.value for s in retries.samples if s.name.endswith("_total")} == {
+        "a@1": 3,
+        "b@1": 4,
+    }
