@@ -1,6 +1,6 @@
 """Open-loop arrivals into one engine alone (no pool), with a batching policy, in virtual time.
 
-:func:`drive` feeds requests arriving at given times into a :class:`~experiments.llm_common.Replica`
+:func:`drive` feeds requests arriving at given times into a :class:`~experiments.continuous_common.Replica`
 and records, per request, when it arrived, its first token and its end (a token exists once the
 step that made it has passed). What decides which waiting requests the engine may take is the
 ``policy``: a function of the replica that says how many may be added now. The engine's own
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from experiments.llm_common import Replica
+from experiments.continuous_common import Replica
 
 Policy = Callable[[Replica], float]
 

@@ -6,7 +6,7 @@ rate, one of 20-token answers and one of 500, differ ~25x in KV memory and decod
 long answers surge (code generation, say) the request rate stays flat while the KV cache fills
 and the queue grows. Scale on KV use and queued tokens, not on requests/s.
 
-Here one 70B replica on 4 x A100 (the smaller replica of ``llm_burst``, so minutes replay in
+Here one 70B replica on 4 x A100 (the smaller replica of ``continuous_burst``, so minutes replay in
 seconds) takes 20 req/s of 200 prompt tokens through the production pool, router and admission
 (paid only, wait budget 30 s): 20-token answers for the first 60 s, 500-token answers after.
 The replay measures three signals each second: arrivals per second, the replica's KV use (its
@@ -17,7 +17,7 @@ its signal's mean over the last 30 s is 30 % above its mean before the shift (th
 fleet was sized with), and a new replica serves 8 minutes after it fires; a KV scaler with an
 absolute threshold (70 % of the cache) is checked too.
 
-    python -m experiments.llm_autoscale
+    python -m experiments.continuous_autoscale
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from batcher.sim.arrivals import poisson
 from batcher.sim.continuous.replay import FINISHED, Outcomes
 from batcher.sim.continuous.workload import Workload
 from experiments.common import plt, write
-from experiments.llm_common import KV_BLOCKS_SMALL_70B, SMALL_70B, pool_replay
+from experiments.continuous_common import KV_BLOCKS_SMALL_70B, SMALL_70B, pool_replay
 
 RATE, PROMPT, SHORT, LONG, SHIFT, END = 20.0, 200, 20, 500, 60, 180
 WINDOW, HEADROOM, START_S, BIN, KV_FULL = 30, 1.3, 480, 15, 70.0
@@ -117,7 +117,7 @@ def main() -> None:
     axis.set_ylabel("signal over its level before the shift")
     axis.legend()
     axis.set_title("Autoscaling signals at a constant 20 req/s")
-    write("llm_autoscale", rows, figure, summary, "python -m experiments.llm_autoscale")
+    write("continuous_autoscale", rows, figure, summary, "python -m experiments.continuous_autoscale")
 
 
 if __name__ == "__main__":

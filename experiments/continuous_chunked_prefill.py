@@ -10,13 +10,13 @@ Here the production scheduler decides (one token budget a step, decodes first, t
 prompt chunked into what is left), over the cost model of 70B on 8 x H100. For each chunk size
 the step budget is 200 + chunk tokens; "whole" is a budget that holds the whole prompt.
 
-    python -m experiments.llm_chunked_prefill
+    python -m experiments.continuous_chunked_prefill
 """
 
 from __future__ import annotations
 
 from experiments.common import write
-from experiments.llm_common import Replica, two_scales
+from experiments.continuous_common import Replica, two_scales
 
 DECODERS, CONTEXT, LONG = 200, 2_000, 50_000
 CHUNKS = (256, 512, 1_024, 2_048, 4_096, 8_192, 16_384, LONG)
@@ -79,7 +79,8 @@ def main() -> None:
         bars=True,
         log=True,
     )
-    write("llm_chunked_prefill", rows, figure, summary, "python -m experiments.llm_chunked_prefill")
+    command = "python -m experiments.continuous_chunked_prefill"
+    write("continuous_chunked_prefill", rows, figure, summary, command)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Fidelity of the continuous mode: virtual time against a real SmolLM2 engine worker on this CPU.
 
-    python -m experiments.llm_fidelity [--costs FILE] [--requests 100] [--rate 1.5] [--seed 0]
+    python -m experiments.continuous_fidelity [--costs FILE] [--requests 100] [--rate 1.5] [--seed 0]
 
 One seeded workload (Poisson arrivals, uniform prompt and answer lengths, one tier, greedy
 answers) goes twice through the production ``EnginePool``, router and admission with one
@@ -8,7 +8,7 @@ replica: once on the wall clock to a real engine worker process (``python -m wor
 SmolLM2-135M-Instruct in bfloat16 on one torch thread), once under MockClock to a simulated
 engine (the same engine scheduler over a runner priced by the constants ``ferry fit`` measured
 on this machine: ``--costs``, or by default the steps of two ``ferry fit`` runs, one just before
-the real run and one just after, fitted together into ``results/llm_fidelity_costs.json``: on
+the real run and one just after, fitted together into ``results/continuous_fidelity_costs.json``: on
 a shared machine other processes' load changes from minute to minute, and the two bracket it). Both
 are driven by the replay's own driver (:func:`batcher.sim.continuous.replay.drive`), so a request is
 sent, streamed and timed the same way. A real answer can end early at an end-of-sequence token;
@@ -155,7 +155,7 @@ def as_asked(workload: Workload, real: Outcomes) -> Workload:
     return dataclasses.replace(workload, answer=answer.astype(np.int64))
 
 
-BEFORE, COSTS = RESULTS / "llm_fidelity_before.json", RESULTS / "llm_fidelity_costs.json"
+BEFORE, COSTS = RESULTS / "continuous_fidelity_before.json", RESULTS / "continuous_fidelity_costs.json"
 
 
 def ferry_fit(out: Path, *earlier: Path) -> None:
@@ -244,8 +244,8 @@ TTFT/TPOT p50/p95 difference is **{worst:.1f} %**: {verdict} the 15 % asked for.
 columns price every step at the share of a core the real engine got (its CPU seconds over the
 run's wall seconds, {share:.0%}): what the simulation says once the other processes' load is known.
 """
-    command = " ".join(["python -m experiments.llm_fidelity", *sys.argv[1:]])
-    write("llm_fidelity", rows, figure, summary, command)
+    command = " ".join(["python -m experiments.continuous_fidelity", *sys.argv[1:]])
+    write("continuous_fidelity", rows, figure, summary, command)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ own salts its hashes, so nothing it asks is found). Part two: a chat workload (c
 on two replicas, with the cache and without; then with the cache on caches of shrinking size,
 where the history of a conversation between its turns is evicted: the hit rate under KV pressure.
 
-    python -m experiments.llm_prefix_chat
+    python -m experiments.continuous_prefix_chat
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from batcher.sim.continuous.replay import FINISHED, replay
 from batcher.sim.continuous.report import ContinuousReport
 from batcher.sim.continuous.workload import Lengths, Workload
 from experiments.common import write
-from experiments.llm_common import KV_BLOCKS_70B, Replica, two_scales
+from experiments.continuous_common import KV_BLOCKS_70B, Replica, two_scales
 
 NEW, ANSWER, TURNS = 300, 450, 12
 HISTORY = (TURNS - 1) * (NEW + ANSWER)  # 8,250 tokens before the 12th turn's new ones
@@ -121,7 +121,7 @@ def main() -> None:
         title="Chat of 12 turns on two 70B replicas: prefix caching",
         bars=True,
     )
-    write("llm_prefix_chat", rows, figure, summary, "python -m experiments.llm_prefix_chat")
+    write("continuous_prefix_chat", rows, figure, summary, "python -m experiments.continuous_prefix_chat")
 
 
 if __name__ == "__main__":

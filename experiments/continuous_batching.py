@@ -10,14 +10,14 @@ within a step.
 Here the production engine (scheduler, block manager) runs each policy over the cost model, fed
 by Poisson arrivals (300 requests or 30 s, whichever is longer) of 500 prompt tokens and answers
 uniform in 20..1,000 tokens
-(:mod:`experiments.llm_drive`): no batching adds the next request once the engine is empty;
+(:mod:`experiments.continuous_drive`): no batching adds the next request once the engine is empty;
 static batching adds up to 256 waiting requests together once the previous batch has drained
 (a batcher that takes what is waiting rather than waiting for a full batch, the kinder form);
 continuous adds every arrival at once. Each policy's capacity at a target is the highest Poisson
 rate whose TTFT p95 and TPOT p95 are within it (and every lower rate's too): TPOT p95 < 50 ms with
 TTFT p95 < 2 s, and again with a loose TTFT p95 < 10 s, which the unbatched policies can meet.
 
-    python -m experiments.llm_batching
+    python -m experiments.continuous_batching
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np
 
 from batcher.sim.arrivals import poisson
 from experiments.common import plt, write
-from experiments.llm_common import Replica
-from experiments.llm_drive import CONTINUOUS, NONE, Policy, drive, highest, static, sweep
+from experiments.continuous_common import Replica
+from experiments.continuous_drive import CONTINUOUS, NONE, Policy, drive, highest, static, sweep
 
 TARGETS, TPOT, PROMPT, ANSWERS = (2.0, 10.0), 0.050, 500, (20, 1_000)
 REQUESTS, SECONDS = 300, 30.0  # a run is this many requests, or this long if that is more
@@ -98,7 +98,7 @@ def main() -> None:
     axis.set_title("No, static and continuous batching (500 prompt, 20-1,000 answer tokens)")
     axis.legend()
     rows = [{**r, "req/s": f"{r['req/s']:g}"} for r in rows]
-    write("llm_batching", rows, figure, summary, "python -m experiments.llm_batching")
+    write("continuous_batching", rows, figure, summary, "python -m experiments.continuous_batching")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ The same 8 replicas of 70B on 8 x H100 (64 GPUs), answers of 200 tokens, targets
 and TPOT p95 < 50 ms, for prompts of growing length. What is replayed and what is modelled:
 
 - colocated (replayed): one replica's production engine, chunked prefill at 2,048 tokens a step
-  beside the decodes, fed Poisson arrivals (:mod:`experiments.llm_drive`); its capacity is the
+  beside the decodes, fed Poisson arrivals (:mod:`experiments.continuous_drive`); its capacity is the
   highest rate meeting both targets, and the fleet's is 8 times that;
 - prefill replica (replayed): the same engine asked for one token a request (its prefill and
   first token), with 8,192 tokens a step; its capacity is the highest rate whose TTFT p95 plus
@@ -21,15 +21,15 @@ and TPOT p95 < 50 ms, for prompts of growing length. What is replayed and what i
 - the split: p prefill and 8 - p decode replicas serve min(p x prefill, (8 - p) x decode); the
   best p is taken.
 
-    python -m experiments.llm_disagg
+    python -m experiments.continuous_disagg
 """
 
 from __future__ import annotations
 
 from batcher.sim.arrivals import poisson
 from experiments.common import plt, write
-from experiments.llm_common import KV_BLOCKS_70B, SEVENTY_B, Replica
-from experiments.llm_drive import CONTINUOUS, drive, refine, sweep
+from experiments.continuous_common import KV_BLOCKS_70B, SEVENTY_B, Replica
+from experiments.continuous_drive import CONTINUOUS, drive, refine, sweep
 
 PROMPTS, ANSWER, REPLICAS, GPUS = (500, 2_000, 8_000, 32_000), 200, 8, 8
 TTFT, TPOT, LINK, MAX_SEQS = 2.0, 0.050, 50e9, 256
@@ -120,7 +120,7 @@ def main() -> None:
     axis.set_ylabel("goodput, req/s per GPU")
     axis.set_title("Prefill/decode disaggregation against colocated, 64 GPUs of 70B")
     axis.legend()
-    write("llm_disagg", rows, figure, summary, "python -m experiments.llm_disagg")
+    write("continuous_disagg", rows, figure, summary, "python -m experiments.continuous_disagg")
 
 
 if __name__ == "__main__":

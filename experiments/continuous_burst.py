@@ -15,7 +15,7 @@ shrinks as paid's queue grows). For each shed request, the Retry-After it was to
 with the real drain: how long after the refusal the newest request admitted before it got its
 first token (the queue ahead of the refused one had then left).
 
-    python -m experiments.llm_burst
+    python -m experiments.continuous_burst
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from batcher.sim.arrivals import piecewise
 from batcher.sim.continuous.replay import FINISHED, SHED, Outcomes
 from batcher.sim.continuous.workload import Lengths, Workload
 from experiments.common import plt, write
-from experiments.llm_common import KV_BLOCKS_SMALL_70B, SMALL_70B, pool_replay
+from experiments.continuous_common import KV_BLOCKS_SMALL_70B, SMALL_70B, pool_replay
 
 BASE, PEAK, BEFORE, RAMP, AFTER, WINDOW = 5.0, 10.0, 60, 300, 60, 30
 BUDGETS, PAID_SHARE, PIECES = (1.0, 1.0), 0.4, 30
@@ -115,7 +115,7 @@ def main() -> None:
     other.set_ylabel("free shed, %", color="tab:red")
     axis.legend(loc="upper left")
     axis.set_title("Demand doubles in five minutes: paid within budget, free shed")
-    write("llm_burst", rows, figure, summary, "python -m experiments.llm_burst")
+    write("continuous_burst", rows, figure, summary, "python -m experiments.continuous_burst")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ Here the production engine (scheduler, block manager) runs each batch over the c
 sequences are prefilled, then the next decode steps are timed, so the step is what the engine
 really schedules (one token per running sequence, contexts growing by one a step).
 
-    python -m experiments.llm_decode_batch
+    python -m experiments.continuous_decode_batch
 """
 
 from __future__ import annotations
 
 from experiments.common import write
-from experiments.llm_common import Replica, two_scales
+from experiments.continuous_common import Replica, two_scales
 
 CONTEXT = 2_000
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 192, 256)
@@ -74,7 +74,7 @@ def main() -> None:
         right_label="replica tokens/s",
         title="70B on 8 x H100: a decode step against batch size",
     )
-    write("llm_decode_batch", rows, figure, summary, "python -m experiments.llm_decode_batch")
+    write("continuous_decode_batch", rows, figure, summary, "python -m experiments.continuous_decode_batch")
 
 
 if __name__ == "__main__":

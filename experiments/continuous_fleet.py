@@ -11,7 +11,7 @@ the cost model) is driven at rising Poisson rates; the highest rate that meets b
 its capacity, and the fleet is 500 over that (the router spreads arrivals over identical
 replicas, and a pool of them does at least as well as each alone at its share).
 
-    python -m experiments.llm_fleet
+    python -m experiments.continuous_fleet
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from batcher.sim.continuous.engine import EngineSpec
 from batcher.sim.continuous.replay import FINISHED, replay
 from batcher.sim.continuous.workload import Lengths, Workload
 from experiments.common import write
-from experiments.llm_common import KV_BLOCKS_70B, two_scales
+from experiments.continuous_common import KV_BLOCKS_70B, two_scales
 
 RATES = (16, 20, 24, 28, 32, 36)
 SECONDS, LOAD, TTFT, TPOT = 30.0, 500, 1.0, 0.050
@@ -95,7 +95,7 @@ def main() -> None:
         right_label="TPOT p95, ms",
         title="One 70B replica, 1,500 prompt + 300 answer tokens",
     )
-    write("llm_fleet", rows, figure, summary, "python -m experiments.llm_fleet")
+    write("continuous_fleet", rows, figure, summary, "python -m experiments.continuous_fleet")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ import numpy as np
 
 from batcher.sim.continuous.replay import FINISHED, SHED, Outcomes
 from batcher.sim.continuous.workload import Workload
-from experiments import llm_autoscale
-from experiments.llm_autoscale import fires, owed_tokens
-from experiments.llm_burst import real_drain
+from experiments import continuous_autoscale
+from experiments.continuous_autoscale import fires, owed_tokens
+from experiments.continuous_burst import real_drain
 
 
 def outcomes(sent, first, end, outcome):
@@ -43,7 +43,7 @@ def test_tokens_owed_count_waiting_prompts_and_answers_left():
 
 
 def test_a_scaler_fires_when_its_windowed_mean_passes_the_headroom(monkeypatch):
-    monkeypatch.setattr(llm_autoscale, "SHIFT", 4)
-    monkeypatch.setattr(llm_autoscale, "WINDOW", 2)
+    monkeypatch.setattr(continuous_autoscale, "SHIFT", 4)
+    monkeypatch.setattr(continuous_autoscale, "WINDOW", 2)
     assert fires(np.array([1.0, 1, 1, 1, 1, 1, 1])) == float("inf")
     assert fires(np.array([1.0, 1, 1, 1, 1, 2, 2])) == 1.0  # mean of (1, 2) = 1.5 > 1.3 one s after

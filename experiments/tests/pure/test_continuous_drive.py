@@ -1,11 +1,11 @@
-"""The batching policies of ``experiments/llm_drive.py`` over one engine in virtual time: none
+"""The batching policies of ``experiments/continuous_drive.py`` over one engine in virtual time: none
 serves one request at a time, static starts a batch only once the one before has drained,
 continuous starts an arrival at the next step; and the capacity search stops at the first miss."""
 
 import numpy as np
 
-from experiments.llm_common import Replica
-from experiments.llm_drive import CONTINUOUS, NONE, drive, highest, refine, static, sweep
+from experiments.continuous_common import Replica
+from experiments.continuous_drive import CONTINUOUS, NONE, drive, highest, refine, static, sweep
 from workers.engine.cost_model import PRESETS
 
 SMALL = PRESETS["smollm2-135m"]

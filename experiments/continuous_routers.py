@@ -12,7 +12,7 @@ answer tokens a turn), through the production pool and router, at bounds from 0 
 tokens, the holder winning only ties) to unbounded (always the holder). Load skew is the busiest
 replica's generated tokens over the mean. Round robin is not one of ferry's routers, so not here.
 
-    python -m experiments.llm_routers
+    python -m experiments.continuous_routers
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from batcher.sim.continuous.engine import EngineSpec
 from batcher.sim.continuous.replay import FINISHED, replay
 from batcher.sim.continuous.workload import Lengths, Workload
 from experiments.common import write
-from experiments.llm_common import KV_BLOCKS_70B, two_scales
+from experiments.continuous_common import KV_BLOCKS_70B, two_scales
 
 BOUNDS = (0, 512, 2_048, 8_192, 1 << 30)
 RATE, SECONDS, REPLICAS = 10.0, 60.0, 4
@@ -90,7 +90,7 @@ def main() -> None:
         title="Routing 12-turn chats over four 70B replicas",
         bars=True,
     )
-    write("llm_routers", rows, figure, summary, "python -m experiments.llm_routers")
+    write("continuous_routers", rows, figure, summary, "python -m experiments.continuous_routers")
 
 
 if __name__ == "__main__":
