@@ -34,7 +34,7 @@ serve: $(STAMP) bytecode kernels
 # ferry's modules compiled ahead (quick when up to date). Where PYTHONDONTWRITEBYTECODE is set, as in
 # many containers, Python never caches them, and every worker process a fleet restarts after a crash
 # compiles them again before it can serve: a start-up that, with every worker restarting at once,
-# the fleet's clients wait for (experiments/README.md, "A worker's start-up").
+# the fleet's clients wait for (experiments/docs/start-up.md, "A worker's start-up").
 bytecode: $(STAMP)
 	$(PY) -m compileall -q batcher gateway workers experiments
 

@@ -16,7 +16,7 @@ Every time is the client's: TTFT is arrival to the first text, TPOT the time bet
 and the last text over the tokens after the first (a static batch sends its whole answer at
 once: its TPOT is 0, and its TTFT is its whole latency), tokens/s the output tokens of all
 requests over the time from the first arrival to the last answer. Both run in ``--dtype``
-(bfloat16 by default: on this CPU its decode steps are 2-4x float32's, experiments/README.md).
+(bfloat16 by default: on this CPU its decode steps are 2-4x float32's, experiments/docs/constants.md).
 
 The machine's two cores are shared with other jobs whose load comes and goes. With torch's
 default two threads a process, a phase ran up to 20x slower than the same phase a minute later

@@ -5,7 +5,7 @@ The trio core (every model's backend: batchers, pools, supervision) runs in one 
 its own thread. The asyncio side calls :meth:`Bridge.submit` with a checked
 :class:`~batcher.core.backend.Job` and reads the returned :class:`Handle`'s events; a handler that
 goes away calls :meth:`Bridge.cancel`. A hop from one loop to the other is costly when it has to
-wake a sleeping loop (experiments/README.md, "The gateway over HTTP"), so hops are batched in
+wake a sleeping loop (experiments/docs/gateway-http.md), so hops are batched in
 both directions::
 
     asyncio thread                                           trio thread

@@ -33,7 +33,7 @@ DEFAULT_TOML = """\
 # budget; 1 GiB of KV (~46,000 tokens) holds 32 answers with long prompts. A request the estimate
 # says cannot start within its budget is refused at arrival. A 2,048-token step on a busy small
 # CPU can take many seconds (the engine would be killed as silent), hence a stats timeout of 2
-# minutes. Measurements: experiments/README.md.
+# minutes. Measurements: experiments/docs/vllm.md (the embedded default's burst).
 [server]
 host = "127.0.0.1"
 port = 8080

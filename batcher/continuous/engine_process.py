@@ -57,8 +57,8 @@ class EngineProcess(PipeProcess):
 
 async def convert_once(model: ContinuousModelConfig) -> None:
     """Convert a :data:`~batcher.core.config.CONVERTED` model the first time it is served, in a child
-    process whose progress goes to this process's output (experiments/README.md, "Start-up
-    times"; a later start finds the conversion done and returns at once). The continuous
+    process whose progress goes to this process's output (experiments/docs/start-up.md;
+    a later start finds the conversion done and returns at once). The continuous
     mode's preparation, at start-up and at a reload alike; ``ValueError`` if it fails."""
     argv = model.conversion_argv()
     if argv is None:

@@ -21,7 +21,7 @@ at once, so a free request waits 20 ms or 220 ms depending on which side of that
 falls, and paid requests queued now take places in the next batches but not in the ones after.
 The fluid estimate (with or without the paid arrival rate) misjudged waits by whole factors in
 the burst experiment (``experiments/burst.py --virtual``), while this one predicts the dispatch
-time of most admitted requests closely (experiments/README.md, "A burst at 3× capacity").
+time of most admitted requests closely (experiments/docs/burst.md).
 
 The product is the tiering. ``pressure(h)`` is how far tier h's queue reaches past the next
 dispatch (the part of its wait that is backlog, not the phase of the calls); as the paid queue
@@ -53,7 +53,7 @@ MARGIN = 2.0
 
 Without it, free requests admitted at the edge are passed by paid ones and expire at their
 deadline, and their Retry-After is less often right; what 2 buys in the 3x burst is in
-experiments/README.md, "Constants measured for the code"."""
+experiments/docs/constants.md."""
 
 
 class Load(Protocol):

@@ -15,8 +15,8 @@ one pass. A job's events arrive in this order, and end with exactly one of the l
 
 A job that is shed at admission gets ``Failed`` at once, from inside ``submit``. A cancelled
 job gets no further event. Events are named tuples: immutable like frozen dataclasses, and
-cheaper to make, which counts at three events per request (experiments/README.md, "The gateway
-over HTTP").
+cheaper to make, which counts at three events per request (experiments/docs/gateway-http.md,
+experiments/docs/constants.md).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ GC_THRESHOLDS = (20_000, 20, 20)
 objects die by reference counting (no cycle per request: see ``Bridge._on_event``), yet each
 young collection still walks every live young object, and at 1,600 requests/s a few hundred
 requests are in flight: with the default, the collector took a sizeable share of the gateway's
-CPU (experiments/README.md, "The gateway over HTTP"). Collected far less often, what it finds is
+CPU (experiments/docs/gateway-http.md). Collected far less often, what it finds is
 the same few cycles, a little later."""
 
 

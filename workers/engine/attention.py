@@ -107,7 +107,7 @@ def plan_attention(
 GROUP_OVERHEAD = 1024
 """What one more padded call costs, in query rows x key slots of attention work: a call's fixed
 cost (gather, kernel launch, index copies) over the rate a decode group reads key slots, both
-measured (experiments/README.md, "Constants measured for the code")."""
+measured (experiments/docs/constants.md)."""
 
 
 def fresh_prompts(query_lens: list[int], context_lens: list[int]) -> list[int]:
@@ -223,7 +223,7 @@ def attend(
     """``softmax(query @ keys^T * scale + mask) @ values`` over [seqs, kv_heads, rows, head_dim]:
     ``scaled_dot_product_attention``, for decodes (a KV head's query heads as its rows, one mask
     row broadcast over them) as for prefill chunks: one path, as fast as two plain matmuls on a
-    decode group with torch 2.13 (experiments/README.md, "Where a step's time goes")."""
+    decode group with torch 2.13 (experiments/docs/engine-step.md)."""
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
 
 

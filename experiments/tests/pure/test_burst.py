@@ -1,7 +1,7 @@
 """The 3x burst of the admission issue, in virtual time: the production batcher and admission
 with simulated 200 ms workers under MockClock (``experiments/burst.py --virtual``), so what a
 client would notice is checked exactly, without a machine's noise. The HTTP run is the
-experiment itself; its figures are in experiments/README.md, "A burst at 3× capacity"."""
+experiment itself; its figures are in experiments/docs/burst.md."""
 
 import pytest
 

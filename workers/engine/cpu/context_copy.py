@@ -2,7 +2,7 @@
 
 A decode attends to its whole context, and the paged cache holds it block by block: gathering
 it into one padded tensor copies every context's K and V, every layer, every step (a fifth of
-a batched decode step on the CPU; experiments/README.md, "Where a step's time goes"). Between
+a batched decode step on the CPU; experiments/docs/engine-step.md). Between
 two pure-decode steps the same group's contexts only grow by one token each, so the runner
 keeps each decode group's gathered K and V, for every layer, in a tensor with room to grow::
 

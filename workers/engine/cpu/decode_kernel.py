@@ -8,7 +8,7 @@ attention reads them at a fifth of the memory bandwidth at decode sizes (a KV he
 rows against a few hundred keys: small matrix products, each with its own set-up, and masked
 padding read like real keys). ``decode_attention.cpp`` does one pass over a head's keys
 for all its query rows and one over its values, in float32 registers, and stops at each
-sequence's length; figures in experiments/README.md. It is the only C++ in ferry, compiled with
+sequence's length; figures in experiments/docs/engine-vs-vllm.md. It is the only C++ in ferry, compiled with
 the system's C++ compiler against the installed torch (no other build tool), into ``build/``.
 
 The engine uses it for decode groups when the model is bfloat16 on the CPU with heads the kernel

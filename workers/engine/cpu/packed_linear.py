@@ -6,7 +6,7 @@ pays that reorder thirty layers times four matrices over. :class:`PackedLinear` 
 reordered copy instead (``torch.ops.mkldnn._reorder_linear_weight``) and multiplies with it
 (``torch.ops.mkldnn._linear_pointwise``), the route torch's own inductor takes for CPU linears
 when it freezes a model. The arithmetic is oneDNN's in both cases, so the output is the same bit
-for bit; only the per-call reorder goes. Measured figures are in experiments/README.md.
+for bit; only the per-call reorder goes. Measured figures are in experiments/docs/engine-vs-vllm.md.
 
 Packing applies only where it can: bfloat16, on the CPU, with oneDNN built in and able to do
 bfloat16 here. Anywhere else (float32, CUDA) the model keeps its ``nn.Linear`` layers.
