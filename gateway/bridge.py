@@ -1,34 +1,14 @@
 """The hand-off between the gateway's asyncio thread and the trio core: the only module that
 knows both loops (docs/architecture.md, "The layers").
 
-The trio core (every model's backend: batchers, pools, supervision) runs in one ``trio.run`` on
-its own thread. The asyncio side calls :meth:`Bridge.submit` with a checked
-:class:`~batcher.core.backend.Job` and reads the returned :class:`Handle`'s events; a handler that
-goes away calls :meth:`Bridge.cancel`. A hop from one loop to the other is costly when it has to
-wake a sleeping loop (experiments/docs/gateway-http.md), so hops are batched in
-both directions::
-
-    asyncio thread                                           trio thread
-    submit / cancel / snapshot ──> outgoing ops ──one run_sync_soon per loop iteration──┐
-                                                        backend.submit / cancel / snapshot <┘
-    handle.events <── one call_soon_threadsafe per trio wake-up <── (handle, events) pairs <── on_event
-
-so a burst of 50 submits crosses in one hop, and the events of a finished batch of 50 (or of
-one engine step's tokens for 200 streams) come back in one, as ``(handle, events)`` pairs.
-
-The set of backends changes while the core runs (a rollout, docs/operations.md):
-:meth:`Bridge.prepare` readies a model version as its start would (the same code, on the trio
-thread), :meth:`Bridge.open` starts its backend in the trio core's :class:`~batcher.core.fleet.Fleet`
-and returns once it takes jobs, :meth:`Bridge.close` stops one, and :meth:`Bridge.retune` hands
-every backend the tiers' new wait budgets. They cross in the same ordered hops as submits, so a submit
-made before a close reaches its backend first. A close hands back the events its backend emitted
-before it stopped, then fails (retryably) any job of that version still in flight, so no caller
-waits for ever; the gateway closes a version only once it has drained.
-
-Nothing on the asyncio side touches an object the trio side owns. A handle's two halves are
-kept apart: ``outbox`` and ``ticket`` are the trio side's, ``events`` the asyncio side's; events
-are frozen values; and the state ``/readyz`` and ``/metrics`` show crosses as immutable
-:class:`~batcher.core.backend.Snapshot`\\ s, taken on the trio thread when asked for.
+The asyncio side calls :meth:`Bridge.submit` with a checked :class:`~batcher.core.backend.Job`
+and reads the returned :class:`Handle`'s events. A hop that wakes a sleeping loop is costly
+(experiments/docs/gateway-http.md), so hops are batched both ways: the submits of one asyncio
+loop iteration cross in one ``run_sync_soon``, the events of one trio wake-up come back in one
+``call_soon_threadsafe`` as ``(handle, events)`` pairs. :meth:`Bridge.open`, :meth:`Bridge.close`
+and :meth:`Bridge.retune` change the fleet in the same ordered hops, so a submit made before a
+close reaches its backend first. Nothing on the asyncio side touches an object the trio side
+owns: events are frozen values, and ``/readyz`` and ``/metrics`` read immutable snapshots.
 """
 
 from __future__ import annotations

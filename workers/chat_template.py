@@ -7,9 +7,8 @@ Where the template lives, first found wins (``transformers``' ``from_pretrained`
     tokenizer_config.json           "chat_template": a string, or a list of
                                     {"name": ..., "template": ...} whose "default" is the one used
 
-``tokenizer_config.json`` also names the special tokens a template may print (``bos_token``,
-``eos_token``: a string, or ``{"content": ...}``). Pure: it reads two files and parses JSON; a
-file that is missing or malformed reads as no template, so the caller says what it needed.
+``tokenizer_config.json`` also names the special tokens a template may print. Pure: a file that
+is missing or malformed reads as no template, so the caller says what it needed.
 """
 
 from __future__ import annotations

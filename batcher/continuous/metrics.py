@@ -1,29 +1,13 @@
 """What the continuous backend counts, and the ``/metrics`` families it becomes: what the
-scheduler controls (KV blocks, preemptions, prefix-cache hits), with vLLM's metric names as the model.
+scheduler controls (KV blocks, preemptions, prefix-cache hits), named after vLLM's metrics.
 
-The engines report their load in ``stats`` frames; the pool keeps the last report of each
-replica, adds up the counters of the engines that died before it (so a restart does not send a
-counter backwards), and copies it all into a :class:`ContinuousStats` at each snapshot. At
-scrape time :func:`engine_families` turns the snapshot into families (vLLM's in brackets):
-
-    ferry_engine_running_sequences      gauge    {model, replica}   (vllm:num_requests_running)
-    ferry_engine_waiting_sequences      gauge    {model, replica}   (vllm:num_requests_waiting)
-    ferry_engine_kv_blocks_free / _used gauge    {model, replica}   (vllm:kv_cache_usage_perc)
-    ferry_engine_preemptions            counter  {model, replica}   (vllm:num_preemptions)
-    ferry_engine_prefix_cache_queries   counter  {model, replica}   (vllm:prefix_cache_queries), tokens
-    ferry_engine_prefix_cache_hits      counter  {model, replica}   (vllm:prefix_cache_hits), tokens;
-                                                 a recompute after a preemption is not a hit
-    ferry_engine_generated_tokens       counter  {model, replica}   (vllm:generation_tokens)
-    ferry_engine_generation_tokens_per_second gauge {model, replica}  recent rate
-    ferry_engine_step_tokens            histogram {model}          (vllm:iteration_tokens_total),
-                                                 each stats interval's mean tokens per step, once per step
-    ferry_engine_reruns                 counter  {model}   jobs re-run unseen after their engine died
-    ferry_engine_interrupted_streams    counter  {model}   streams ended by an error after sending text
-
-TTFT, time per output token, end-to-end latency (the gateway's, by model and tier), queue wait
-(``ferry_queue_wait_seconds``, arrival to the engine, by tier), worker restarts, unanswered
-requests and ``ferry_queued_tokens`` are the families every mode shares (:mod:`batcher.core.metrics`);
-no batch family (flushes, batch sizes, batch retries, bisections) has a continuous model's sample.
+The engines report their load in ``stats`` frames; the pool keeps each replica's last report,
+adds the counters of the engines that died before it (a restart never sends a counter
+backwards), and copies it all into a :class:`ContinuousStats` at each snapshot, which
+:func:`engine_families` turns into the ``ferry_engine_*`` families at scrape time (each with
+its vLLM counterpart: docs/continuous.md, "Metrics"). The families every mode shares
+(latencies, queue wait, restarts, ``ferry_queued_tokens``) are :mod:`batcher.core.metrics`';
+no batch family has a continuous model's sample.
 """
 
 from __future__ import annotations

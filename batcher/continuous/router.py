@@ -1,35 +1,15 @@
 """Which engine replica a new request goes to: least queued tokens, with bounded prefix affinity.
 
-Pure: the engine pool passes each replica's load and the request's prefix in, and tells the
-router what it sent where; nothing here reads a clock or does I/O.
-
-**Load** is queued tokens: for every request a replica has been given and not finished, the
-prompt tokens it still has to prefill plus the output tokens it may still generate (its
-``max_tokens`` less what it has made), whether the request waits in the pool's queue for that
-replica or already runs in its engine. Round robin would send work to a replica whose KV cache
-is full while another is half empty; tokens, not requests, are what a step costs.
-
-**Prefix** is the chain of hashes of the prompt's full blocks, computed as the engine's block
-manager computes them (:func:`workers.prefix_hash.prefix_hashes`, the one chain both import:
-salted by model version and tenant, so two tenants never share a key), up to the block
-before the prompt's last token, which the engine always computes. For each replica the router
-remembers the block hashes it has sent there, most recent last, at most as many as that
-replica's KV cache holds blocks: a picture of what its prefix cache can still hold, which the
-engine evicts in the same LRU order. A replica *holds* a request's first ``m`` blocks when the
-first ``m`` hashes of its chain are all in its picture.
-
-**The choice** (SGLang's cache-aware router and "consistent hashing with bounded loads", with
-the bound in tokens)::
+Pure. **Load** is queued tokens: what a replica still owes its jobs, queued or running (tokens,
+not requests, are what a step costs). **Prefix** is the hash chain of the prompt's full blocks
+(:func:`workers.prefix_hash.prefix_hashes`, the engine's own keys); per replica the router
+remembers the hashes it sent there, as many as its cache holds, in the engine's LRU order
+(why, and the bound: docs/continuous.md, "Routing")::
 
     least   = the smallest load among live replicas
     holders = live replicas holding >= 1 block of the prefix, whose load <= least + bound
-    winner  = the holder with the longest held prefix (ties: less load, then lower index),
-              else the least-loaded live replica (ties: lower index)
-
-so a repeated system prompt keeps going to the replica that has it cached, until that replica
-is ``bound`` tokens busier than the least busy one; then it spreads, and the new replica starts
-holding the prefix too. A replica that dies loses its cache, and the router forgets its picture.
-"""
+    winner  = the holder with the longest held prefix (then less load, then lower index),
+              else the least-loaded live replica (then lower index)"""
 
 from __future__ import annotations
 

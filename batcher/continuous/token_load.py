@@ -1,33 +1,15 @@
-"""The continuous mode's :class:`~batcher.core.admission.Load`: when a queued request would *start*, in
-tokens against a measured token rate (the fluid estimate: "queued tokens / recent throughput").
-Pure.
+"""The continuous mode's :class:`~batcher.core.admission.Load`: when a queued request would
+*start*, in tokens against a measured token rate (the fluid estimate). Pure.
 
-Under continuous batching a request starts once the prompts ahead of it have been prefilled, not
-once the work ahead has finished: the engine pool keeps each tier's queue on the gateway side and
-hands a replica a job while the replica has seats, KV blocks and less than two steps' budget of
-prompt not yet prefilled (its ``room``). So a new request of tier ``t`` starts at once when the
-prompt tokens queued in ``t`` and above fit that room; else, roughly, when they and the prompts
-the engines hold unprefilled have been computed, while the higher tiers' new arrivals keep
-passing it::
+A request starts once the prompts ahead of it have been prefilled: at once if the prompt tokens
+queued in its tier and above fit the engines' ``room`` (seats, KV blocks, under two steps'
+budget of prompt not yet prefilled), else when they and the prompts the engines hold have been
+computed, while the higher tiers' arrivals keep passing it::
 
-    wait(t)     = 0                                                 if sum(queued[0..t]) < room
-                = (sum(queued[0..t]) + prefilling) / (rate - sum(arrivals[0..t-1]))   (inf when <= 0)
-    pressure(t) = wait(t): everything queued is backlog, since a replica with room takes at once
+    wait(t) = (sum(queued[0..t]) + prefilling) / (rate - sum(arrivals[0..t-1]))   (0 within room)
 
-``queued`` counts prompt tokens (less the prefix the chosen replica holds); ``rate`` is the
-prefill rate: the tokens the engines compute per second while backlogged (measured from their
-``stats`` frames by :class:`TokenRate`), less the share of each step's budget their running
-decodes take. A prompt counts whole until its first token (the pool's room frees a whole prompt
-at once), so the estimate errs late by up to one prompt's prefill: it sheds rather than admits a
-request that would miss its budget. Until a backlog has been seen there is nothing to measure,
-and nothing waits, so everything is admitted. KV memory enters through the room: a replica whose
-cache is full takes nothing. An engine held full that long by long answers (seats or KV) starts
-the next request only when one ends, later than this says: the pool's backstop (the queue's
-timeout) bounds that wait.
-
-Deliberately simpler than the fixed mode's :class:`~batcher.core.admission.BatchLoad`: a continuous
-engine admits work every step, so there is no batch phase to predict.
-"""
+``rate`` is the tokens the engines compute per second while backlogged, from their ``stats``,
+less their decodes' share; until a backlog has been seen, everything is admitted."""
 
 from __future__ import annotations
 

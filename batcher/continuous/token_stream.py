@@ -1,23 +1,14 @@
 """One job's token ids into the events its caller reads: pure, no clock, no I/O.
 
-The engine pool feeds an :class:`Output` each ``tokens`` frame of the job's sequence and then its
-end. Ids become text through the model's incremental detokenizer (the gateway's tokenizer
-registry), which never splits a character: ids whose text is not yet complete are carried over
-and counted with the delta that shows them. What leaves depends on the job::
+The pool feeds an :class:`Output` each ``tokens`` frame of the job's sequence, then its end;
+ids become text through the model's incremental detokenizer, which never splits a character::
 
     stream   Started, then a Delta as soon as new ids make text, ..., Finished
     whole    nothing until the end, then Started, one Delta with all the text, Finished
 
-Holding a whole answer back is what lets the pool re-run it on another replica when its engine
-dies, without its client ever knowing (:meth:`Output.restart`); a stream that has sent a delta
-can only end with ``Failed`` (:meth:`Output.fail` says how many tokens it sent).
-
-End-of-sequence and stop-token ids are not text: the engine does not send them (it counts them in
-the usage it reports at the end), so every id pushed here is; :meth:`Output.finish` delivers the
-stop token's count with the last delta. A whole answer's text is also
-watched for the job's stop sequences, so that the pool can stop its engine early: the gateway's
-stop matcher still decides where the answer ends, and streams rely on it alone (it aborts the
-sequence by cancelling).
+Holding a whole answer back is what lets the pool re-run it unseen when its engine dies
+(:meth:`Output.restart`); a stream that has sent text can only end with ``Failed``. The engine
+never sends an end-of-sequence id; :meth:`Output.finish` bills its count with the last delta.
 """
 
 from __future__ import annotations

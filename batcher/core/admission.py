@@ -1,43 +1,15 @@
 """Overload admission: admit a request only if a worker will take it within its tier's budget.
 
-A burst arrives faster than capacity can grow, so the scheduler must say no early and clearly
-rather than let every queue grow (docs/architecture.md, "Decisions and why").
-
-The estimate follows the fleet's own rhythm, not a fluid average. A backend reports when each
-of its workers will next take a batch, how many requests a batch holds and how long a call takes
-(a :class:`BatchLoad`). The wait of a new request is then the first of those dispatch moments by
-which the batches have had room for everything ahead of it: the requests queued in its tier and
-above, and the higher tiers' arrivals that keep passing it meanwhile (their recent rate, plus
-``MARGIN`` standard deviations of Poisson noise, so that a request admitted at the edge still
-makes its deadline when paid traffic comes a little faster than its average)::
+A burst arrives faster than capacity can grow, so the scheduler says no early and clearly. The
+wait follows the fleet's own rhythm (a :class:`BatchLoad`: when each worker next takes a batch,
+its size, the call time), and a lower tier's budget shrinks as the tiers above it fill::
 
     wait(tier)   = first e in {free_in[i] + r x call}  with
                    batch x (batches dispatched by e)  >=  ahead + passing x e + MARGIN x sqrt(passing x e)
-    budget(tier) = wait_budget(tier) x  product over higher tiers h of
-                       max(0, 1 - pressure(h) / wait_budget(h))
+    budget(tier) = wait_budget(tier) x product over higher tiers h of max(0, 1 - pressure(h) / wait_budget(h))
 
-Why not queued work / drain rate: eight 200 ms workers that finish together release 400 places
-at once, so a free request waits 20 ms or 220 ms depending on which side of that moment it
-falls, and paid requests queued now take places in the next batches but not in the ones after.
-The fluid estimate (with or without the paid arrival rate) misjudged waits by whole factors in
-the burst experiment (``experiments/burst.py --virtual``), while this one predicts the dispatch
-time of most admitted requests closely (experiments/docs/burst.md).
-
-The product is the tiering. ``pressure(h)`` is how far tier h's queue reaches past the next
-dispatch (the part of its wait that is backlog, not the phase of the calls); as the paid queue
-fills its own budget, the free budget shrinks in proportion and reaches zero when paid's backlog
-reaches paid's budget, so free traffic is shed first and paid is touched only when paid alone
-overloads the fleet.
-
-A refusal's ``retry_after`` is when the queue now ahead of it will have drained: the dispatch
-time predicted for the newest request admitted to its tier or any tier above, as predicted when
-that request was admitted. Re-estimating it at the refusal errs by whole batch cycles, because
-refusals happen exactly when a new request would just miss a batch: one more paid arrival then
-moves the estimate of the whole queue a cycle later, though the queue itself still leaves on time.
-
-Pure: the trio shell passes a :class:`Load` snapshot and the clock reading in; the
-:class:`AdmissionControl` keeps only what the next decision needs.
-"""
+Pure. Why not queued work over the drain rate, and what ``Retry-After`` says: docs/admission.md
+("Overload"); measured in experiments/docs/burst.md."""
 
 from __future__ import annotations
 

@@ -1,24 +1,15 @@
 """The backends of the running core, one per model version, opened and closed while it runs.
 
-A rollout without downtime: a new version loads and warms up before it takes any traffic, and a
-retired one finishes what it has before its workers stop. The core is one trio run, so a version
-cannot be a context entered once at start-up; each version is a task of the fleet's nursery
+A rollout without downtime: a new version warms up before it takes traffic, and a retired one
+finishes what it has before its workers stop. Each version is a task of the fleet's nursery
 that holds its backend open until told to close::
 
     open(model)  ──> task: async with launch(model) ──started──> open() returns: it takes jobs
-                                                        │
-    close(name)  ──> leaves the table at once ──> stop ─┴─> context exits: workers stop ──> close() returns
+    close(name)  ──> leaves the table ──> stop ──> context exits: workers stop ──> close() returns
 
-``open`` returns only once the backend's context has been entered, which for the fixed mode means
-every worker has answered ``ready`` (``WorkerPool.run``); whatever kept it from opening (a worker
-that would not start, a model that failed to load) is raised to the caller and leaves the rest
-of the core running. A backend that fails *after* it opened fails the whole core, as it does at
-start-up: its supervision already repairs what can be repaired.
-
-Which version takes which request is not decided here: the gateway routes, drains (waits until
-no request still needs a version) and only then closes, so nothing reaches a version that is
-closing. Everything here runs on the trio thread.
-"""
+``open`` raises what kept a version from opening and leaves the rest of the core running; a
+backend that fails after it opened fails the whole core. Which version takes which request is
+the gateway's (docs/architecture.md, "The fleet and the launch"). Trio thread only."""
 
 from __future__ import annotations
 

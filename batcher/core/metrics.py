@@ -1,17 +1,13 @@
-"""The core's metric families: what the batching modes count, exported at ``/metrics``.
+"""The core's metric families: what the modes count, exported at ``/metrics``.
 
-The core sees queues and workers. Every mode shares queue wait by tier, worker restarts,
-unanswered requests, queued work (one family per unit: ``ferry_queued_requests`` for batches,
-``ferry_queued_tokens`` for engines) and estimated wait; each mode adds its own families
-through its registry entry (:mod:`batcher.core.modes`): flushes, batch sizes, retries and
-bisections for the fixed mode, the engines' for the continuous one
-(:mod:`batcher.continuous.metrics`). The core already counts them in plain stats records without
-locks; at each scrape the bridge asks every backend for a :class:`~batcher.core.backend.Snapshot`
-(taken on the trio thread) and :class:`CoreCollector` turns those into families, so the
-scheduler's hot path pays nothing for being observed. The gateway's own families (requests,
-latencies, rejects) and the registry they share are :mod:`gateway.http.metrics`'s.
-
-Labels are model and tier names and reasons: never an API key or prompt text.
+Every mode shares queue wait by tier, worker restarts, unanswered requests, queued work in its
+own unit (``ferry_queued_requests``, ``ferry_queued_tokens``) and estimated wait; each mode adds
+its own families through its registry entry (:mod:`batcher.core.modes`). The core counts in
+plain records without locks; at each scrape the bridge asks every backend for a
+:class:`~batcher.core.backend.Snapshot`, taken on the trio thread, and :class:`CoreCollector`
+turns them into families, so the scheduler's hot path pays nothing for being observed. The
+gateway's families and the registry are :mod:`gateway.http.metrics`'. Labels are model and tier
+names and reasons: never an API key or prompt text.
 """
 
 from __future__ import annotations

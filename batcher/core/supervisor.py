@@ -1,24 +1,15 @@
 """Supervision of one worker slot: spawn, wait for ready, serve, notice death, restart.
 
-A slot is one GPU, and its :class:`Supervisor` keeps one worker process on it for as long as the
-pool runs. What the worker does while it lives is the owner's business (the fixed-mode
-``WorkerPool`` sends it one batch at a time; a continuous-mode pool would stream to it): the
-owner hands in a ``serve`` coroutine, and the supervisor does the rest::
+A slot is one GPU; its :class:`Supervisor` keeps one worker process on it while the pool runs.
+The owner (either mode's pool) hands in a ``serve`` coroutine, and the supervisor does the rest::
 
     spawn ──start (start_timeout)──> up: serve(worker) ─┬─ serve returns: the worker must die
                                          exit watch ────┴─ the process exited on its own
       ^                                                          │
       └──── backoff (doubles while workers serve nothing) <── kill, reap
 
-The exit watch runs beside ``serve`` for the worker's whole life, so a worker that dies while
-idle is noticed when it dies, not when the next call finds its pipe closed: the owner hears it
-through ``on_exit`` and decides (an idle slot stops taking work; a running call will fail on its
-own). ``on_down`` tells the owner the slot has no worker before anything awaits, so no work is
-handed to a dying worker; ``serve`` returning True (the worker served) resets the backoff.
-
-:class:`Readiness` is the fleet-level half: a fleet whose workers come up and then crash on every
-call is "up" between crashes, so being up is not enough to be sent traffic.
-"""
+The exit watch notices a worker that dies idle when it dies (``on_exit``); :class:`Readiness`
+is the fleet's half: a fleet whose workers crash on every call is not ready for traffic."""
 
 from __future__ import annotations
 

@@ -1,22 +1,13 @@
 """Per-tier FIFO queues: paid first, free fills the spare slots, aging keeps free moving.
 
-Pure and synchronous: the batcher's trio loop asks it questions (how many wait, since when,
-which deadline comes next) and takes batches from it; time is passed in, never read.
-
-Generic over what it queues: anything with a ``tier``, an ``arrival``, a ``deadline`` and a
-``state`` (:class:`Queued`). An item is live while its state is the queue's ``waiting`` state;
-taking it sets its state to ``taken``. The fixed mode queues its requests (``QUEUED``, then
-``DISPATCHED``), the continuous pool its tickets, in their own states.
-
-Removal is lazy but counting is not: a cancelled or expired request stays in its deque until it
-reaches the front, yet :attr:`TierQueues.count` drops at once, so the flush policy never sees a
-request that has left. Each deque stays in arrival order, so the front is always the oldest live
-request of its tier, and skipping the dead ones costs O(1) amortised.
-
-Aging: under sustained overload, paid traffic alone can fill every batch and free requests
-would wait forever. A lower-tier request older than ``age_limit`` is *aged*; aged requests may
-take up to ``aged_share`` of the slots dispatched over time (a credit that accrues per batch, so
-the share holds for batches of 1 as well as of 50). Paid traffic keeps the rest.
+Pure and synchronous: the caller's trio loop asks it questions (how many wait, since when, which
+deadline comes next) and takes from it; time is passed in. It queues anything :class:`Queued`
+(a ``tier``, an ``arrival``, a ``deadline``, a ``state``): the fixed mode's requests, the
+continuous pool's tickets. Removal is lazy but counting is not: a cancelled or expired item
+stays in its deque until it reaches the front, but :attr:`TierQueues.count` drops at once.
+Aging: under sustained overload paid traffic alone could fill every batch, so a lower-tier item
+older than ``age_limit`` may take up to ``aged_share`` of the slots dispatched over time (a
+credit per batch, so the share holds for batches of 1 as of 50).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Flush policies: when the waiting requests leave as a batch, and how many of them.
 
-A policy is a small pure object. The batcher shows it a :class:`QueueState` and gets back a
-decision: :class:`Flush` (take up to ``size`` requests now, for ``reason``) or :class:`Hold`
-(ask again at ``until``, or as soon as ``queued`` requests wait, or a worker comes free). The
-``Hold`` triggers let the batcher sleep instead of re-deciding on every arrival, which is what
-keeps a simulation of millions of requests cheap.
-
-The policies, from the simplest to the most adaptive:
-
-    no_batching      one request per call, as soon as a worker is idle
-    static           wait for a full batch, however long that takes
-    size_or_timeout  the default: a full batch, or the oldest has waited max_wait
-    idle_aware       size_or_timeout, but never hold while a spare worker sits idle
-    slack_driven     dispatch when the tightest deadline leaves one service time plus a margin
-    aimd             Clipper: batch size grows by a step while calls meet a target, shrinks if not
-
-Two optional hooks beside ``decide`` (the batcher looks for them once, at start):
-``drop_before`` (seconds): a queued request whose deadline is nearer than this is given up at
-once, since its answer would come late anyway; ``observe(size, seconds)``: told the size and
-duration of every worker call, for policies that learn from them.
+A policy is a small pure object: shown a :class:`QueueState`, it answers :class:`Flush` (take up
+to ``size`` now, for ``reason``) or :class:`Hold` (ask again at ``until``, once ``queued``
+requests wait, or when a worker comes free), so the batcher sleeps instead of re-deciding at
+every arrival. ``no_batching``, ``static``, ``size_or_timeout`` (the default), ``idle_aware``,
+``slack_driven`` and ``aimd`` are built by name (:func:`make_policy`; what each does:
+docs/simulation.md; compared in experiments/docs/policies.md). Two optional hooks beside
+``decide``: ``drop_before`` (give up at once on a request whose deadline is nearer) and
+``observe(size, seconds)`` (every worker call, for policies that learn from them).
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
-"""WorkerPool: N workers, one call each at a time, kept alive and honest.
+"""WorkerPool: the fixed mode's workers, one call each at a time, kept alive and honest.
 
-Each worker slot (one GPU) has a :class:`~batcher.core.supervisor.Supervisor` that spawns the worker,
-waits for ``ready``, watches the process for its whole life and restarts it after a backoff; the
-pool's part is what the worker does while it lives: serve batches one by one. A call that
-crashes the worker, breaks the protocol or runs past its hang timeout costs the worker its life;
-one that returns an error or the wrong number of outputs fails without killing it. A worker that
-dies while idle is noticed at once, and a call sent to a worker already gone (its pipe closed
-before the worker's ``accepted``) goes to another worker without counting as an attempt.
-
-Either way the batch is not lost. It goes to the retry backlog, which idle workers drain before
-they take new work, preferring a worker it has not failed on:
+Each slot's :class:`~batcher.core.supervisor.Supervisor` keeps its worker process up; the pool
+serves it batches one by one. A call that crashes the worker, breaks the protocol or hangs costs
+the worker its life; an error reply or a wrong output count fails the call alone. Either way the
+batch goes to the retry backlog, which idle workers drain first::
 
     failed call ──> retry whole (attempt + 1) ──failed on two workers──> bisect into halves
-                                                                          │
-    halves are suspects: a suspect that fails is split again ─────────────┘
-    a single input that has failed max_attempts times fails alone (RequestFailed)
+    a half that fails is split again; a single input that failed max_attempts times fails alone
 
-so one poison input among 50 costs about 2·log2(50) extra calls, its own request fails, and
-the other 49 succeed. Requests whose callers have gone are pruned before every (re)send.
-
-None of this runs forever. A request whose batch a worker has failed is due by its dispatch
-deadline plus one ``hang_timeout``, and fails then (:class:`~batcher.core.types.WorkersFailed`)
-wherever it is, so a fleet that crashes or hangs on every call answers on time. Once every slot
-has lost its worker, :attr:`WorkerPool.ready` is false until a call is answered, and an idle
-worker sends a probe call (one empty input) to prove the fleet serves again without traffic;
-it is false too while every worker up runs a call past its hang timeout (reported ``hung``).
-
-A slow fleet is not a hung worker: a call may run the larger of ``hang_timeout`` and
-:data:`SLOW_CALLS` recent call times, doubled each time its batch was already killed as hung, at
-most :data:`MAX_STRETCH` x ``hang_timeout``. A caller is told what went wrong (a worker crashed,
-hung, broke the protocol; the model raised ValueError), never a pid or a slot; the log has the
-detail, and no input text. Workers are real processes (:mod:`batcher.placement.local`) or
-simulated ones (``batcher.sim.fixed.workers``, virtual time), behind :class:`Worker`."""
+Every request a worker failed is answered by its deadline plus one ``hang_timeout``; a slow fleet
+stretches the hang limit, within a cap (docs/fixed-mode.md, "What happens when a worker fails")."""
 
 from __future__ import annotations
 

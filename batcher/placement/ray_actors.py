@@ -1,25 +1,13 @@
 """Workers placed on a Ray cluster: the same worker to the pools, a Ray actor underneath.
 
-A model with ``placement = "ray"`` gets a spawn whose workers are :class:`RayWorker` (fixed
-mode) or :class:`RayEngine` (continuous): a :class:`~batcher.placement.local.ProcessWorker` or
-:class:`~batcher.continuous.engine_process.EngineProcess` whose frames flow over a TCP connection to a Ray
-actor (:class:`~batcher.placement.ray_host.WorkerHost`) instead of over pipes to a child. The pools, the
-supervision, retries, bisection and the router see no difference. Ray's part is the control
-plane only::
-
-    start:  ask Ray for an actor (num_gpus, resources, accelerator) ─> its node's address, port
-            ─> dial, send the actor's secret ─> the worker program's `ready` frame, as locally
-    serve:  frames on the TCP connection (no Ray call per frame, nothing asked of the head)
-    exit:   the actor's `serve` call ends (the program exited), or Ray reports the actor dead
-    stop:   ray.kill: the actor, and with it the program, is gone; Ray restarts nothing
-
-Why TCP frames and not actor calls: measured side by side (docs/ray.md), an actor call per
-batch costs milliseconds where the connection costs what a pipe does, and a connection keeps
-serving while the head node is down.
-
-Each gateway process owns its actors (Ray ends an actor with its owner) and names them
-``ferry:<gateway>:<model>:<slot>:<start>``. ``import ray`` happens only here and in
-:mod:`batcher.placement.ray_host`, lazily: ferry runs without Ray installed until a model asks for it.
+A model with ``placement = "ray"`` gets :class:`RayWorker` (fixed mode) or :class:`RayEngine`
+(continuous) workers: a :class:`~batcher.placement.local.ProcessWorker` or
+:class:`~batcher.continuous.engine_process.EngineProcess` whose frames flow over a TCP connection
+to a Ray actor (:class:`~batcher.placement.ray_host.WorkerHost`) instead of over pipes, so the
+pools, supervision and the router see no difference. Ray is the control plane only: it starts
+an actor, reports it dead and kills it; no frame passes through a Ray call (why, measured:
+docs/ray.md). Each gateway owns its actors, named ``ferry:<gateway>:<model>:<slot>:<start>``;
+``import ray`` happens only here and in :mod:`batcher.placement.ray_host`, lazily.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """What runs inside a Ray actor: one worker program whose stdin and stdout are a TCP connection
 that the gateway dials.
 
-The actor is a host, not a relay. It listens on its node's address, takes the first connection
+The actor is a host, not a relay: it listens on its node's address, takes the first connection
 that presents the actor's secret, and starts ``python -m workers ...`` with that socket as the
-program's fds 0 and 1. From then on the frames go straight between the gateway and the worker
-program, as they would over a pipe: no copy in the actor, no Ray call per frame, nothing that
-needs Ray's head node while the worker serves. The worker program runs unchanged (it already
-moves its protocol off fds 0 and 1 and exits when its parent, this actor, disappears).
-
-:meth:`WorkerHost.serve` returns the program's exit code when it exits; the gateway holds that
-call open for the worker's whole life, so its end (a return, or Ray's ``ActorDiedError`` when
-the actor or its node dies) is the worker's exit. Ray restarts nothing: the gateway's pool
-decides, as it does for a local process.
-
-Imported by the Ray worker process that hosts the actor (ferry must be installed on every node);
-``ray`` itself is imported only inside :meth:`WorkerHost.address`.
+program's fds 0 and 1, so frames go straight between the gateway and the unchanged worker
+program (no copy in the actor, no Ray call per frame). :meth:`WorkerHost.serve` returns the
+program's exit code; the gateway holds that call open for the worker's life, so its end (or
+Ray's ``ActorDiedError``) is the worker's exit, and the gateway's pool decides what follows.
+Imported by the Ray worker process that hosts the actor; ``ray`` only inside
+:meth:`WorkerHost.address`.
 """
 
 from __future__ import annotations

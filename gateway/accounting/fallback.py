@@ -1,38 +1,14 @@
 """Per-key limits through a Redis outage: which way they fail, and what it costs a request.
 
-Redis stopped, frozen (SIGSTOP) or restarting must not turn requests into 500s, hang them, or
-lose a finished answer's bill. So every call to the shared store is bounded by ``timeout``
-(``[limits] redis_timeout_ms``), and limits **fail open to this gateway's own buckets**: while
-Redis does not answer, each key is charged in a local in-memory bucket with the same plan, so a
-key is still limited, by each gateway alone (N gateways admit up to N times its limit until
-Redis is back), and nobody is refused for an outage that is not theirs::
-
-    up    acquire ──a free connection──> Redis, within timeout ──> verdict
-            │ the call fails or gets no answer in time: down (one warning line per interval)
-            v
-    down  acquire ──local bucket──> verdict           (counted: ferry_limiter_fallbacks_total)
-          a probe PINGs Redis after 0.1 s, 0.2 s, ... up to 5 s; the first answer: up again
-
-**A busy gateway is not an outage.** At most :data:`REDIS_CONNECTIONS` calls are in flight at
-once (the client's pool holds that many); a call beyond them waits for one to end, and only a
-call that reached Redis and failed says Redis is down. A call that runs out of time on an event
-loop too busy to read its reply is not one either: before it counts as failed, a thread asks
-Redis for a PING on a connection of its own, within ``CONFIRM_FACTOR`` timeouts that the kernel
-keeps, not the busy loop; while Redis answers, the call is made again (counted:
-``ferry_limiter_late_total``; a charge that Redis had taken before the reply was read is then
-taken twice, which errs on the safe side). A frozen Redis answers no PING, so it falls back
-within ``1 + CONFIRM_FACTOR`` timeouts. A charge that has neither its verdict nor a Redis
-outage within ``WAIT_FACTOR`` timeouts (5 s at least) is refused with a 529 and counted
-(``ferry_limiter_busy_total``): it is not charged in a local bucket, which would let a busy
-gateway admit past the shared limit. Refunds try for as long as Redis answers.
-
-A refund never holds up or fails the request it belongs to, and is never dropped. While Redis is
-up it is queued for its key, where refunds of the same key coalesce into one call, and sent in
-the background; one that does not reach Redis stays queued and goes when Redis answers again
-(a bucket never overflows its plan, so a late refund gives back at most a full bucket). While
-Redis is down a refund goes to the local bucket, where the charge most likely went. Refunds
-still queued are exported as ``ferry_limiter_refunds_pending``, the state as
-``ferry_limiter_store_up`` (1 or 0).
+Redis stopped, frozen or restarting must not turn requests into 500s, hang them, or lose a
+finished answer's bill. Every call to the shared store is bounded by ``timeout``, and limits
+**fail open to this gateway's own buckets**: while Redis does not answer, each key is charged in
+a local bucket with the same plan (N gateways admit up to N times its limit until Redis is
+back), and a probe PINGs Redis until it answers again. A busy gateway is not an outage: at most
+:data:`REDIS_CONNECTIONS` calls run at once, a call that timed out counts as failed only if a
+thread's own PING goes unanswered too, and a charge with neither a verdict nor an outage in time
+is a 529. Refunds are queued per key, coalesced, sent in the background and never dropped
+(docs/admission.md; docs/STORES.md, "A busy gateway is not a Redis outage").
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Idempotency keys: a repeated non-streamed request gets the first answer, never a second run.
 
-A client that lost a response retries with the same ``Idempotency-Key``;
-the gateway must neither run nor bill it twice. Keys are scoped to the API key that sent them.
-
-- A key seen for the first time runs the request. Concurrent repeats wait for that run and get
-  its answer. If the run is abandoned (its client went away), one waiter runs it instead.
-- A successful answer (200) is kept for ``ttl`` seconds (``[state] idempotency_ttl_s``, 24 h
-  by default, as Stripe keeps its keys), so a repeat after a gateway restart still gets it.
-  Failures are not kept: a 529 or a worker failure was not billed, and the retry should run.
-- A repeat whose body differs from the first is a client bug: :class:`KeyReused` (400).
-
-Nothing here blocks the event loop. The newest answers (:data:`RECENT`) are also kept in
-memory, so a replay of one is answered at once; a key not among them is looked up in SQLite by
-a reader thread, and answers are written by a writer thread (:mod:`gateway.accounting.sqlite_writer`),
-which also drops expired rows and, past ``max_entries``, the oldest. The stored row holds the
-response body (it is what the client paid for) and a digest of the request body, never the
-request itself; the file is readable by the gateway's user only (:mod:`gateway.accounting.private`).
+A client that lost a response retries with the same ``Idempotency-Key`` (scoped to its API
+key); the gateway must neither run nor bill it twice. The first request with a key runs, and
+concurrent repeats wait for its answer (one of them runs it if its client went away); a 200 is
+kept for ``ttl`` seconds, also across a restart, while failures are not kept (the retry runs);
+a repeat with another body is a client bug (:class:`KeyReused`, 400). Nothing blocks the event
+loop: the newest answers (:data:`RECENT`) are held in memory, older ones are looked up by a
+reader thread and written by a writer thread (:mod:`gateway.accounting.sqlite_writer`). A row
+holds the response body and a digest of the request body, never the request itself; the file
+is the gateway's user's alone (:mod:`gateway.accounting.private`).
 """
 
 from __future__ import annotations

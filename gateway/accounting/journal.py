@@ -1,25 +1,15 @@
 """Rows written ahead of a SQLite table: what makes a usage record survive a SIGKILL.
 
-A row put on the writer's queue reaches the database at its next commit, up to a flush interval
-later; a process killed meanwhile would lose it, though its client already had the answer. So
-each row is first appended to a journal file, one ``write`` of one JSON line: once that call
-returns the row is in the kernel's page cache, which outlives the process (not the machine:
-like SQLite's own ``synchronous=NORMAL``, which the table uses). A single small append needs no
-lock and no sync, so it costs microseconds on the request's path.
-
-The journal is a series of segment files beside the database, ``<database>.ahead.<n>``::
+A queued row reaches the database at the writer's next commit; a process killed meanwhile would
+lose it, though its client had the answer. So each row is first appended to a journal segment
+(``<database>.ahead.<n>``): one ``write`` of one JSON line, in the kernel's page cache once the
+call returns, which outlives the process (not the machine)::
 
     put:     append the row to segment n, then queue it        (under one lock)
-    commit:  rotate to segment n+1 and take the queue          (under the same lock)
-             commit what was taken, then delete segment n      (every row of n was in it)
+    commit:  rotate to segment n+1 and take the queue; commit what was taken; delete segment n
     start:   replay the segments a killed process left, in order, then delete them
 
-A row is in a segment that still exists until a commit holds it, so the database and the
-journal together always hold every row put. Replay applies rows with the table's "replace"
-statement in the order they were put, so a row written ahead and corrected later ends as the
-correction, as it would have without the crash. A last line cut short is skipped: it was never
-acknowledged to anyone.
-"""
+Replay uses the table's "replace" statement in put order; a last line cut short is skipped."""
 
 from __future__ import annotations
 

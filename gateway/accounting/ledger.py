@@ -1,29 +1,15 @@
 """The ledger: what a request is charged at admission, and what it is billed and counted at the end.
 
-Per request (docs/admission.md), in the gateway's asyncio thread:
+Per request (docs/admission.md), in the gateway's asyncio thread::
 
-    charge(...) charge input_tokens + max_tokens to the key's limit, all or nothing
-                  over the limit  -> RateLimited (429, Retry-After when it would fit)
-                  can never fit   -> InvalidRequest (400: bigger than a minute of the plan)
+    charge(...)     input_tokens + max_tokens against the key's limit: 429, or 400 if it can never fit
     ... the request runs; after each write the handler notes the tokens it delivered ...
     bill_ahead(...) just before the answer's last bytes: its usage record, journaled
-    close(...)  refund what was not used, write the usage record (or correct the one written
-                  ahead, if the last bytes never left), observe the metrics
+    close(...)      refund what was not used; correct the record if the last bytes never left
 
-The record of an answered request is written ahead of the answer's last bytes, into a journal
-that outlives the process (:mod:`gateway.accounting.journal`): a client that has its answer is billed,
-even if the gateway is killed the next instant. ``close`` writes nothing more when the request
-ended as billed ahead (the common case: one record per request), and replaces the record when
-it did not (the client left while the last bytes were being written).
-
-Only tokens actually delivered are billed and kept charged: tokens count once the bytes that
-carry them are written to the client, an answer cut short refunds its unused ``max_tokens``,
-and a request that never reached a model (shed 529, failed) refunds its input tokens too. Each
-record says what happened (its :class:`Outcome`) beside the HTTP status the client really got:
-a stream that fails after its headers were sent got 200, and its outcome is ``interrupted``.
-The usage record and the metrics name the key by ``key_id`` and the model by version; no key
-and no prompt text leave this module.
-"""
+Only tokens actually delivered are billed: an answer cut short refunds its unused ``max_tokens``,
+and a request that never reached a model refunds its input too. A record says what happened (its
+:class:`Outcome`) beside the HTTP status the client got, and names the key by ``key_id``."""
 
 from __future__ import annotations
 

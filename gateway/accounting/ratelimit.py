@@ -1,19 +1,13 @@
 """Per-key limits as token buckets: the pure arithmetic every limiter store shares.
 
-A key's plan allows so many tokens (and requests) per minute. At admission the
-gateway charges ``input_tokens + max_tokens``, the most the request can cost; when it ends, the
-unused part of ``max_tokens`` is refunded. A bucket holds at most one minute of budget and
-refills continuously at ``limit / 60`` per second, so a key that has been quiet can burst one
-minute's worth and then proceeds at its rate.
-
-When a charge does not fit, nothing is taken (from either bucket) and the verdict says exactly
-when it would fit: ``(amount - level) / rate`` seconds, the longest of the buckets that fall
-short. That number becomes the 429's ``Retry-After``. A charge larger than a whole bucket can
-never fit: its verdict says so (``retry_after`` is infinite) and the gateway answers 400.
-
-Everything here is a function of the state, the amounts and ``now``; the stores (memory,
-Redis) only keep the state. The Redis store runs the same arithmetic in a Lua script, and the
-tests check that both give the same verdicts.
+A key's plan allows so many tokens (and requests) per minute. At admission the gateway charges
+``input_tokens + max_tokens``, the most the request can cost, and refunds the unused part when
+it ends. A bucket holds one minute of budget and refills at ``limit / 60`` per second. A charge
+that does not fit takes nothing and says when it would: ``(amount - level) / rate`` seconds, the
+429's ``Retry-After``; one larger than a whole bucket never fits (``retry_after`` infinite: a
+400). Everything is a function of the state, the amounts and ``now``; the stores (memory,
+Redis) only keep the state, and Redis runs the same arithmetic in a Lua script, which the tests
+check gives the same verdicts.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Usage records: one per finished request, written off the hot path, exactly once per id.
 
-The server bills from its own count of tokens actually delivered. The
-request handler only puts a record on a queue (no I/O, no lock held across a write); one writer
-thread drains the queue in batches into SQLite (:mod:`gateway.accounting.sqlite_writer`). The table is
-append-only and keyed by request id, and inserts are ``INSERT OR IGNORE``: a record written
-twice (a retry, a replay after a restart) stays one row; a correction (``replace=True``: the
-ledger bills an answer ahead of its last bytes, and corrects the row if they never left)
-replaces it. Every record is journaled before it is queued (:mod:`gateway.accounting.journal`): a gateway
-killed at any moment loses no record it made, and the next start writes them into the table.
-``close()`` flushes what is queued before it returns.
-
-API keys never reach this table: a record names the key by ``key_id`` (a short digest). The file
-is readable by the gateway's user only (:mod:`gateway.accounting.private`).
+The server bills from its own count of tokens delivered. A handler only puts a record on a
+queue; one writer thread drains it in batches into SQLite (:mod:`gateway.accounting.sqlite_writer`),
+an append-only table keyed by request id (``INSERT OR IGNORE``: a record written twice stays one
+row; a correction, ``replace=True``, replaces it). Every record is journaled before it is queued
+(:mod:`gateway.accounting.journal`), so a killed gateway loses none, and ``close()`` flushes the
+queue before it returns. API keys never reach the table: a record names the key by ``key_id``,
+and the file is the gateway's user's alone (:mod:`gateway.accounting.private`).
 """
 
 from __future__ import annotations

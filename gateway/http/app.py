@@ -1,27 +1,15 @@
-"""The aiohttp application: routes, and the one path a request takes to the core and back.
+"""The aiohttp application: routes (docs/http-api.md), and the one path a request takes.
 
-    POST /v1/messages            (Anthropic)  ┐ codec.parse ─> key ─> model (an alias: this session's
-    POST /v1/chat/completions    (OpenAI)     ├─ version) ─> chat template ─> safety ─> tokens within
-    POST /v1/completions         (OpenAI)     ┘ the context window ─> [Idempotency-Key: replay or wait]
-                       ─> admit: key's limit (429) ─> core (529 / 503) ─> events ─> Answer (max_tokens,
-                       stop sequences, output safety) ─> codec: JSON or SSE; the ledger refunds, bills, counts
-    POST /v1/messages/count_tokens   the prompt's tokens under the model's tokenizer
-    GET  /v1/models    the served versions, then the aliases: OpenAI's list shape, or Anthropic's
-                       when the request carries ``anthropic-version`` (as the Anthropic SDK does)
-    GET  /healthz      the process answers         GET /metrics   Prometheus text format
-    GET  /readyz       every model's fleet is ready to serve (JSON detail per model)
+    POST /v1/messages, /v1/chat/completions, /v1/completions   codec.parse ─> key ─> model ─> chat
+         template ─> safety ─> context window ─> [Idempotency-Key] ─> admit: the key's limit (429)
+         ─> core (529 / 503) ─> events ─> Answer ─> codec: JSON or SSE; the ledger bills, counts
 
-Handlers are thin: wire formats live in the codecs (:mod:`gateway.wire.anthropic`,
-:mod:`gateway.wire.openai`, pure), identities in :mod:`gateway.accounting.auth`, model names and
-weighted aliases in :mod:`gateway.ops.models`, charges and bills in
-:mod:`gateway.accounting.ledger`, and the core behind :class:`gateway.bridge.Bridge`. Every route
-shares :meth:`Gateway._serve`; :meth:`Gateway.admit` is the one place a checked request passes to
-the core. Every error, whoever raises it (aiohttp included), leaves through
-:mod:`gateway.wire.errors` in its route's shape, with the status of :data:`gateway.wire.api.ERRORS`
-(translated by :data:`gateway.wire.openai.ERRORS` on OpenAI's routes). While a request runs, it
-holds its version (:class:`~gateway.ops.pins.Pins`), so a version taken out of service stops only
-once every request that resolved to it has ended.
-"""
+Handlers are thin: wire formats are the codecs' (:mod:`gateway.wire`), identities, limits and
+bills :mod:`gateway.accounting`'s, model names and aliases :mod:`gateway.ops.models`', and the
+core is behind :class:`gateway.bridge.Bridge`. Every route shares :meth:`Gateway._serve`;
+:meth:`Gateway.admit` is the one place a checked request passes to the core. Every error leaves
+through :mod:`gateway.wire.errors` in its route's shape; a running request holds its version
+(:class:`~gateway.ops.pins.Pins`), so a version taken out of service drains first."""
 
 from __future__ import annotations
 

@@ -1,27 +1,15 @@
 """Connections a hostile client cannot hold: a header deadline, a body deadline, an idle
 deadline, and a cap that makes room by closing the connections that do nothing.
 
-aiohttp gives the idle deadline (``keepalive_timeout``: a connection with no request running is
-closed that long after it opened or after its last answer) but no header or body deadline and no
-cap, so a slow-loris that sends half its headers, a body trickled one byte at a time, or 21,000
-idle sockets each hold a file descriptor for as long as they like. Here every accepted
-connection is wrapped in a :class:`_Connection`, a pass-through protocol that knows its phase::
+aiohttp gives the idle deadline but no header or body deadline and no cap, so each accepted
+connection is wrapped in a :class:`_Connection` that knows its phase::
 
-    accept ──> AWAITING: the headers of a request are due within header_timeout ──> closed
-                  │ the handler starts (middleware :meth:`ConnectionGuard.track`)
-                  v
-               BUSY: a request runs; its body must arrive within body_timeout (:func:`read_body`, 408)
-                  │ the handler ends
-                  v
-               IDLE: keep-alive; aiohttp closes it after idle_timeout ──> closed
-                  │ a byte of the next request arrives: AWAITING again
+    accept ──> AWAITING: its headers due within header_timeout
+               ──the handler starts──> BUSY: its body due within body_timeout (408)
+               ──the handler ends──> IDLE: keep-alive until idle_timeout ──a byte──> AWAITING
 
-At the cap, a new connection makes room by closing the oldest IDLE connection, else the oldest
-AWAITING one if it has been at its headers for a second (a slow sender), so ``/healthz`` and real
-clients get in while slow-lorises are shed; only when every connection runs a request is the
-newcomer refused with a 503 in the JSON error shape. The counts are exported at ``/metrics``
-(:class:`ConnectionCollector`).
-"""
+At the cap, a new connection closes the oldest IDLE one, else the oldest slow AWAITING one, and
+is refused (503) only when every connection runs a request. Counts: :class:`ConnectionCollector`."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@
               does through the admin socket (gateway/ops/admin.py)
 
 The core starts first, so a listening gateway can always serve; the core stops last, so no
-request that was accepted loses its batcher. aiohttp closes the idle keep-alive connections;
-:func:`_drain` bounds the wait for running handlers by the grace period.
+accepted request loses its backend. :func:`_drain` bounds the wait for running handlers.
 """
 
 from __future__ import annotations

@@ -6,17 +6,10 @@
     POST /drain    {"model": "m@1"}               out of service, drained, workers stopped
     POST /weights  {"alias": "m", "weights": {"m@1": 100, "m@2": 0}}   a new split, at once
 
-Why a Unix socket and not a second loopback port: a socket file is never on the network,
-whatever ``[server] host`` says, and only its owner can open it (it is created 0600 in the
-state directory, itself private); a loopback port is open to every local user and process.
-The socket still asks for a token of its own (``Authorization: Bearer``), so that a process
-that can reach the file but was not given the token (a container that mounts the state
-directory, say) cannot roll a model back. The token is ``[admin] token_sha256``'s, or one drawn
-at start and written beside the socket as ``admin.token`` (0600), where ``ferry reload`` and
-friends read it. Answers are JSON: ``{"result": ...}`` or ``{"error": message}`` with 400
-(a bad request or a file that fails its checks), 401, 404 (no such version or alias), or 409
-(a checked file whose new version did not start).
-"""
+A Unix socket (0600, in the private state directory) is never on the network, and the token
+(``[admin] token_sha256``, or one drawn at start into ``admin.token``) keeps out a process that
+can reach the file but was not given it (docs/operations.md). Answers are JSON, ``{"result"}``
+or ``{"error"}`` with 400, 401, 404 (no such version or alias) or 409 (a new version failed)."""
 
 from __future__ import annotations
 

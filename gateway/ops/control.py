@@ -6,12 +6,10 @@
     ferry drain MODEL@VERSION         out of service, drained, workers stopped (the file still lists it)
     ferry weights ALIAS VERSION=W ... a new split for ALIAS at once (a rollback: all weight on the old one)
 
-Each finds the socket and the token (``gateway/ops/admin.py``) from ``--config`` (the file ferry
-serve runs; only its ``[state]`` and ``[admin]`` tables are read, so a file that a reload would
-refuse still leads to the socket), else the embedded default's state directory; ``--socket``
-overrides the socket, ``FERRY_ADMIN_TOKEN`` the token file. Exit status: 0 done, 1 refused
-(the message says why), 2 no ferry serve answered.
-"""
+Each finds the socket and the token from ``--config`` (only its ``[state]`` and ``[admin]``
+tables are read, so a file a reload would refuse still leads to the socket), else the embedded
+default's state directory; ``--socket`` and ``FERRY_ADMIN_TOKEN`` override them. Exit status:
+0 done, 1 refused (the message says why), 2 no ferry serve answered."""
 
 from __future__ import annotations
 

@@ -1,23 +1,15 @@
 """Weighted aliases: which version of a model answers a client, stable per session. Pure.
 
-A rollout shifts traffic to a new version step by step, split by user or
-session, never by request, because one conversation that hops between versions changes its
-style mid-way. So a :class:`Split` places each session at a fixed point of [0, 1) (a hash of the
-alias and the session key) and lays the versions' shares end to end over that interval, in
-version-name order::
+A rollout shifts traffic by session, never by request (a conversation that hops between
+versions changes its style mid-way). A :class:`Split` places each session at a fixed point of
+[0, 1) (a hash of the alias and the session key) and lays the versions' shares end to end::
 
     weights  @1 = 95, @2 = 5          @1 = 50, @2 = 50            @1 = 0, @2 = 100
     [0, 1)   |====== @1 ======|@2|    |=== @1 ===|=== @2 ===|      |======== @2 ========|
                        ^ a session's point: the same alias and key land here every time
 
-A session keeps its version as long as its point stays in that version's band. Moving weight
-from ``@1`` to ``@2`` only moves the sessions in the band that changed hands, and nobody who is on
-``@2`` goes back while ``@2``'s share grows: a canary's users stay canary users as it widens.
-
-The session key is what the client says identifies a conversation or user (Anthropic's
-``metadata.user_id``, OpenAI's ``user``), else the API key's id, so a client that says nothing
-still sees one version.
-"""
+Moving weight moves only the sessions in the band that changed hands. The session key is
+``metadata.user_id`` (Anthropic) or ``user`` (OpenAI), else the API key's id."""
 
 from __future__ import annotations
 

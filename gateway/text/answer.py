@@ -1,23 +1,15 @@
 """One request's answer as its client sees it, built from its backend's events: pure.
 
 Streamed and whole answers read the same events through the same :class:`Answer`, so they can
-never disagree. Each :class:`~batcher.core.backend.Delta` goes through three stages, and what comes
-out of the last is what the client may be shown now::
+never disagree. Each :class:`~batcher.core.backend.Delta` goes through three stages::
 
     Delta ─> max_tokens (cut the text at the limit) ─> stop sequences (hold a possible start)
           ─> safety (hold the last words until they can be judged) ─> released text
 
-Tokens are billed when their text has been delivered: a delta's tokens are credited once the
-released text covers the delta's last character, and a delta cut short by a stop sequence
-counts the tokens of its text before the stop (the stop sequence itself is never shown, so
-never billed). :meth:`Answer.push` returns the text to write and the tokens that writing it
-delivers; the handler credits them only after the write.
-
-The ``safety`` stage screens text before it is shown. When it blocks, an answer that has shown
-nothing yet (every whole answer, and a stream whose text came in one piece, as fixed-mode
-models give it) is replaced by the refusal; a stream that has already shown text ends there,
-with ``stop_reason`` ``refusal``.
-"""
+:meth:`Answer.push` returns the text to write and the tokens writing it delivers, which the
+handler credits only after the write (a stop sequence is never shown, so never billed). When
+safety blocks, an answer that has shown nothing yet is replaced by the refusal; a stream that
+has shown text ends there, with ``stop_reason`` ``refusal``."""
 
 from __future__ import annotations
 

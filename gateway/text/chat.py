@@ -1,26 +1,13 @@
 """Chat templates: how a model reads a conversation, as the one prompt string it is given.
 
-A model names its template in the config (``chat_template``):
-
-- ``labelled`` (the default): system, then each turn labelled, separated by blank lines, what a
-  fixed-mode worker reads::
-
-      System: be brief
-
-      User: hello
-
-      Assistant: hi
-
-- ``model``: the Jinja template that ships with the model's tokenizer (a ``chat_template.jinja``
-  beside it, else ``chat_template`` in its ``tokenizer_config.json``, the precedence Hugging
-  Face reads them in: :mod:`workers.chat_template`, the reader the engine uses too), as Hugging
-  Face renders it;
-- a path to a ``.jinja`` file of one's own.
-
-Jinja templates run in jinja2's immutable sandbox (a template is configuration, not code, and
-may come with a downloaded model), with Hugging Face's conventions: ``messages`` as a list of
-``{role, content}``, ``add_generation_prompt`` true, ``bos_token``/``eos_token`` from the
-tokenizer's config, ``raise_exception`` to refuse a conversation the model cannot take.
+A model names its template in the config (``chat_template``): ``labelled`` (the default: the
+system prompt, then each turn labelled, ``User: hello``, separated by blank lines); ``model``,
+the Jinja template that ships with the model's tokenizer (read by :mod:`workers.chat_template`,
+as the engine reads it too) and rendered as Hugging Face renders it; or a path to a ``.jinja``
+file of one's own. Jinja templates run in jinja2's immutable sandbox (a template is
+configuration, not code, and may come with a downloaded model), with Hugging Face's conventions:
+``messages`` as ``{role, content}``, ``add_generation_prompt``, ``bos_token`` and ``eos_token``,
+and ``raise_exception`` to refuse a conversation.
 """
 
 from __future__ import annotations

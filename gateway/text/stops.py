@@ -1,28 +1,15 @@
 """Stop sequences over a stream of text: release what can no longer be part of a match.
 
-A model's output arrives in pieces (one ``run_batch`` output, or a token at a time), and a stop
-sequence may be split across them: ``"Hum"`` then ``"an:"`` hold the stop ``"Human:"``. The
-matcher releases every character that cannot begin a stop sequence and holds back only the tail
-that still could, so a client never sees any part of a stop sequence and never waits for text
-that is already safe to show::
+Output arrives in pieces, and a stop sequence may be split across them. The matcher releases
+every character that cannot begin a stop sequence and holds back only the tail that still
+could, so a client never sees part of a stop sequence nor waits for text already safe to show::
 
     stops ("Human:",)      fed "Hi. Hum"  -> releases "Hi. "   holds "Hum"
                            fed "an: ok"   -> match: releases "" more, stop "Human:"
-                           (fed "ble")    -> no match: releases "Humble"
 
-When several stop sequences could match, the one that completes first in the stream wins (a
-model streaming tokens would have stopped there), and of two that complete at the same
-character, the longer. The answer is the same however the text is split into pieces
-(``tests/pure/test_stops.py`` feeds it one character at a time).
-
-Cost: linear in the output, whatever is sent. A short piece (a token or a few) moves an
-Aho-Corasick automaton over the stop sequences one character at a time from where the last piece
-left it; its state is the longest tail that is a prefix of some stop, which is exactly the text
-to hold back. A long piece (a fixed-mode worker's whole output) is searched with ``str.find``
-per stop sequence, at C speed, and only its last ``longest - 1`` characters go through the
-automaton. The gateway bounds the number and length of stop sequences (``api.py``), which bound
-the automaton's size.
-"""
+The first stop to complete wins (of two at one character, the longer), however the text is
+split. Linear in the output: short pieces move an Aho-Corasick automaton over the stops; a long
+piece is searched with ``str.find`` and only its tail goes through the automaton."""
 
 from __future__ import annotations
 

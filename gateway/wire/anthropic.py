@@ -41,7 +41,7 @@ ROLES = ("user", "assistant")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MessageRequest:
-    """A checked ``POST /v1/messages`` body: the fields a fixed-mode model uses."""
+    """A checked ``POST /v1/messages`` body: the fields a model of either mode is served from."""
 
     model: str
     messages: tuple[tuple[str, str], ...]  # (role, text), text blocks joined
@@ -62,11 +62,11 @@ DROPPED_FIELDS = ("tools", "tool_choice", "thinking", "mcp_servers", "container"
 def parse_message_request(body: bytes, counting: bool = False) -> MessageRequest:
     """Check a body; raise :class:`InvalidRequest` naming the first field that is wrong.
 
-    ``temperature``, ``top_p`` and ``top_k`` pass to the model's sampler (fixed-mode models
-    ignore them); ``metadata.user_id`` keeps a user on one version of an alias; other
-    ``metadata`` and unknown fields are accepted and ignored, but not the fields of
-    :data:`DROPPED_FIELDS`. ``counting``: a ``count_tokens`` body, which has no ``max_tokens``
-    (1 stands in).
+    ``temperature``, ``top_p`` and ``top_k`` pass to a continuous model's sampler (a fixed-mode
+    worker's ``run_batch`` takes text alone, so they do not reach it); ``metadata.user_id`` keeps
+    a user on one version of an alias; other ``metadata`` and unknown fields are accepted and
+    ignored, but not the fields of :data:`DROPPED_FIELDS`. ``counting``: a ``count_tokens`` body,
+    which has no ``max_tokens`` (1 stands in).
     """
     try:
         document = json.loads(body)

@@ -191,7 +191,7 @@ def stop_list(stops: object, where: str, expected: str = "an array of strings") 
 
 
 def content_text(content: object, where: str) -> str:
-    """A string, or an array of text blocks joined: what a fixed-mode model can read."""
+    """A string, or an array of text blocks joined: the text a prompt is rendered from, in either mode."""
     if isinstance(content, str):
         return checked_text(content, where)
     if not isinstance(content, list):
@@ -206,7 +206,7 @@ def content_text(content: object, where: str) -> str:
             raise InvalidRequest(f"{at}: expected a content block object, got {json_type(block)}")
         kind = required(block, "type", at)
         if kind != "text":
-            raise InvalidRequest(f"{at}.type: fixed-mode models take 'text' blocks only, got {show(kind)}")
+            raise InvalidRequest(f"{at}.type: ferry's models take 'text' blocks only, got {show(kind)}")
         texts.append(checked_text(required(block, "text", at), f"{at}.text"))
     return "".join(texts)
 

@@ -1,9 +1,8 @@
 """What the request path needs from an API's wire format: one interface, several codecs.
 
 The Anthropic Messages route (:mod:`gateway.wire.anthropic`) and the OpenAI-compatible routes
-(:mod:`gateway.wire.openai`) share everything between the bytes in and the bytes out: keys, model
-routing, safety, the context window, per-key limits, idempotency, the core, the answer's stop
-sequences and billing, usage records and metrics (``gateway/http/app.py``). Only this differs::
+(:mod:`gateway.wire.openai`) share everything between the bytes in and the bytes out
+(``gateway/http/app.py``). Only this differs::
 
     body bytes ──Codec.parse──> Call ── the shared path ──> Completion ──codec.whole──> JSON
                                                      └──> events ──codec.stream(...)──> SSE bytes

@@ -1,27 +1,15 @@
 """The OpenAI-compatible routes as codecs: ``/v1/chat/completions`` and ``/v1/completions``. Pure.
 
-What vLLM and TGI users send works unchanged, within what one fixed or continuous model can do:
+What OpenAI-compatible clients send works unchanged, within what one model of either mode can do:
 
     body ──parse──> Call (system/developer messages joined into the system prompt; text parts)
     Completion ──whole──> {id, object, created, model, choices: [one], usage}
     pieces ──stream──> data: {chunk}  ...  data: {chunk with finish_reason}  [data: {usage}]  data: [DONE]
 
-- ``max_completion_tokens`` (or the older ``max_tokens``; the newer wins, as in vLLM); omitted: the
-  rest of the context window for chat, 16 for legacy completions (OpenAI's defaults).
-- The limits of ``/v1/messages`` hold here too (``gateway/wire/api.py``: messages, content parts,
-  characters of text, stop sequences), each checked before the items it counts are read.
-- ``stop`` (a string or a list), ``temperature`` (0..2), ``top_p``, ``seed`` and ``user`` (the
-  session an alias's split keeps on one version) are honoured; ``n`` must be 1, and tools,
-  logprobs, ``echo``, ``suffix``, ``best_of`` > 1 and non-text parts are refused with a 400
-  naming the field rather than silently ignored (:data:`DROPPED_FIELDS`, checked as
-  ``/v1/messages`` checks its own). Penalties, ``metadata`` and other fields pass.
-- Finish reasons: ``stop`` (the model ended, or a stop sequence), ``length`` (``max_tokens``),
-  ``content_filter`` (the safety stage replaced or ended the answer).
-- Errors are ``{"error": {"message", "type", "param", "code"}}``. Statuses follow OpenAI's
-  table; overload is **503** with ``Retry-After`` (and ``retry-after-ms``), not Anthropic's 529:
-  503 is what OpenAI-compatible servers, proxies and HTTP retry policies know as "try again
-  later", and the SDK retries it (``InternalServerError``) as it does a 429 (``RateLimitError``).
-"""
+The limits of ``/v1/messages`` hold here too; a field whose meaning ferry would drop
+(:data:`DROPPED_FIELDS`) is refused with a 400 naming it rather than silently ignored. Overload
+is **503** with ``Retry-After``, not Anthropic's 529: what OpenAI-compatible clients, proxies and
+retry policies know as "try again later". The fields, defaults and statuses: docs/http-api.md."""
 
 from __future__ import annotations
 

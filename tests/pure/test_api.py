@@ -74,7 +74,7 @@ def test_text_blocks_are_joined_and_ignored_fields_pass():
         ),
         (
             body(messages=[{"role": "user", "content": [{"type": "image"}]}]),
-            "messages.0.content.0.type: fixed-mode",
+            "messages.0.content.0.type: ferry's models take 'text' blocks only",
         ),
         (
             body(messages=[{"role": "user", "content": [{"type": "text"}]}]),

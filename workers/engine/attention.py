@@ -1,35 +1,15 @@
 """Attention over the paged KV cache: write each token's K and V to its slot, then let every
 query read its own sequence's blocks, many sequences per call.
 
-One layer's cache is ``[2, kv_heads, num_blocks, block_size, head_dim]`` (K then V). Seen as a
-table of rows, one per (K or V, KV head, block), each row is a block's ``block_size x head_dim``
-numbers in one contiguous run, so a step gathers every context it reads with a single
-``index_select`` of whole rows (a memcpy per block) and gets, per sequence and KV head, its
-positions in order::
-
-    block table [7, 2, 9]  ->  rows (K, head h, blocks 7, 2, 9)  ->  positions 0 ... 47 of head h
-                                                                    (padded past the context)
-
-A decode group whose contexts the runner keeps between steps reads them from that contiguous
-copy instead, appended to token by token (:mod:`workers.engine.cpu.context_copy`): no gather.
-A prompt prefilled whole in this step (from position 0, no cached prefix) needs no gather
-either: its context is its own new K and V, so it is attended alone, causally
-(``is_causal``, which skips the upper triangle a mask would compute and throw away), with no
-padding to a longer neighbour.
-
-Sequences are attended in groups, each one ``scaled_dot_product_attention`` call over padded
-tensors: decodes apart from prefill chunks, and each kind split by size where padding would
-cost more than another call (:func:`partition`). Grouped queries need no copy of K and V:
-the ``group = heads / kv_heads`` query heads that share a KV head become rows of that head's
-query matrix, so a decode is ``group`` rows against its context and a chunk of ``q`` tokens
-is ``q * group`` rows::
+One layer's cache is ``[2, kv_heads, num_blocks, block_size, head_dim]``: a row per (K or V, KV
+head, block) is one contiguous run, so a step gathers every context with one ``index_select`` of
+whole rows. Sequences are attended in groups, one ``scaled_dot_product_attention`` call each
+(:func:`partition`); a decode group whose contexts are kept between steps and a prompt prefilled
+whole need no gather. The query heads sharing a KV head become rows of its query, no K or V copied::
 
     q of one sequence   [tokens, kv_heads, group, head_dim]  ->  [kv_heads, tokens * group, head_dim]
 
-The mask comes from positions alone: the row of a token at position ``p`` sees key positions
-``0..p``. That is the cached context plus the chunk's own tokens up to itself, never a stale
-slot of a reused block past the context, and never another sequence (each has its own rows).
-"""
+A token at position ``p`` sees keys ``0..p``, its mask from positions alone (docs/engine.md)."""
 
 from __future__ import annotations
 

@@ -1,32 +1,15 @@
 """The KV cache's bookkeeping: blocks, block tables, ref counts, an LRU free list, a prefix cache.
 
-Theory of operation. The cache is ``num_blocks`` blocks of ``block_size`` token slots. A block
-is *referenced* while some running sequence has it in its block table (its ref count says how
-many do), and *free* otherwise. Every free block sits on one queue in eviction order::
+A block is *referenced* while a running sequence has it in its block table, *free* otherwise;
+every free block sits on one queue in eviction order::
 
     head -> [ 4 ] [ 9 ] [ 2 ] [ 7 ] ... [ 5 ] <- tail
             next allocation            freed last
 
-A new block comes off the head. A freed block that holds a cached prefix joins the tail, so the
-cache forgets the block it used least recently; a sequence's blocks are freed tail first, so its
-tail is forgotten before its prefix (other prompts share prefixes, rarely tails). A freed block
-that holds nothing reusable (a partly filled tail) goes to the head: it is the first one reused.
-
-Prefix cache. When a block fills (by prefill or by decoding), its hash becomes the key of its
-KV: ``hash(parent's hash, its token ids)``, where the first block's parent is a root salted
-with the model version and the tenant (:mod:`workers.prefix_hash`, which the gateway's router
-hashes prompts with too), so a block matches only the same tokens after the same prefix, under
-the same weights, for the same tenant. A new sequence walks its prompt's chain and
-takes every leading block found (comparing tokens too, so even a hash collision cannot hand it
-another prompt's KV), but never the block holding its last token: that token must be computed
-to sample from it, so at most ``(num_tokens - 1) // block_size`` blocks hit. A free block keeps
-its hash until it is evicted (reallocated), so a finished conversation's blocks serve its next
-turn. Only a sequence's first admission counts in the statistics (in tokens, as vLLM does):
-re-reading one's own blocks after a preemption is not a cache hit.
-
-Allocation is all or nothing, and an admission leaves ``watermark`` blocks free (the running
-sequences' decodes may use them), unless no block is in use at all.
-"""
+A full block's key is ``hash(parent's hash, its token ids)`` from a root salted by model version
+and tenant (:mod:`workers.prefix_hash`, the router's hash too); a new sequence takes every
+leading block of its prompt found, never the one holding its last token. Allocation is all or
+nothing and leaves ``watermark`` blocks free. Why each rule: docs/engine.md, "The paged KV cache"."""
 
 from __future__ import annotations
 

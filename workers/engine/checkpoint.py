@@ -1,16 +1,14 @@
 """A Hugging Face model directory as the engine reads it: shape, RoPE, stop tokens, weights.
 
-The directory holds what ``transformers`` writes for a Llama-family model, and only
-``safetensors`` and ``tokenizers`` read it here (no transformers at run time)::
+What ``transformers`` writes for a Llama-family model, read by ``safetensors`` and
+``tokenizers`` alone (no transformers at run time)::
 
-    config.json                 the network's shape, RoPE and ``eos_token_id``
+    config.json                 the network's shape, RoPE (``rope_parameters``, or the older
+                                ``rope_theta`` and ``rope_scaling``) and ``eos_token_id``
     generation_config.json      more ``eos_token_id`` (optional)
     tokenizer.json              the tokenizer, special tokens included
     tokenizer_config.json       the chat template (optional; :mod:`workers.chat_template` reads it)
     *.safetensors               the weights, named as transformers names them
-
-Both spellings of RoPE in ``config.json`` are read: transformers 5's ``rope_parameters``
-(``rope_theta`` inside) and the older ``rope_theta`` beside ``rope_scaling``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """The time of one engine step on a GPU, from the model's shape and the GPU's speeds. Pure.
 
-A step reads every weight once, whatever the batch (that read is what batching
-shares), reads the KV of every token in its sequences' contexts, and does 2 FLOPs per parameter
-per token it computes, plus attention: each query token multiplies with the keys and the
-values of every earlier token of its sequence (2 x 2 FLOPs per head dimension, per head, per
-layer, per key)::
+A step reads every weight once whatever the batch (the read that batching shares), reads the KV
+of every context token, and does 2 FLOPs per parameter per computed token, plus attention::
 
     memory  = (weights + KV bytes per token x sum(context_lens)) / bandwidth
     compute = (2 x params x sum(query_lens) + attention FLOPs) / FLOP/s
     step    = max(memory, compute)
 
-The step is the larger of the two, a roofline, not their sum: inside each kernel the GPU
-streams memory while it multiplies, so a decode step costs its memory traffic and a long
-prefill costs its FLOPs; adding them would charge a mixed step twice for the same time. Both
-are upper-bound speeds (no kernel launches, no sampling, no all-reduce between tensor-parallel
-GPUs, which simply add their bandwidth and FLOP/s): plan with measured
-figures.
-
-What the roofline leaves out is an :class:`Overhead`, added to it: seconds per step, per
-sequence, per computed token, per context token and per attention pair (query, key). Every
-preset's is zero. On a CPU these terms are most of a step (a fixed cost per layer and operator,
-the lm_head and sampling per sequence, the KV gather per context token), and ``ferry fit``
-(:mod:`workers.engine.fit.cost_fit`) measures them, with the roofline switched off (infinite
-bandwidth and FLOP/s: :data:`UNBOUNDED`).
-"""
+A roofline, not a sum (a GPU streams memory while it multiplies), at upper-bound speeds. What it
+leaves out is an :class:`Overhead` (per step, sequence, token, context token, attention pair),
+zero in every preset; on a CPU it is most of a step, which ``ferry fit`` measures."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """A Llama-family network whose attention reads and writes the paged KV cache.
 
-The math is transformers' ``LlamaForCausalLM`` (RMSNorm computed in float32, rotate-half RoPE,
-grouped-query attention, SwiGLU MLP, tied or untied embeddings), so in float32 its greedy
-tokens match transformers' token for token. Two layouts differ for speed: Q, K and V are one
-matmul (``qkv_proj``), and so are the MLP's gate and up (``gate_up_proj``);
-:func:`load_llama` fuses the checkpoint's separate matrices at load.
-
-One forward pass takes a whole step, every sequence's tokens flattened into one batch: the
-matmuls see ``[tokens, hidden]`` whatever the mix of decodes and prefill chunks, and only the
-attention knows where one sequence ends and where its K and V live. The network takes that
-attention as an argument (:class:`Attention`): the paged cache of the engine
-(:class:`workers.engine.attention.PagedAttention`), or the contiguous cache of a padded static
+The math is transformers' ``LlamaForCausalLM`` (RMSNorm in float32, rotate-half RoPE,
+grouped-query attention, SwiGLU, tied or untied embeddings), so in float32 its greedy tokens
+match transformers' token for token; Q, K and V are one matmul, and so are the MLP's gate and
+up (:func:`load_llama` fuses the checkpoint's matrices at load). One forward pass takes a whole
+step, every sequence's tokens flattened into ``[tokens, hidden]``: only the attention knows where
+one sequence ends and where its K and V live, and the network takes it as an argument
+(:class:`Attention`): the engine's paged cache, or the contiguous cache of a padded static
 batch (:mod:`experiments.static_batch`), over the same weights.
 """
 

@@ -2,14 +2,10 @@
 
 Sampling is an exponential race: with ``E_i`` drawn from Exp(1), ``argmax_i p_i / E_i`` is token
 ``i`` with probability ``p_i`` (the Gumbel-max trick in another dress), so a row's draw is one
-vector of noise and an argmax, vectorized over the batch. A row with a seed draws its noise
-from a generator seeded by ``(seed, index)`` (one generator, re-seeded for each such row),
-where ``index`` is how many tokens the sequence already has: its token depends on neither its
-batch mates nor on a preemption that made it recompute. Rows without a seed share the
-sampler's process generator.
-
-Filters run in transformers' and vLLM's order: temperature, then top-k, then top-p over what
-top-k kept (renormalized). A filter is off at its neutral value (top_k 0, top_p 1).
+vector of noise and an argmax, vectorized over the batch. A row with a seed draws its noise from
+a generator seeded by ``(seed, index)``, ``index`` being how many tokens the sequence has: its
+token depends neither on its batch mates nor on a preemption that made it recompute. Filters run
+in temperature, top-k, top-p order; a filter is off at its neutral value (top_k 0, top_p 1).
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The engine process's heap: what a step frees is kept for the next step, not handed back.
 
-A prefill step allocates and frees megabytes of activations per layer (2,048 tokens of SmolLM2's
-MLP are 12 MiB in bfloat16, its float32 norms 4.7 MiB). glibc's malloc serves a block above its
-mmap threshold with fresh pages from the kernel and, once more than its trim threshold lies free
-at the top of the heap, gives that back; both thresholds start small and only adapt slowly. So
-step after step the same buffers come back as new pages, and the kernel zero-fills each 4 KiB
-page on first touch: 50,000-200,000 page faults in a 2,048-token prefill step on this machine,
-about a tenth of its time. vLLM's CPU backend avoids the same cost by preloading tcmalloc;
-setting glibc's own two thresholds once does it without another library:
+A prefill step allocates and frees megabytes of activations per layer, and glibc's malloc, whose
+mmap and trim thresholds start small, hands them back and takes them again as fresh pages that
+the kernel zero-fills on first touch, step after step. Setting the two thresholds once keeps
+them on the heap, without another allocator library::
 
     M_MMAP_THRESHOLD  32 MiB (glibc's largest): every activation of a step comes from the heap
-    M_TRIM_THRESHOLD  1 GiB: the heap keeps what a step freed (it stays at the largest step's
-                      size, which the KV cache beside it dwarfs)
+    M_TRIM_THRESHOLD  1 GiB: the heap keeps what a step freed (the KV cache beside it dwarfs it)
 
-Only the engine worker does this (its steps are the allocation pattern); anywhere the C library
-is not glibc, nothing changes.
-"""
+Only the engine worker does this; where the C library is not glibc, nothing changes
+(docs/engine.md, "On a CPU"; measured in experiments/docs/engine-vs-vllm.md)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,15 @@
 """Contiguous copies of the decode groups' contexts, kept between steps and appended to.
 
-A decode attends to its whole context, and the paged cache holds it block by block: gathering
-it into one padded tensor copies every context's K and V, every layer, every step (a fifth of
-a batched decode step on the CPU; experiments/docs/engine-step.md). Between
-two pure-decode steps the same group's contexts only grow by one token each, so the runner
-keeps each decode group's gathered K and V, for every layer, in a tensor with room to grow::
+Gathering a decode group's contexts out of the paged cache copies every context's K and V,
+every layer, every step; between two pure-decode steps they only grow by a token each, so the
+runner keeps each group's gathered K and V in a tensor with room to grow::
 
     step n      gather blocks -> copy [layers, 2, seqs, kv_heads, capacity, head_dim]
     step n + 1  write each new token's K and V to its slot (as ever) and to the copy
     ...         until the group changes or outgrows the copy's capacity: gather again
 
-The paged cache stays the truth (preemption, prefix-cache hits and later gathers read it);
-the copy only mirrors it. A step continues the kept copies when each of its decodes is one
-token past a sequence of a copy (the same blocks up to the copy's context: a sequence's last
-block is never shared, so that names one sequence) and every sequence of every copy decodes
-again: the copies' groups are then the step's decode groups as they were
-(:func:`~workers.engine.attention.partition`'s ``fixed``), however the contexts have grown
-since. Any other step (a sequence finished, aborted or preempted, a prefill turned decode, a
-context outgrew its copy's room) groups its decodes afresh and gathers them into new copies,
-in the memory the old ones held: so a copy never misses a write, as only its own decodes
-write its sequences' slots (a block shared through the prefix cache is full and never written
-again; one freed and handed on leaves its copy first). The copies' memory is bounded
-(``budget_bytes``); a group past the bound gathers every step as before.
-"""
+The paged cache stays the truth; the copy mirrors it, within ``budget_bytes``. When a step goes
+on with the copies, and why a copy never misses a write: docs/engine.md, "On a CPU"."""
 
 from __future__ import annotations
 

@@ -3,18 +3,12 @@ the engine where it can run, and torch's ``scaled_dot_product_attention`` everyw
 
     python -m workers.engine.cpu.decode_kernel     build it (``make`` does; quick when up to date)
 
-A batched decode step spends most of its time reading every context's K and V. torch's CPU
-attention reads them at a fifth of the memory bandwidth at decode sizes (a KV head's three query
-rows against a few hundred keys: small matrix products, each with its own set-up, and masked
-padding read like real keys). ``decode_attention.cpp`` does one pass over a head's keys
-for all its query rows and one over its values, in float32 registers, and stops at each
-sequence's length; figures in experiments/docs/engine-vs-vllm.md. It is the only C++ in ferry, compiled with
-the system's C++ compiler against the installed torch (no other build tool), into ``build/``.
-
-The engine uses it for decode groups when the model is bfloat16 on the CPU with heads the kernel
-takes, the CPU runs AVX-512 and the library was built for this torch; otherwise (CUDA, float32,
-another CPU, no compiler) it attends with torch as before. :func:`load` says which, once per
-process.
+torch's CPU attention reads K and V at a fraction of the memory bandwidth at decode sizes;
+``decode_attention.cpp`` does one pass over a head's keys for all its query rows and one over
+its values, in float32 registers, stopping at each sequence's length (docs/engine.md; measured
+in experiments/docs/engine-vs-vllm.md). It is the only C++ in ferry, compiled with the system's
+compiler against the installed torch into ``build/``. The engine uses it for bfloat16 decode
+groups on an AVX-512 CPU with heads it takes; :func:`load` says which, once per process.
 """
 
 from __future__ import annotations

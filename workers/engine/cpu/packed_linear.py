@@ -1,15 +1,12 @@
 """bfloat16 matmuls on the CPU with each weight laid out once, at load, the way oneDNN reads it.
 
-``F.linear`` on a bfloat16 CPU tensor hands the weight to oneDNN, which reorders it into its
-blocked layout on every call: a decode step, which reads each weight once for a handful of rows,
-pays that reorder thirty layers times four matrices over. :class:`PackedLinear` keeps the
-reordered copy instead (``torch.ops.mkldnn._reorder_linear_weight``) and multiplies with it
-(``torch.ops.mkldnn._linear_pointwise``), the route torch's own inductor takes for CPU linears
-when it freezes a model. The arithmetic is oneDNN's in both cases, so the output is the same bit
-for bit; only the per-call reorder goes. Measured figures are in experiments/docs/engine-vs-vllm.md.
-
-Packing applies only where it can: bfloat16, on the CPU, with oneDNN built in and able to do
-bfloat16 here. Anywhere else (float32, CUDA) the model keeps its ``nn.Linear`` layers.
+``F.linear`` on a bfloat16 CPU tensor has oneDNN reorder the weight into its blocked layout on
+every call, which a decode step pays for every matrix of every layer. :class:`PackedLinear`
+keeps the reordered copy (``torch.ops.mkldnn._reorder_linear_weight``) and multiplies with it
+(``torch.ops.mkldnn._linear_pointwise``), as torch's inductor does for a frozen model: oneDNN's
+arithmetic either way, so the same output bit for bit (docs/engine.md; measured in
+experiments/docs/engine-vs-vllm.md). Packing applies only where it can: bfloat16, on the CPU,
+with oneDNN able to do bfloat16; anywhere else the model keeps its ``nn.Linear`` layers.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """``ferry fit``: time the real engine's steps on this machine, fit the cost model's overhead to
 them, and write the file ``ferry simulate --mode continuous --cost FILE`` prices steps with.
 
-The engine is the production one (:class:`~workers.engine.engine.Engine` over the torch
-:class:`~workers.engine.runner.ModelRunner`, SmolLM2-135M converted once into the user's cache),
-in this process, with ``--threads`` torch threads; each step is timed around ``Engine.step()``
-(scheduler, batch, forward pass, sampling: what a worker's step costs), and what it held is
-taken from the batch its runner saw. With one thread the clock is this process's CPU time: what
-the step costs on a core of its own, which other processes on a shared machine disturb far less
-than the wall clock (their load can halve a step's wall-clock speed from one minute to the
-next); with more threads, or ``--wall``, it is the wall clock. The designed run, greedy and never ending
-at an end-of-sequence token:
-
-- for each context length ``L`` of ``--contexts``: the largest of ``--batches`` prompts of
-  ``L / 2`` to ``3 L / 2`` tokens (uniform: a batch of mixed contexts, whose attention pads each
-  group to its longest, as real traffic does), prefilled through the step budget (mixed steps
-  of prompt chunks and decodes, timed too); then for each batch size, largest first, the
-  sequences beyond it aborted, ``--repeats`` decode steps, and one step with a fresh prompt of
-  the next of ``--chunks`` joining them;
-- each of ``--chunks`` alone, a prefill step of its own.
-
-The fit is :func:`workers.engine.fit.cost_fit.fit`, over these steps and those of the files named
-by ``--with`` (earlier runs: on a shared machine, runs at other times average its noise out);
-this module only measures and writes.
+The production engine (:class:`~workers.engine.engine.Engine` over the torch
+:class:`~workers.engine.runner.ModelRunner`, SmolLM2-135M) runs a designed set of steps in this
+process: decodes of each batch size at each context length, mixed steps with a prompt chunk
+joining, and each chunk alone. Each step is timed around ``Engine.step()``, in this process's
+CPU time with one thread (what a step costs on a core of its own, which other processes on a
+shared machine disturb far less than the wall clock), else with the wall clock. The fit is
+:func:`workers.engine.fit.cost_fit.fit`, over these steps and those of the files ``--with``
+names; this module only measures and writes (docs/simulation-continuous.md, "Step costs").
 """
 
 from __future__ import annotations

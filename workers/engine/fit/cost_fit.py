@@ -1,24 +1,15 @@
 """Step costs fitted to measured engine steps, and the file that carries them. Pure but for the file.
 
-:func:`fit` takes steps a real engine ran (each step's ``query_lens``, ``context_lens`` and
-seconds, in CPU or wall time as ``ferry fit`` timed them: :class:`Measured`) and returns the
-:class:`~workers.engine.cost_model.Overhead` that prices them best, a linear model of five
-counts a step has::
+:func:`fit` takes steps a real engine ran (:class:`Measured`: query and context lengths, seconds)
+and returns the :class:`~workers.engine.cost_model.Overhead` that prices them best::
 
     seconds = step + seq x sequences + token x query tokens + context x context tokens
               + pair x attention pairs
 
-by least squares on the relative error (a 20 ms decode step counts as much as a 1 s prefill: the
-simulation's TPOT is made of the small ones), every constant at least 0 (a term the data would
-price below 0 is dropped and the rest refitted). The roofline is not fitted: on a CPU a step is
-not the larger of a weight read and its FLOPs but a sum of per-operator costs, which these counts
-are; a cost model over :data:`~workers.engine.cost_model.UNBOUNDED` is the overhead alone.
-
-The file (JSON) names the model's shape, the hardware's roofline (infinite: no bandwidth or
-FLOP/s field) and the overhead, plus how it was measured and how well it fits; :func:`load`
-reads it back as a :class:`~workers.engine.cost_model.CostModel`
-(``ferry simulate --mode continuous --cost FILE``).
-"""
+by least squares on the relative error (a 20 ms decode counts as much as a 1 s prefill: the
+simulation's TPOT is made of the small ones), every constant at least 0. The roofline is not
+fitted: on a CPU a step is a sum of per-operator costs. The file (JSON) holds the model's shape,
+the overhead and how it was measured; :func:`load` reads it back as a cost model."""
 
 from __future__ import annotations
 
