@@ -1,7 +1,7 @@
 """What every experiment shares: scenarios of the reference fleet, and writing a table, a plot and a
 summary into ``experiments/results/`` (git-ignored; README copies live in ``experiments/figures/``).
 
-The reference GPU of the fixed-batch contract: ``run_batch`` of 1..50 inputs takes 200 ms at any size, so one
+The reference GPU of the fixed mode's contract: ``run_batch`` of 1..50 inputs takes 200 ms at any size, so one
 worker serves at most 50 / 0.2 = 250 requests per second. Every experiment runs the production
 batcher and pool over simulated workers in virtual time (:mod:`batcher.sim.fixed.simulate`).
 """
@@ -26,7 +26,7 @@ from batcher.sim.fixed.simulate import Scenario, Simulation, simulate
 RESULTS = Path(__file__).resolve().parent / "results"
 SERVICE = 0.200  # seconds per call, any batch size
 PER_GPU = 50 / SERVICE  # requests per second one worker serves in full batches
-SLO = 0.500  # the p95 budget of the fixed-batch exercise
+SLO = 0.500  # the p95 budget of the fixed mode's exercise
 HALF = {"paid": 0.5, "free": 0.5}
 
 # Every policy at the settings the experiments compare (SlackDriven needs each request's

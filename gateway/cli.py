@@ -3,7 +3,7 @@
     ferry demo     push a few hundred requests through 8 reference workers and print the run
     ferry serve    the HTTP gateway (gateway/http/server.py)
     ferry reload | status | drain | weights   a running gateway's admin socket (gateway/ops/control.py)
-    ferry simulate a scenario through the production batcher in virtual time (batcher/simulate.py)
+    ferry simulate a scenario through the production batcher in virtual time (batcher/sim/)
     ferry fit      the real engine's step times on this machine, fitted into costs for simulate
 """
 
@@ -17,7 +17,7 @@ from gateway.ops.control import CONTROL_COMMANDS, add_control_commands
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Open-loop Poisson requests through the fixed-batch core and real `sleep` workers."""
+    """Open-loop Poisson requests through the fixed mode's core and real `sleep` workers."""
     import trio
 
     from batcher.core.config import PoolConfig

@@ -1,6 +1,6 @@
 """The models a fixed-mode worker can run: each is ``run_batch(inputs) -> outputs``.
 
-``sleep`` is the reference GPU of the fixed-batch contract: every call costs the same (200 ms) whatever
+``sleep`` is the reference GPU of the fixed mode's contract: every call costs the same (200 ms) whatever
 the batch size, and each output is its input reversed, so anyone can tell which input an output
 belongs to. ``echo`` answers at once. ``classify`` does real batched tensor work with torch (on
 CUDA when the worker's ``CUDA_VISIBLE_DEVICES`` shows one, else on CPU): a byte-level network

@@ -29,8 +29,8 @@ experiments/docs/constants.md."""
 
 
 class Load(Protocol):
-    """What a backend reports about itself, in its own unit of work: requests for fixed batches,
-    tokens for the continuous engine. The overload rule below judges a new job's ``cost`` in
+    """What a backend reports about itself, in its own unit of work: requests for the fixed mode,
+    tokens for the continuous mode. The overload rule below judges a new job's ``cost`` in
     that unit against the backend's drain rate in the same unit, so one rule serves both."""
 
     queued: tuple[float, ...]  # work waiting, per tier
