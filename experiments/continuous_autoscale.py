@@ -1,21 +1,12 @@
-"""Experiment: which signal an autoscaler should follow when answers grow from 20 to 500 tokens at a
+"""L8: which signal an autoscaler should follow when answers grow from 20 to 500 tokens at a
 constant request rate.
 
-The claim: requests per second do not measure what a replica carries. Two loads of the same
-rate, one of 20-token answers and one of 500, differ ~25x in KV memory and decode work; when
-long answers surge (code generation, say) the request rate stays flat while the KV cache fills
-and the queue grows. Scale on KV use and queued tokens, not on requests/s.
-
-Here one 70B replica on 4 x A100 (the smaller replica of ``continuous_burst``, so minutes replay in
-seconds) takes 20 req/s of 200 prompt tokens through the production pool, router and admission
-(paid only, wait budget 30 s): 20-token answers for the first 60 s, 500-token answers after.
-The replay measures three signals each second: arrivals per second, the replica's KV use (its
-engine's used blocks), and the tokens still owed (the prompt of every request not started, the
-answer tokens not yet made of every one started, from the measured first-token and end times).
-The scalers are a model over those measured signals, not a replayed controller: each fires when
-its signal's mean over the last 30 s is 30 % above its mean before the shift (the headroom the
-fleet was sized with), and a new replica serves 8 minutes after it fires; a KV scaler with an
-absolute threshold (70 % of the cache) is checked too.
+One 70B replica on 4 x A100 (L7's) takes 20 req/s of 200 prompt tokens through the production
+pool, router and admission: 20-token answers for 60 s, 500-token answers after. The replay
+measures each second the arrivals, the replica's KV use and the tokens still owed; the scalers
+are a model over those signals (each fires when its 30 s mean is 30 % above its mean before the
+shift, and its replica serves 8 minutes later), with a KV scaler at an absolute 70 % beside
+them. The claim and the figures: experiments/docs/continuous-overload.md.
 
     python -m experiments.continuous_autoscale
 """

@@ -1,21 +1,11 @@
-"""Experiment: no batching, static batching and continuous batching on one 70B replica (8 x H100).
+"""L3: no batching, static batching and continuous batching on one 70B replica (8 x H100).
 
-The claim: one request at a time wastes the GPU (a sequence gets ~190 tokens/s from hardware that
-makes ~22,000 in a batch); static batches share each weight read, so throughput rises a lot, but
-a batch runs until its longest answer is done: a 20-token answer beside a 1,000-token one leaves
-its place empty most of the batch, and new requests wait for the whole batch to drain. A scheduler
-that rebatches every step (continuous batching) keeps the batch full and starts a new request
-within a step.
-
-Here the production engine (scheduler, block manager) runs each policy over the cost model, fed
-by Poisson arrivals (300 requests or 30 s, whichever is longer) of 500 prompt tokens and answers
-uniform in 20..1,000 tokens
-(:mod:`experiments.continuous_drive`): no batching adds the next request once the engine is empty;
-static batching adds up to 256 waiting requests together once the previous batch has drained
-(a batcher that takes what is waiting rather than waiting for a full batch, the kinder form);
-continuous adds every arrival at once. Each policy's capacity at a target is the highest Poisson
-rate whose TTFT p95 and TPOT p95 are within it (and every lower rate's too): TPOT p95 < 50 ms with
-TTFT p95 < 2 s, and again with a loose TTFT p95 < 10 s, which the unbatched policies can meet.
+The production engine (scheduler, block manager) runs each policy of
+:mod:`experiments.continuous_drive` over the cost model, fed Poisson arrivals (300 requests or
+30 s, whichever is longer) of 500 prompt tokens and answers uniform in 20..1,000 tokens. Each
+policy's capacity at a target is the highest rate whose TTFT p95 and TPOT p95 (and every lower
+rate's) are within it: TPOT p95 < 50 ms with TTFT p95 < 2 s, and with a loose 10 s. The claim,
+the policies in full and the figures: experiments/docs/continuous-sizing.md.
 
     python -m experiments.continuous_batching
 """

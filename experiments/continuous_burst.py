@@ -1,19 +1,12 @@
-"""Experiment: demand doubles in five minutes; paid stays within its TTFT budget while free is shed,
-and the Retry-After each shed request is told is compared with when the queue really drained.
+"""L7: demand doubles in five minutes; paid stays within its TTFT budget while free is shed, and
+the Retry-After each shed request is told is compared with when the queue really drained.
 
-The claim: an autoscaler cannot absorb a burst shorter than a replica's start (~8 minutes), so
-admission holds the line: the gateway estimates each request's wait from the queued tokens over
-the recent drain rate and answers 529 at once when it is over budget; free traffic is refused
-first and paid keeps its capacity; the refused client backs off and retries.
-
-Here one 70B replica on 4 x A100 (a smaller replica than 8 x H100, so that seven minutes of its
-traffic replay in seconds: the dynamics scale with capacity) takes 1,000 prompt and 200 answer
-tokens a request, 40 % paid, through the production pool, router and token admission. Demand
-sits at 5 req/s (about what the replica serves within TPOT p95 < 50 ms) for 60 s, rises
-linearly to 10 req/s over 300 s, and stays there 60 s. Wait budgets: paid 1 s, free 1 s (free's
-shrinks as paid's queue grows). For each shed request, the Retry-After it was told is compared
-with the real drain: how long after the refusal the newest request admitted before it got its
-first token (the queue ahead of the refused one had then left).
+One 70B replica on 4 x A100 (smaller than 8 x H100, so that minutes replay in seconds) takes
+1,000 prompt and 200 answer tokens a request, 40 % paid, through the production pool, router and
+token admission: 5 req/s for 60 s, rising linearly to 10 req/s over 300 s, then 60 s at 10; wait
+budgets 1 s. A shed request's real drain is how long after its refusal the newest request
+admitted before it got its first token. The claim and the figures:
+experiments/docs/continuous-overload.md.
 
     python -m experiments.continuous_burst
 """

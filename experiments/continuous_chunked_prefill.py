@@ -1,14 +1,9 @@
-"""Experiment: chunked prefill. A 50,000-token prompt joins a 70B replica decoding 200 sequences.
+"""L4: chunked prefill. A 50,000-token prompt joins a 70B replica decoding 200 sequences.
 
-The claim: run whole, such a prefill is one huge compute burst, and every decoding sequence
-waits for it: their time per output token jumps from ~11 ms to hundreds of milliseconds for
-that step, and their streams freeze. Chunked prefill feeds the long prompt a chunk per step
-(for example 512 tokens) beside the decodes: each step is a little slower but never stalls,
-and the long request's own first token comes a little later, its prefill spread over steps.
-
-Here the production scheduler decides (one token budget a step, decodes first, the long
-prompt chunked into what is left), over the cost model of 70B on 8 x H100. For each chunk size
-the step budget is 200 + chunk tokens; "whole" is a budget that holds the whole prompt.
+The production scheduler decides (one token budget a step, decodes first, the long prompt
+chunked into what is left), over the cost model of 70B on 8 x H100. For each chunk size the step
+budget is 200 + chunk tokens; "whole" is a budget that holds the whole prompt. The claim and the
+figures: experiments/docs/continuous-sizing.md.
 
     python -m experiments.continuous_chunked_prefill
 """

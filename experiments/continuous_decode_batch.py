@@ -1,14 +1,9 @@
-"""Experiment: a decode step's time and a 70B replica's tokens per second against batch size.
+"""L1: a decode step's time and a 70B replica's tokens per second against batch size.
 
-The claim: every decode step reads all the weights (140 GB for 70B in 16 bits) plus the KV of
-every sequence in the batch; on 8 x H100 (26.8 TB/s together) a step at batch 1 takes ~5.2 ms
-(~190 tokens/s for the one user and for the replica), and at 256 sequences of 2,000 tokens
-~11.5 ms (each user still ~87 tokens/s, the replica ~22,000): batching trades about twice the
-per-token latency for over a hundred times the throughput.
-
-Here the production engine (scheduler, block manager) runs each batch over the cost model: the
-sequences are prefilled, then the next decode steps are timed, so the step is what the engine
-really schedules (one token per running sequence, contexts growing by one a step).
+The production engine (scheduler, block manager) runs each batch over the cost model of 70B on
+8 x H100: the sequences are prefilled, then the next decode steps are timed, so the step is what
+the engine really schedules (one token per running sequence, contexts growing by one a step).
+The claim it checks and the figures: experiments/docs/continuous-sizing.md.
 
     python -m experiments.continuous_decode_batch
 """

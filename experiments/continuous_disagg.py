@@ -1,25 +1,12 @@
-"""Experiment: prefill/decode disaggregation against colocated replicas, as prompts grow.
+"""L9: prefill/decode disaggregation against colocated replicas, as prompts grow.
 
-The claim: prefill is compute-bound and decode memory-bound; run on separate pools (prefill
-replicas compute the prompt, then ship its KV over a fast link to decode replicas), each pool is
-tuned for its phase and sized for its share of the work, and a long prefill never stalls a
-decode step. The price is moving the KV: 50,000 tokens x 0.33 MB is ~16 GB for one request.
-Start with chunked prefill; split once long prompts are common and the fleet is big enough.
-
-The same 8 replicas of 70B on 8 x H100 (64 GPUs), answers of 200 tokens, targets TTFT p95 < 2 s
-and TPOT p95 < 50 ms, for prompts of growing length. What is replayed and what is modelled:
-
-- colocated (replayed): one replica's production engine, chunked prefill at 2,048 tokens a step
-  beside the decodes, fed Poisson arrivals (:mod:`experiments.continuous_drive`); its capacity is the
-  highest rate meeting both targets, and the fleet's is 8 times that;
-- prefill replica (replayed): the same engine asked for one token a request (its prefill and
-  first token), with 8,192 tokens a step; its capacity is the highest rate whose TTFT p95 plus
-  the KV transfer (prompt x 320 KiB over a 50 GB/s link) is under 2 s;
-- decode replica (modelled from the cost model): a steady batch of B sequences at the mean
-  context (prompt + half the answer) steps in s(B); the largest B with s(B) < 50 ms, at most 256
-  sequences and within 400 GB of KV, serves B / (s(B) x 200) requests/s;
-- the split: p prefill and 8 - p decode replicas serve min(p x prefill, (8 - p) x decode); the
-  best p is taken.
+The same 8 replicas of 70B on 8 x H100, answers of 200 tokens, targets TTFT p95 < 2 s and TPOT
+p95 < 50 ms. Replayed: a colocated replica (chunked prefill at 2,048 tokens a step beside the
+decodes, :mod:`experiments.continuous_drive`) and a prefill replica (one token a request, 8,192
+tokens a step, its TTFT plus the KV transfer under 2 s). Modelled: the KV transfer (prompt x 320
+KiB over 50 GB/s), the decode replica from the cost model (the largest steady batch B with a step
+under 50 ms serves B / (s(B) x 200) requests/s), and the best split of p prefill and 8 - p decode
+replicas. The claim and the figures: experiments/docs/continuous-disaggregation.md.
 
     python -m experiments.continuous_disagg
 """

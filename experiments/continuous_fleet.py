@@ -1,15 +1,10 @@
-"""Experiment: the fleet of 70B replicas (8 x H100 each) for 500 requests/s of 1,500 prompt and
-300 answer tokens, TTFT p95 under 1 s and TPOT p95 under 50 ms, against the arithmetic estimate.
+"""L2: the fleet of 70B replicas (8 x H100 each) for 500 requests/s of 1,500 prompt and 300 answer
+tokens, TTFT p95 under 1 s and TPOT p95 under 50 ms, against the arithmetic estimate.
 
-The estimate: decode needs 500 x 300 = 150,000 tokens/s; at a benchmarked 9,000 tokens/s a
-replica within the TPOT target that is ~17 replicas, 136 GPUs. Prefill needs 500 x 1,500 =
-750,000 tokens/s, 2 x 70 B FLOPs each, ~1.05 x 10^17 FLOP/s: at 50 % of an H100's 989 TFLOP/s,
-~212 GPUs. Together ~350 GPUs, ~456 with 30 % headroom for bursts and failures.
-
-Here one replica (prefill and decode together, chunked, the production scheduler and pool over
-the cost model) is driven at rising Poisson rates; the highest rate that meets both targets is
-its capacity, and the fleet is 500 over that (the router spreads arrivals over identical
-replicas, and a pool of them does at least as well as each alone at its share).
+One replica (prefill and decode together, chunked, the production scheduler and pool over the
+cost model) is driven at rising Poisson rates; the highest rate that meets both targets is its
+capacity, and the fleet is 500 over that. The estimate and the figures:
+experiments/docs/continuous-sizing.md.
 
     python -m experiments.continuous_fleet
 """

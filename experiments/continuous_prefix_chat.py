@@ -1,17 +1,11 @@
-"""Experiment: prefix caching for chat, on 70B replicas on 8 x H100.
+"""L5: prefix caching for chat, on 70B replicas on 8 x H100.
 
-The claim: a chat user's 12th turn carries the 11 turns before it, 9,000 tokens of which only the
-last 300 are new. Without a prefix cache the server prefills all 9,000 again, though it computed
-the KV of the first 8,700 at the previous turn; with one, it keeps the blocks of ended requests,
-indexed by the hash of the tokens they hold, and prefills only the new suffix: the turn's first
-token comes in tens of milliseconds instead of hundreds, and a replica serves many more turns
-a second.
-
-Part one: that 12th turn alone on an idle replica, its history cached or not (a tenant of its
-own salts its hashes, so nothing it asks is found). Part two: a chat workload (conversations of
-12 turns, 300 new tokens and 450 answer tokens a turn) through the production router and pool
-on two replicas, with the cache and without; then with the cache on caches of shrinking size,
-where the history of a conversation between its turns is evicted: the hit rate under KV pressure.
+Part one: a 12th turn alone on an idle replica, its history cached or not (a tenant of its own
+salts its hashes, so nothing it asks is found). Part two: a chat workload (conversations of 12
+turns, 300 new tokens and 450 answer tokens a turn) through the production router and pool on two
+replicas, with the cache and without; then with the cache on caches of shrinking size, where a
+conversation's history is evicted between its turns: the hit rate under KV pressure. The claim
+and the figures: experiments/docs/continuous-chat.md.
 
     python -m experiments.continuous_prefix_chat
 """

@@ -1,16 +1,10 @@
-"""Experiment: where the router's prefix affinity bound should sit, on a chat trace.
-
-The question: a router that sends each request to the replica with the least queued tokens
-spreads load evenly but scatters a conversation's turns over replicas that do not hold its
-history; one that always sends a conversation back to the replica holding its prefix hits the
-cache but piles load on whichever replicas hold the busiest conversations. The production router
-(``batcher/continuous/router.py``) arbitrates with a bound: the replica holding the longest prefix wins
-unless it has more than ``affinity_bound`` queued tokens above the least loaded one.
+"""L6: where the router's prefix affinity bound should sit, on a chat trace.
 
 Four 70B replicas (8 x H100 each), conversations of 12 turns (300 new prompt tokens and 200
-answer tokens a turn), through the production pool and router, at bounds from 0 (least queued
-tokens, the holder winning only ties) to unbounded (always the holder). Load skew is the busiest
-replica's generated tokens over the mean. Round robin is not one of ferry's routers, so not here.
+answer tokens a turn), through the production pool and router (``batcher/continuous/router.py``),
+at bounds from 0 (least queued tokens, the holder winning only ties) to unbounded (always the
+holder). Load skew is the busiest replica's generated tokens over the mean. The question and the
+figures: experiments/docs/continuous-chat.md.
 
     python -m experiments.continuous_routers
 """

@@ -8,27 +8,15 @@ One ``ferry serve`` serves SmolLM2-135M-Instruct twice, on this machine's CPU:
   of up to ``--max-batch`` prompts, prefilled together and decoded until its longest answer
   ends (the rest pad), run by the same engine runner (same weights, same kernels).
 
-The same mixed workload goes to each in turn (the continuous one first): ``--requests`` streamed
-requests, prompts of a few words to a paragraph, ``max_tokens`` drawn from 16, 32 and 64,
-greedy (temperature 0), from a fixed seed; once for each of ``--rates``: Poisson arrivals at
-that many per second, or all at once for 0 (the fleet saturated: its tokens/s is its capacity).
-Every time is the client's: TTFT is arrival to the first text, TPOT the time between the first
-and the last text over the tokens after the first (a static batch sends its whole answer at
-once: its TPOT is 0, and its TTFT is its whole latency), tokens/s the output tokens of all
-requests over the time from the first arrival to the last answer. Both run in ``--dtype``
-(bfloat16 by default: on this CPU its decode steps are 2-4x float32's, experiments/docs/constants.md).
-
-The machine's two cores are shared with other jobs whose load comes and goes. With torch's
-default two threads a process, a phase ran up to 20x slower than the same phase a minute later
-(its threads spin while other processes hold the cores), so the server and its workers run one
-thread each (``OMP_NUM_THREADS=1`` unless set), and each (arrivals, mode) pair runs
-``--repeat`` times, the two modes alternating; the table shows each figure's median over the
-repeats, with the load average before and after.
+The same mixed workload goes to each in turn: ``--requests`` streamed greedy requests from a
+fixed seed, ``max_tokens`` drawn from 16, 32 and 64, for each of ``--rates`` (Poisson arrivals
+per second, or all at once for 0). Times are the client's (a static batch sends its whole answer
+at once: its TTFT is its whole latency). Both run in ``--dtype`` (bfloat16 by default), one
+torch thread a process (``OMP_NUM_THREADS=1`` unless set), and each (arrivals, mode) pair runs
+``--repeat`` times, the modes alternating; the table shows medians, with the load average.
+Why one thread, and the figures: experiments/docs/continuous-vs-static.md.
 
     .venv/bin/python -m experiments.continuous_vs_fixed --requests 24 --rates 0 2 --repeat 3
-
-Results go to ``experiments/results/continuous_vs_fixed.md``. The two phases run one after the
-other so that they do not share the CPU; both models stay loaded throughout.
 """
 
 from __future__ import annotations

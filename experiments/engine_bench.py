@@ -7,36 +7,13 @@ batching, side by side on one workload, on SmolLM2-135M on this CPU.
 
 The workload (``--seed``): ``--requests`` prompts of 20-500 random tokens, each asking for
 10-300 answer tokens, every one generated (EOS ignored, so every system does the same work), all
-arriving at once. Each system answers greedily and is timed from the first request to the last
-token, after a short warm-up of its own; the engine runs first and again last, and its row is
-the mean of both runs (the machine is shared: its speed drifts within a run):
-
-- **engine**: :class:`workers.engine.engine.Engine` over the paged ``ModelRunner``, the step loop
-  only (no worker process, no gateway): one token budget per step, decodes and prompt chunks
-  together, a sequence joining on the step after another leaves.
-- **generate B**: static batching as the fixed-mode ``generate`` worker runs it
-  (:meth:`workers.models.Generate.generate`, over the same paged runner): batches of ``B``
-  requests in arrival order, the whole batch prefilled in one step, every row decoding until
-  the batch's longest answer is done.
-- **padded B**: static batching the plain way (:class:`experiments.static_batch.StaticBatcher`):
-  the same batches, each left-padded to its longest prompt over a contiguous cache reserved for
-  its longest prompt plus its longest answer.
-- **solo**: ``generate`` one request at a time, on the first ``--solo`` requests only (all of
-  them would take the run's time budget several times over).
-- **transformers**: ``LlamaForCausalLM``'s continuous batching manager (what ``generate_batch``
-  runs; used directly, as ``generate_batch`` gives every request the same ``max_new_tokens``),
-  sdpa attention, a paged cache as large as the engine's, the same token budget.
-
-Reported per system: generated tokens per second, and KV utilisation averaged over steps:
-tokens whose K and V are held (a row's own, not padding) over the slots reserved for them
-(blocks allocated x block size for the engine and ``generate``, whose ended rows go on growing
-as padding; rows x (longest prompt + longest answer) for ``padded``). Every system's answers are
-checked against the engine's token for token (float32 only: bfloat16 sums in another order
-drift), which also shows each did the same work.
-
-Every system runs in this one process with ``--threads`` torch threads, 1 by default: on this
-shared 2-core machine, under a load average of 4, a 200-token prefill took 8.2 s with 2 threads
-and 0.53 s with 1 (OpenMP's threads spin at every barrier waiting for a core someone else holds).
+arriving at once. Each system answers greedily in this process, with ``--threads`` torch threads
+(1 by default), and is timed from the first request to the last token after a warm-up of its
+own; the engine runs first and again last, its row the mean of both. The systems (``engine``,
+``generate B``: the fixed-mode worker's static batches over the same paged runner, ``padded B``:
+:class:`experiments.static_batch.StaticBatcher`, ``solo``, ``transformers``), KV utilisation as
+measured here, and the figures: experiments/docs/engine.md. Every system's answers are checked
+against the engine's token for token (float32 only: bfloat16 sums in another order drift).
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ vLLM's API server process, whose engine core runs in a child). ``default`` is ``
 embedded default (its demo key and wait budgets), to see what a burst does to it.
 
 Loopback only. vLLM's side needs ``make vllm-env``. Both vLLM runs are eager (no torch.compile,
-so that they start in seconds) unless ``--compile`` compiles both (vLLM's own default, 65-100 s a
-start here); either way they compare like with like. Every engine gets ``--threads`` CPU threads
-(default: every core this process may use, as vLLM's server takes them)::
+so that they start in seconds) unless ``--compile`` compiles both (vLLM's own default, slower to
+start); either way they compare like with like. Every engine gets ``--threads`` CPU threads
+(default: every core this process may use, as vLLM's server takes them). Figures:
+experiments/docs/vllm.md::
 
     .venv/bin/python experiments/vllm_bench.py --levels 1 8 32 --per-client 2 --rounds 1
     .venv/bin/python experiments/vllm_bench.py --compile --levels 32 1 --per-client 1 --rounds 2
