@@ -78,7 +78,7 @@ def main() -> None:
     summary = f"""
 The same arrivals through the same batcher and pool, once in virtual time with simulated workers
 and once on the wall clock with real `sleep` worker processes (200 ms a call, 8 processes, no HTTP).
-The largest p50/p95 disagreement is **{worst:.1f} %**: {verdict} the 10 % the issue asks for. What
+The largest p50/p95 disagreement is **{worst:.1f} %**: {verdict} the 10 % it aims for. What
 differs is what virtual time leaves out: a pipe round trip and process wake-up per call (about a
 millisecond each), which shift when workers free up and so, now and then, how requests group into
 batches; the tails (p99) differ most.

@@ -86,7 +86,7 @@ Poisson arrivals, half paid and half free, {args.duration:g} s per point (Static
   p95 {at("slack_driven", 20, "p95 ms"):.0f} ms at 20 req/s, just under the 500 ms budget by design; it
   drops what cannot make it ({at("slack_driven", flat_out, "dropped %"):.0f} % when offered twice the
   capacity, where the others queue for seconds).
-- **AIMD** (Clipper: limit from 1, +1 per call within 250 ms, no wait) sends whatever waits as soon as any
+- **AIMD** (limit from 1, +1 per call within 250 ms, no wait) sends whatever waits as soon as any
   worker frees, like IdleAware with no reserve: low-load latency of one service time, and
   {at("aimd", flat_out, "achieved/s"):,} req/s flat out. But between, with no worker held back, every
   worker stays busy with batches just big enough ({at("aimd", 1000, "mean batch"):.0f} at 1,000 req/s)

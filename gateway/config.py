@@ -173,7 +173,7 @@ class StateConfig:
     """Where the gateway keeps what must outlive it: usage records and idempotent answers."""
 
     dir: str = "~/.local/state/ferry"
-    idempotency_ttl_s: int = 86_400  # an idempotent answer is replayed this long (Stripe keeps keys 24 h)
+    idempotency_ttl_s: int = 86_400  # an idempotent answer is replayed this long (24 h)
     idempotency_max_entries: int = 1_000_000  # answers kept at most; past it the oldest go first
 
     def __post_init__(self) -> None:

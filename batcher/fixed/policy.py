@@ -208,7 +208,7 @@ class SlackDriven:
 
 @dataclasses.dataclass(slots=True)
 class AIMD:
-    """Clipper's adaptive batch size: additive increase, multiplicative decrease.
+    """An adaptive batch size: additive increase, multiplicative decrease.
 
     The batch limit starts at ``start``; each call that took at most ``target`` seconds raises
     it by ``step`` (up to ``max_batch``), each call that took longer cuts it to ``backoff``
