@@ -41,7 +41,7 @@ def parser(module: str) -> argparse.ArgumentParser | None:
 
 
 def program(words: list[str]) -> tuple[str, list[str]]:
-    """The module a command runs (``-`` for none) and its arguments."""
+    """The module a command runs (``make`` and ``pytest`` as themselves) and its arguments."""
     if words[0] == "ferry":
         module = PYPROJECT["project"]["scripts"]["ferry"].split(":")[0]
         return module, words[1:]
@@ -117,8 +117,6 @@ def check(command: Command, monkeypatch) -> None:
     if script is None:
         assert not arguments, f"{module} reads no arguments"
         return None
-    if not arguments:
-        return None  # the program named, not run
     if "|" in arguments:  # alternatives: "ferry reload | status | drain | weights"
         for alternative in " ".join(arguments).split("|"):
             check_synopsis(script, alternative.split()[:1])
