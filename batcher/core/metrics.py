@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from batcher.core.backend import Snapshot
 from batcher.core.mode import Exported
-from batcher.core.modes import MODES
+from batcher.core.modes import serving
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,4 +94,4 @@ class CoreCollector(Collector):
         yield from (family for family, _ in counters)
         yield from (wait, *queued.values(), estimate, placement)
         for mode, exported in by_mode.items():
-            yield from MODES[mode].families(exported)
+            yield from serving(mode).families(exported)

@@ -13,7 +13,7 @@ A model names its template in the config (``chat_template``):
 
 - ``model``: the Jinja template that ships with the model's tokenizer (a ``chat_template.jinja``
   beside it, else ``chat_template`` in its ``tokenizer_config.json``, the precedence Hugging
-  Face reads them in: :mod:`workers.chat_template`, the reader the engine uses too), as Hugging
+  Face reads them in: :mod:`gateway.text.model_template`, the reader the engine uses too), as Hugging
   Face renders it;
 - a path to a ``.jinja`` file of one's own.
 
@@ -29,8 +29,8 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
+from gateway.text.model_template import read_chat_template
 from gateway.wire.api import InvalidRequest
-from workers.chat_template import read_chat_template
 
 Turn = tuple[str, str]  # (role, text)
 

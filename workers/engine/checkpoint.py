@@ -6,7 +6,7 @@ The directory holds what ``transformers`` writes for a Llama-family model, and o
     config.json                 the network's shape, RoPE and ``eos_token_id``
     generation_config.json      more ``eos_token_id`` (optional)
     tokenizer.json              the tokenizer, special tokens included
-    tokenizer_config.json       the chat template (optional; :mod:`workers.chat_template` reads it)
+    tokenizer_config.json       the chat template (optional; :mod:`gateway.text.model_template` reads it)
     *.safetensors               the weights, named as transformers names them
 
 Both spellings of RoPE in ``config.json`` are read: transformers 5's ``rope_parameters``

@@ -21,7 +21,8 @@ import dataclasses
 import json
 import sys
 
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.continuous.config import ContinuousModelConfig
+from batcher.core.config import QueueConfig
 from batcher.sim.arrivals import bursty, poisson
 from batcher.sim.continuous.engine import EngineSpec
 from batcher.sim.continuous.replay import replay
