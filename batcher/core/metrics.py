@@ -9,7 +9,7 @@ bisections for the fixed mode, the engines' for the continuous one
 locks; at each scrape the bridge asks every backend for a :class:`~batcher.core.backend.Snapshot`
 (taken on the trio thread) and :class:`CoreCollector` turns those into families, so the
 scheduler's hot path pays nothing for being observed. The gateway's own families (requests,
-latencies, rejects) and the registry they share are :mod:`gateway.http.metrics`'s.
+latencies, rejects) and the registry they share are :mod:`gateway.metrics`'s.
 
 Labels are model and tier names and reasons: never an API key or prompt text.
 """

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from batcher.core.config import ModelConfig
 from gateway.bridge import Bridge
 from gateway.config import FerryConfig
-from gateway.http.metrics import Metrics
+from gateway.metrics import Metrics
 from gateway.ops.models import Catalog, ServedModel, served_model, splits_of
 from gateway.ops.pins import Pins
 from gateway.ops.routing import Split
