@@ -22,7 +22,7 @@ def tables() -> list[list[list[set[str]]]]:
     section = text.split("## What each package may import", 1)[1].split("\n## ", 1)[0]
     found: list[list[list[set[str]]]] = []
     rows: list[list[set[str]]] = []
-    for line in section.splitlines() + [""]:
+    for line in [*section.splitlines(), ""]:
         if line.startswith("|"):
             cells = line.strip("|").split("|")
             if not set(cells[0].strip()) <= {"-"}:
@@ -52,7 +52,8 @@ def module_name(path: Path) -> str:
 
 
 def sources() -> dict[str, Path]:
-    return {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+    paths = (path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py")))
+    return {module_name(path): path for path in paths}
 
 
 def imports(path: Path) -> list[tuple[int, str, str]]:
