@@ -51,11 +51,12 @@ from batcher.continuous.metrics import ContinuousStats
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
 from batcher.continuous.token_load import TokenLoad
-from batcher.continuous.token_stream import Output, Tokenizer
+from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
 from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
 from batcher.core.config import QueueConfig
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
+from batcher.core.tokenizer import Tokenizer
 from batcher.core.types import Expired, ReplicaLost, RequestFailed, TooLarge, WorkersFailed
 from workers.prefix_hash import prefix_hashes
 from workers.protocol import Add

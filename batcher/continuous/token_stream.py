@@ -23,19 +23,9 @@ sequence by cancelling).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 from batcher.core.backend import Delta, Failed, Finished, Job, OnEvent, Started, Usage
-
-
-class Detokenizer(Protocol):
-    def push(self, ids: list[int]) -> str: ...
-
-    def flush(self) -> str: ...
-
-
-class Tokenizer(Protocol):
-    def detokenizer(self) -> Detokenizer: ...
+from batcher.core.tokenizer import Tokenizer
 
 
 class Output:
