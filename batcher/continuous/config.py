@@ -8,11 +8,11 @@ import math
 import os
 
 from batcher.core.config import ModelConfig, PoolConfig, require
+from workers.engine.config import DEFAULTS, DTYPE, DTYPES, THREADS
 
 CONVERTED = ("smollm2-135m",)
 """Model names ``ferry serve`` converts once from an installed GGUF (workers/convert.py)."""
 SIMULATED = ("llama-70b", "smollm2-135m")  # workers/engine/cost_model.py: PRESETS
-DTYPES = ("float32", "bfloat16")
 ENGINES = ("ferry", "vllm")
 """Who runs a continuous model's steps: ferry's own engine, or vLLM's (``workers/vllm_engine.py``,
 under an interpreter that has vLLM: its own virtualenv, named by ``python``)."""
@@ -42,14 +42,14 @@ class ContinuousModelConfig(ModelConfig):
     tokenizer: str = ""
     chat_template: str = ""
     workers: int = 1  # engine replicas, one per GPU
-    block_size: int = 16  # tokens per KV block
+    block_size: int = DEFAULTS.block_size  # tokens per KV block
     num_blocks: int = 0  # KV blocks per replica (0: from kv_memory_gb, else the runner's default)
     kv_memory_gb: float = 0.0  # KV cache size per replica, instead of num_blocks
-    max_batch_tokens: int = 512  # the token budget of one engine step
-    max_seqs: int = 256  # running sequences per replica at most
-    dtype: str = "float32"
+    max_batch_tokens: int = DEFAULTS.max_batch_tokens  # the token budget of one engine step
+    max_seqs: int = DEFAULTS.max_seqs  # running sequences per replica at most
+    dtype: str = DTYPE
     device: str = ""  # cpu or cuda (default: cuda where present)
-    threads: int = 1  # torch CPU threads per engine; 1 never spins on a core the gateway needs
+    threads: int = THREADS  # torch CPU threads per engine
     compile: bool = False  # engine = "vllm": torch.compile the model (a slower start, faster steps)
     affinity_bound: int = 2048  # tokens: a prefix holder busier than the least loaded by more loses it
     stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
