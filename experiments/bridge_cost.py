@@ -23,7 +23,8 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from batcher.core.backend import Delta, Finished, Job, Started, Usage
-from batcher.core.config import FixedModelConfig, QueueConfig
+from batcher.core.config import QueueConfig
+from batcher.fixed.config import FixedModelConfig
 from gateway.bridge import Bridge
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.continuous.config import ContinuousModelConfig
+from batcher.core.config import QueueConfig
 from batcher.sim.continuous.engine import EngineSpec
 from batcher.sim.continuous.replay import Replayed, replay
 from batcher.sim.continuous.workload import Workload

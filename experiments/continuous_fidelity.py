@@ -35,10 +35,11 @@ from pathlib import Path
 import numpy as np
 import trio
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_process import EngineProcess
 from batcher.continuous.pool import open_engine_pool
 from batcher.core.backend import Finished, Job
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.core.config import QueueConfig
 from batcher.placement.local import process_workers
 from batcher.sim.arrivals import poisson
 from batcher.sim.continuous.engine import EngineSpec

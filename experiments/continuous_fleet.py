@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.continuous.config import ContinuousModelConfig
+from batcher.core.config import QueueConfig
 from batcher.sim.arrivals import poisson
 from batcher.sim.continuous.engine import EngineSpec
 from batcher.sim.continuous.replay import FINISHED, replay

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.continuous.config import ContinuousModelConfig
+from batcher.core.config import QueueConfig
 from batcher.sim.arrivals import poisson
 from batcher.sim.continuous.engine import EngineSpec
 from batcher.sim.continuous.replay import FINISHED, replay

@@ -37,7 +37,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from batcher.core.config import converted_dir
+from batcher.continuous.config import converted_dir
 from experiments.common import RESULTS, markdown
 
 KEY = "sk-bench-paid-0001"

@@ -20,6 +20,7 @@ from batcher.core.config import PoolConfig
 from batcher.core.types import State
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import make_policy
+from batcher.fixed.worker import ProcessWorker
 from batcher.placement.local import process_workers
 from batcher.sim.arrivals import Trace, poisson
 from batcher.sim.fixed.load import drive
@@ -34,7 +35,7 @@ SCENARIOS = (  # policy, offered req/s, seconds, workers
 
 
 async def real_latencies(trace: Trace, policy: str, workers: int) -> np.ndarray:
-    spawn = process_workers(["sleep", "--latency-ms", str(SERVICE * 1000)], workers)
+    spawn = process_workers(["sleep", "--latency-ms", str(SERVICE * 1000)], workers, kind=ProcessWorker)
     tiers = [trace.tiers[i] for i in trace.tier]
     async with open_batcher(spawn, PoolConfig(workers=workers), make_policy(policy)) as batcher:
         requests, lag = await drive(batcher, trace.times, tiers)

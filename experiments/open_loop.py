@@ -16,6 +16,7 @@ import trio
 
 from batcher.core.config import PoolConfig
 from batcher.fixed.policy import SizeOrTimeout
+from batcher.fixed.worker import ProcessWorker
 from batcher.placement.local import process_workers
 from batcher.sim.fixed.load import open_loop
 
@@ -33,7 +34,7 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     args = parser.parse_args()
 
-    spawn = process_workers(["sleep", "--latency-ms", str(args.latency_ms)], args.workers)
+    spawn = process_workers(["sleep", "--latency-ms", str(args.latency_ms)], args.workers, kind=ProcessWorker)
     report = trio.run(
         open_loop,
         spawn,

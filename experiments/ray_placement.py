@@ -27,13 +27,15 @@ import time
 import numpy as np
 import trio
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_process import EngineProcess
 from batcher.continuous.pool import open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Job
-from batcher.core.config import ContinuousModelConfig, FixedModelConfig, PoolConfig, QueueConfig, RayConfig
+from batcher.core.config import PoolConfig, QueueConfig, RayConfig
 from batcher.fixed.batcher import open_batcher
+from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.policy import SizeOrTimeout
-from batcher.placement.local import ProcessWorker
+from batcher.fixed.worker import ProcessWorker
 from batcher.placement.ray_actors import CLUSTER, use_cluster
 from batcher.placement.spawn import placed
 from batcher.sim.arrivals import poisson, tier_mix

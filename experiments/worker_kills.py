@@ -26,6 +26,7 @@ from batcher.core.types import Request, State
 from batcher.fixed.batcher import Batcher, open_batcher
 from batcher.fixed.policy import SizeOrTimeout
 from batcher.fixed.slot import SlotState
+from batcher.fixed.worker import ProcessWorker
 from batcher.placement.local import process_workers
 from batcher.sim.arrivals import poisson, tier_mix
 
@@ -65,7 +66,7 @@ async def drive(batcher: Batcher, times: np.ndarray, tiers: list[str], requests:
 
 
 async def run(args: argparse.Namespace) -> int:
-    spawn = process_workers(["sleep", "--latency-ms", str(args.latency_ms)], args.workers)
+    spawn = process_workers(["sleep", "--latency-ms", str(args.latency_ms)], args.workers, kind=ProcessWorker)
     times = poisson(args.rate, args.duration, args.seed)
     tiers = tier_mix(len(times), {"paid": 0.5, "free": 0.5}, args.seed)
     kills: list[tuple[float, int, str]] = []

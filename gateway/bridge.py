@@ -23,10 +23,10 @@ from typing import Any
 
 import trio
 
-from batcher.core import modes
 from batcher.core.backend import TERMINAL_EVENTS, Event, Failed, Job, Snapshot
 from batcher.core.config import ModelConfig, QueueConfig
 from batcher.core.fleet import Fleet, Launch
+from batcher.placement import launch
 from gateway.text.tokenizer import make_tokenizer
 from gateway.wire.api import Unavailable
 
@@ -293,7 +293,7 @@ class Bridge:
         """Prepare, open or close a version; the asyncio side hears how it went (after the events
         its backend emitted before closing, so a finished job is never mistaken for a stopped one)."""
         fleet: Fleet = self._fleet  # type: ignore[assignment]
-        change = {"prepare": modes.prepare, "open": fleet.open, "close": fleet.close}[op]
+        change = {"prepare": launch.prepare, "open": fleet.open, "close": fleet.close}[op]
         try:
             await change(subject)
         except Exception as exc:  # noqa: BLE001 - the caller (a reload) reports it; the core runs on
@@ -364,6 +364,6 @@ def _settle(future: asyncio.Future, outcome: tuple[Any, BaseException | None]) -
         future.set_exception(error)
 
 
-open_backend: Launch = functools.partial(modes.launch, tokenizers=make_tokenizer)
+open_backend: Launch = functools.partial(launch.launch, tokenizers=make_tokenizer)
 """The production :data:`~batcher.core.fleet.Launch`: a model version's backend, prepared and opened
-by its mode's registry entry (:func:`batcher.core.modes.launch`), with the gateway's tokenizers."""
+by its mode's registry entry (:func:`batcher.placement.launch.launch`), with the gateway's tokenizers."""

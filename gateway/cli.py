@@ -21,10 +21,11 @@ def demo(args: argparse.Namespace) -> int:
     import trio
 
     from batcher.core.config import PoolConfig
+    from batcher.fixed.worker import ProcessWorker
     from batcher.placement.local import process_workers
     from batcher.sim.fixed.load import open_loop
 
-    spawn = process_workers(["sleep", "--latency-ms", str(args.latency_ms)], args.workers)
+    spawn = process_workers(["sleep", "--latency-ms", str(args.latency_ms)], args.workers, kind=ProcessWorker)
     print(
         f"ferry demo: {args.workers} sleep workers ({args.latency_ms:g} ms a call), "
         f"{args.rate:g} requests/s for {args.duration:g} s, half paid, half free"

@@ -19,7 +19,7 @@ import math
 import os
 import tomllib
 
-from batcher.core.config import ModelConfig, QueueConfig, RayConfig, _require
+from batcher.core.config import ModelConfig, QueueConfig, RayConfig, require
 from batcher.core.config_file import TierConfig, build_table, model_table
 
 DEFAULT_TOML = """\
@@ -100,17 +100,17 @@ class ServerConfig:
     max_connections: int = 10_000  # beyond it, the oldest idle connection is closed, else a 503
 
     def __post_init__(self) -> None:
-        _require(bool(self.host), "host", "an address", self.host)
-        _require(0 <= self.port <= 65535, "port", "0..65535", self.port)
-        _require(
+        require(bool(self.host), "host", "an address", self.host)
+        require(0 <= self.port <= 65535, "port", "0..65535", self.port)
+        require(
             1024 <= self.max_body_bytes <= 1 << 30, "max_body_bytes", "1 KiB..1 GiB", self.max_body_bytes
         )
-        _require(
+        require(
             self.shutdown_grace_ms >= 0, "shutdown_grace_ms", "milliseconds >= 0", self.shutdown_grace_ms
         )
         for name in ("ping_interval_ms", "header_timeout_ms", "body_timeout_ms", "idle_timeout_ms"):
-            _require(getattr(self, name) > 0, name, "milliseconds > 0", getattr(self, name))
-        _require(
+            require(getattr(self, name) > 0, name, "milliseconds > 0", getattr(self, name))
+        require(
             1 <= self.max_connections <= 1_000_000, "max_connections", "1..1000000", self.max_connections
         )
 
@@ -127,18 +127,18 @@ class KeyConfig:
     requests_per_minute: int | None = None
 
     def __post_init__(self) -> None:
-        _require((self.key is None) != (self.key_sha256 is None), "key", "exactly one of key, key_sha256",
+        require((self.key is None) != (self.key_sha256 is None), "key", "exactly one of key, key_sha256",
                  self.key if self.key is not None else self.key_sha256)
         if self.key is not None:
-            _require(len(self.key) >= 8, "key", "at least 8 characters", "<hidden>")
+            require(len(self.key) >= 8, "key", "at least 8 characters", "<hidden>")
         if self.key_sha256 is not None:
             digest = self.key_sha256
-            _require(len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
+            require(len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
                      "key_sha256", "64 lowercase hex digits", digest)
-        _require(bool(self.tenant), "tenant", "a tenant name", self.tenant)
+        require(bool(self.tenant), "tenant", "a tenant name", self.tenant)
         for name in ("tokens_per_minute", "requests_per_minute"):
             value = getattr(self, name)
-            _require(value is None or value > 0, name, "> 0", value)
+            require(value is None or value > 0, name, "> 0", value)
 
     @property
     def digest(self) -> str:
@@ -158,9 +158,9 @@ class LimitsConfig:
     redis_timeout_ms: int = 100  # a Redis call not answered within it: local buckets until Redis is back
 
     def __post_init__(self) -> None:
-        _require(self.store in ("memory", "redis"), "store", "'memory' or 'redis'", self.store)
-        _require(0.0 <= self.lease_share <= 1.0, "lease_share", "a share in 0..1", self.lease_share)
-        _require(
+        require(self.store in ("memory", "redis"), "store", "'memory' or 'redis'", self.store)
+        require(0.0 <= self.lease_share <= 1.0, "lease_share", "a share in 0..1", self.lease_share)
+        require(
             1 <= self.redis_timeout_ms <= 10_000,
             "redis_timeout_ms",
             "1..10000 milliseconds",
@@ -177,8 +177,8 @@ class StateConfig:
     idempotency_max_entries: int = 1_000_000  # answers kept at most; past it the oldest go first
 
     def __post_init__(self) -> None:
-        _require(self.idempotency_ttl_s >= 1, "idempotency_ttl_s", "seconds >= 1", self.idempotency_ttl_s)
-        _require(
+        require(self.idempotency_ttl_s >= 1, "idempotency_ttl_s", "seconds >= 1", self.idempotency_ttl_s)
+        require(
             self.idempotency_max_entries >= 1, "idempotency_max_entries", ">= 1", self.idempotency_max_entries
         )
 
@@ -211,7 +211,7 @@ class AdminConfig:
     def __post_init__(self) -> None:
         digest = self.token_sha256
         if digest is not None:
-            _require(len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
+            require(len(digest) == 64 and all(c in "0123456789abcdef" for c in digest),
                      "token_sha256", "64 lowercase hex digits", digest)
 
 
@@ -224,11 +224,11 @@ class AliasConfig:
     weights: tuple[tuple[str, float], ...]  # (version, weight); shares are weight / sum
 
     def __post_init__(self) -> None:
-        _require(len(self.weights) >= 1, self.name, "a table of model versions to weights", {})
+        require(len(self.weights) >= 1, self.name, "a table of model versions to weights", {})
         for version, weight in self.weights:
             ok = isinstance(weight, int | float) and not isinstance(weight, bool) and 0 <= weight < math.inf
-            _require(ok, f"{self.name}.{version}", "a weight >= 0", weight)
-        _require(sum(w for _, w in self.weights) > 0, self.name, "weights adding up to more than 0",
+            require(ok, f"{self.name}.{version}", "a weight >= 0", weight)
+        require(sum(w for _, w in self.weights) > 0, self.name, "weights adding up to more than 0",
                  dict(self.weights))
 
 
@@ -249,13 +249,13 @@ class FerryConfig:
     ray: RayConfig = RayConfig()  # read at start: one process joins one Ray cluster
 
     def __post_init__(self) -> None:
-        _require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
-        _require(len(self.models) >= 1, "models", "at least one model", self.models)
+        require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
+        require(len(self.models) >= 1, "models", "at least one model", self.models)
         names = [tier.name for tier in self.tiers]
         for index, key in enumerate(self.keys):
-            _require(key.tier in names, f"keys[{index}].tier", f"one of {names}", key.tier)
+            require(key.tier in names, f"keys[{index}].tier", f"one of {names}", key.tier)
         digests = [key.digest for key in self.keys]
-        _require(len(set(digests)) == len(digests), "keys", "distinct keys", "a key listed twice")
+        require(len(set(digests)) == len(digests), "keys", "distinct keys", "a key listed twice")
         seen: dict[str, str] = {}
         for index, model in enumerate(self.models):
             for name in (model.name, *model.aliases):
@@ -264,9 +264,9 @@ class FerryConfig:
                 seen[name] = model.name
         versions = [model.name for model in self.models]
         for alias in self.aliases:
-            _require(alias.name not in seen, f"aliases.{alias.name}", "a name no model uses", alias.name)
+            require(alias.name not in seen, f"aliases.{alias.name}", "a name no model uses", alias.name)
             for version, _ in alias.weights:
-                _require(
+                require(
                     version in versions,
                     f"aliases.{alias.name}",
                     f"model versions, one of {versions}",
@@ -292,10 +292,10 @@ _TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelCon
 
 def _aliases(table: object) -> tuple[AliasConfig, ...]:
     """``[aliases]``: ``name = { "version" = weight, ... }`` per alias."""
-    _require(isinstance(table, dict), "aliases", "a table of aliases", table)
+    require(isinstance(table, dict), "aliases", "a table of aliases", table)
     aliases = []
     for name, weights in table.items():  # type: ignore[union-attr]
-        _require(
+        require(
             isinstance(weights, dict), f"aliases.{name}", "a table of model versions to weights", weights
         )
         try:
@@ -316,7 +316,7 @@ def parse_config(text: str, source: str = "<config>") -> FerryConfig:
         lists = {}
         for name in ("tiers", "keys", "models"):
             tables = document.get(name, [])
-            _require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
+            require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
             build = model_table if name == "models" else functools.partial(build_table, _TABLES[name])
             lists[name] = tuple(build(t, f"{name}[{i}]") for i, t in enumerate(tables))
         aliases = _aliases(document.get("aliases", {}))

@@ -18,7 +18,7 @@ import sys
 
 import trio
 
-from batcher.core.config import ContinuousModelConfig
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.placement.local import PipeProcess, interpreter_env
 from workers.protocol import EngineStats, Message, ProtocolError, WorkerLost
 

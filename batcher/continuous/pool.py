@@ -45,25 +45,30 @@ from collections.abc import AsyncIterator, Callable
 
 import trio
 
-from batcher.continuous.engine_process import EngineProcess, prepare_engines
-from batcher.continuous.metrics import ContinuousStats, engine_families
+from batcher.continuous.config import ContinuousModelConfig
+from batcher.continuous.engine_process import EngineProcess
+from batcher.continuous.metrics import ContinuousStats
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
 from batcher.continuous.token_load import TokenLoad
-from batcher.continuous.token_stream import Output, Tokenizer
+from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
 from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
-from batcher.core.config import ContinuousModelConfig, QueueConfig
-from batcher.core.mode import Mode
+from batcher.core.config import QueueConfig
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
+from batcher.core.tokenizer import Tokenizer
 from batcher.core.types import Expired, ReplicaLost, RequestFailed, TooLarge, WorkersFailed
-from workers.engine.block_manager import cdiv
 from workers.prefix_hash import prefix_hashes
 from workers.protocol import Add
 
 PREFILL_STEPS = 2
 """Steps' worth of prompt an engine is given ahead: the next step's chunk is already there while
 this one runs (with one, every other step of a burst would wait for the frames of the next)."""
+
+
+def blocks(tokens: int, block_size: int) -> int:
+    """The KV blocks that hold ``tokens`` tokens (the engine's own count: a partly full block is one)."""
+    return -(-tokens // block_size)
 
 
 class EnginePool:
@@ -201,7 +206,7 @@ class EnginePool:
 
     def _too_large(self, job: Job) -> TooLarge | None:
         bs = self.config.block_size
-        needed = cdiv(len(job.prompt_tokens) + job.max_tokens, bs)
+        needed = blocks(len(job.prompt_tokens) + job.max_tokens, bs)
         capacity = max(r.total_blocks for r in self._replicas)
         if needed <= capacity:
             return None
@@ -291,7 +296,7 @@ class EnginePool:
                 1.0 if sampling.top_p is None else sampling.top_p,
                 0 if sampling.top_k is None else sampling.top_k,
                 sampling.seed, [], False,
-            ), cdiv(len(job.prompt_tokens) + 1, config.block_size), now)
+            ), blocks(len(job.prompt_tokens) + 1, config.block_size), now)
 
     # --- engines coming and going -------------------------------------------------------
 
@@ -352,6 +357,3 @@ async def open_engine_pool(
         yield pool
         nursery.cancel_scope.cancel()
 
-
-MODE = Mode(ContinuousModelConfig, argv=ContinuousModelConfig.engine_argv, process=EngineProcess,
-            open=open_engine_pool, prepare=prepare_engines, families=engine_families)

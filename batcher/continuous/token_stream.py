@@ -14,19 +14,9 @@ never sends an end-of-sequence id; :meth:`Output.finish` bills its count with th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 from batcher.core.backend import Delta, Failed, Finished, Job, OnEvent, Started, Usage
-
-
-class Detokenizer(Protocol):
-    def push(self, ids: list[int]) -> str: ...
-
-    def flush(self) -> str: ...
-
-
-class Tokenizer(Protocol):
-    def detokenizer(self) -> Detokenizer: ...
+from batcher.core.tokenizer import Tokenizer
 
 
 class Output:

@@ -16,8 +16,8 @@ import re
 
 import msgspec
 
-from batcher.core.config import ModelConfig, _require
-from batcher.core.modes import MODES
+from batcher.core.config import ModelConfig, require
+from batcher.core.modes import MODES, config_class
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -28,15 +28,15 @@ class TierConfig:
     wait_budget_ms: int = 1000
 
     def __post_init__(self) -> None:
-        _require(bool(self.name), "name", "a tier name", self.name)
-        _require(self.wait_budget_ms > 0, "wait_budget_ms", "milliseconds > 0", self.wait_budget_ms)
+        require(bool(self.name), "name", "a tier name", self.name)
+        require(self.wait_budget_ms > 0, "wait_budget_ms", "milliseconds > 0", self.wait_budget_ms)
 
 
 def model_table(table: object, where: str) -> ModelConfig:
     """A model table, built and checked by the class of its ``mode``."""
     mode = table.get("mode", "fixed") if isinstance(table, dict) else None
     if isinstance(mode, str) and mode in MODES:
-        return build_table(MODES[mode].config, table, where)  # type: ignore[return-value]
+        return build_table(config_class(mode), table, where)  # type: ignore[return-value]
     raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
 
 

@@ -6,7 +6,7 @@ its own families through its registry entry (:mod:`batcher.core.modes`). The cor
 plain records without locks; at each scrape the bridge asks every backend for a
 :class:`~batcher.core.backend.Snapshot`, taken on the trio thread, and :class:`CoreCollector`
 turns them into families, so the scheduler's hot path pays nothing for being observed. The
-gateway's families and the registry are :mod:`gateway.http.metrics`'. Labels are model and tier
+gateway's families and the registry are :mod:`gateway.metrics`'. Labels are model and tier
 names and reasons: never an API key or prompt text.
 """
 
@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from batcher.core.backend import Snapshot
 from batcher.core.mode import Exported
-from batcher.core.modes import MODES
+from batcher.core.modes import serving
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -90,4 +90,4 @@ class CoreCollector(Collector):
         yield from (family for family, _ in counters)
         yield from (wait, *queued.values(), estimate, placement)
         for mode, exported in by_mode.items():
-            yield from MODES[mode].families(exported)
+            yield from serving(mode).families(exported)

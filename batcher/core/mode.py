@@ -1,12 +1,7 @@
-"""What a serving mode is to the core: the one interface the registry (:mod:`batcher.core.modes`)
-holds an entry of per mode.
+"""What a serving mode is to the core: what the registry (:mod:`batcher.core.modes`) finds in a
+mode package's ``mode`` module, its one :class:`Mode`::
 
-A mode is a way of turning jobs into text over worker processes: the fixed mode batches whole
-requests for ``run_batch`` workers, the continuous mode streams tokens from engines. Everything
-outside the mode's own module reaches it through one :class:`Mode`, so a third mode is a module
-that builds one and a line in the registry::
-
-    config file [[models]] mode = "m"  ──> Mode.config (the table's fields, checked)
+    config file [[models]] mode = "m"  ──> m's config.CONFIG (the table's fields, checked)
     start-up, or a reload             ──> Mode.prepare (trio: what its workers will read, once)
                                       ──> Mode.argv + Mode.process: the worker processes' spawn
                                       ──> Mode.open: the Backend over them, while it is entered
@@ -54,7 +49,6 @@ class Mode:
     queued work by unit, restarts) are not its business.
     """
 
-    config: type[ModelConfig]
     argv: Callable[[Any], Sequence[str]]  # a model's worker command: python -m workers ARGV
     process: type  # the pool's side of one worker process
     # open(model, queue, spawn: a fresh unstarted worker for a slot index, tokenizer)

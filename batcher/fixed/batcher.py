@@ -300,7 +300,8 @@ async def open_batcher(
     ``tokens`` counts an output's tokens (the model's tokenizer); ``batcher`` is the class to
     run (a trace replay's subclass).
 
-    >>> async with open_batcher(process_workers(["sleep"], 8), PoolConfig(workers=8)) as batcher:
+    >>> spawn = process_workers(["sleep"], 8, kind=ProcessWorker)
+    >>> async with open_batcher(spawn, PoolConfig(workers=8)) as batcher:
     ...     await batcher.answer("hello", tier="paid")
     'olleh'
     """

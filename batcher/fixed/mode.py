@@ -21,11 +21,12 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from batcher.core.backend import Backend
-from batcher.core.config import FixedModelConfig, QueueConfig
+from batcher.core.config import QueueConfig
 from batcher.core.mode import Exported, Mode
 from batcher.fixed.batcher import open_batcher
+from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.slot import Spawn
-from batcher.placement.local import ProcessWorker
+from batcher.fixed.worker import ProcessWorker
 
 _COUNTERS = (
     ("ferry_batch_retries", "Batches re-dispatched whole after a failed call.", "retries"),
@@ -56,5 +57,5 @@ def batch_families(backends: Sequence[Exported]) -> Iterator:
     yield sizes
 
 
-MODE = Mode(FixedModelConfig, argv=operator.attrgetter("worker"), process=ProcessWorker, open=open_fixed,
+MODE = Mode(argv=operator.attrgetter("worker"), process=ProcessWorker, open=open_fixed,
             families=batch_families)

@@ -22,17 +22,11 @@ import workers as workers_package
 from workers.faults import INSTANCE_ENV
 from workers.protocol import (
     MAX_FRAME_BYTES,
-    Accepted,
-    Error,
     FrameDecoder,
     Message,
-    NotDelivered,
     ProtocolError,
     Ready,
-    Result,
-    RunBatch,
     WorkerLost,
-    encode,
 )
 
 
@@ -117,29 +111,6 @@ class PipeProcess:
         return data
 
 
-class ProcessWorker(PipeProcess):
-    """A fixed-mode worker process: one ``run_batch`` call at a time."""
-
-    async def call(self, request: RunBatch) -> Result | Error:
-        assert self._to_worker is not None, "call before start"
-        try:
-            await self._to_worker.send_all(encode(request, self._max_frame))
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise NotDelivered(f"pid {self.pid}: pipe closed ({exc})") from None
-        try:
-            accepted = await self._receive()
-        except WorkerLost as exc:  # it died before reading the call (a kill racing the send)
-            raise NotDelivered(f"{exc} before accepting the call") from None
-        if accepted != Accepted(request.id):
-            raise ProtocolError(
-                f"expected accepted {request.id} after run_batch {request.id}, got {accepted.kind}"
-            )
-        reply = await self._receive()
-        if not isinstance(reply, Result | Error):
-            raise ProtocolError(f"expected result or error, got {reply.kind}")
-        return reply
-
-
 P = TypeVar("P", bound=PipeProcess)
 
 
@@ -167,13 +138,13 @@ def interpreter_env(python: str) -> dict[str, str]:
 
 
 def process_workers(
-    argv: Sequence[str], workers: int, max_frame: int = MAX_FRAME_BYTES, kind: type[P] = ProcessWorker,
+    argv: Sequence[str], workers: int, kind: type[P], max_frame: int = MAX_FRAME_BYTES,
     python: str = sys.executable,
 ) -> Callable[[int], P]:
     """A :data:`Spawn` that starts ``python -m workers *argv`` on each slot's own device, and
     names each start (``SLOT:START``, counted from 1 per slot) in its environment; ``kind`` is
-    the pool's side of the process (an engine's: :class:`batcher.continuous.engine_process.EngineProcess`),
-    ``python`` the interpreter it runs under."""
+    the pool's side of the process (a mode's :class:`PipeProcess`), ``python`` the interpreter it
+    runs under."""
     devices = worker_devices(workers)
     starts: Counter[int] = Counter()
     extra = interpreter_env(python)

@@ -1,11 +1,11 @@
 """Workers placed on a Ray cluster: the same worker to the pools, a Ray actor underneath.
 
-A model with ``placement = "ray"`` gets :class:`RayWorker` (fixed mode) or :class:`RayEngine`
-(continuous) workers: a :class:`~batcher.placement.local.ProcessWorker` or
-:class:`~batcher.continuous.engine_process.EngineProcess` whose frames flow over a TCP connection
-to a Ray actor (:class:`~batcher.placement.ray_host.WorkerHost`) instead of over pipes, so the
-pools, supervision and the router see no difference. Ray is the control plane only: it starts
-an actor, reports it dead and kills it; no frame passes through a Ray call (why, measured:
+A model with ``placement = "ray"`` gets a spawn whose workers are its mode's own worker class
+(:func:`hosted`: the fixed mode's ``ProcessWorker``, the continuous mode's ``EngineProcess``)
+with its frames flowing over a TCP connection to a Ray actor
+(:class:`~batcher.placement.ray_host.WorkerHost`) instead of over pipes, so the pools,
+supervision and the router see no difference. Ray is the control plane only: it starts an
+actor, reports it dead and kills it; no frame passes through a Ray call (why, measured:
 docs/ray.md). Each gateway owns its actors, named ``ferry:<gateway>:<model>:<slot>:<start>``;
 ``import ray`` happens only here and in :mod:`batcher.placement.ray_host`, lazily.
 """
@@ -13,6 +13,7 @@ docs/ray.md). Each gateway owns its actors, named ``ferry:<gateway>:<model>:<slo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import queue
@@ -25,9 +26,8 @@ from typing import Any
 
 import trio
 
-from batcher.continuous.engine_process import EngineProcess
 from batcher.core.config import ModelConfig, RayConfig
-from batcher.placement.local import PipeProcess, ProcessWorker
+from batcher.placement.local import PipeProcess
 from batcher.placement.ray_host import SECRET_BYTES, WorkerHost
 from workers.faults import INSTANCE_ENV
 from workers.protocol import MAX_FRAME_BYTES, WorkerLost
@@ -248,15 +248,11 @@ class RayHosted(PipeProcess):
             await self._stream.aclose()
 
 
-class RayWorker(RayHosted, ProcessWorker):
-    """A fixed-mode worker in a Ray actor."""
-
-
-class RayEngine(RayHosted, EngineProcess):
-    """An engine worker in a Ray actor."""
-
-
-HOSTED: dict[type[PipeProcess], type[RayHosted]] = {ProcessWorker: RayWorker, EngineProcess: RayEngine}
+@functools.cache
+def hosted(kind: type[PipeProcess]) -> type[RayHosted]:
+    """A worker of ``kind`` (a mode's side of its process) in a Ray actor: ``kind``'s frames over
+    :class:`RayHosted`'s launch, exit and kill."""
+    return type(f"Ray{kind.__name__}", (RayHosted, kind), {"__doc__": f"A {kind.__name__} in a Ray actor."})
 
 
 def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[PipeProcess],
@@ -270,7 +266,6 @@ def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[PipeProcess]
     if missing:
         needs = "placement = 'ray' needs Ray: pip install 'trio-ferry[ray]'"
         raise ValueError(f"model {model.name!r}: {needs}") from None
-    hosted = HOSTED[kind]
     starts: Counter[int] = Counter()
 
     def spawn(slot: int) -> RayHosted:
@@ -278,6 +273,6 @@ def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[PipeProcess]
         instance = f"{slot}:{starts[slot]}"
         name = f"ferry:{cluster.gateway}:{model.name}:{instance}"
         env = {INSTANCE_ENV: instance}
-        return hosted(argv, env, MAX_FRAME_BYTES, model=model, cluster=cluster, name=name)
+        return hosted(kind)(argv, env, MAX_FRAME_BYTES, model=model, cluster=cluster, name=name)
 
     return spawn

@@ -28,7 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from batcher.core.types import Shed
 from gateway.accounting.ratelimit import Limiter, Limits, Verdict
-from gateway.http.logs import Throttle
+from gateway.logs import Throttle
 
 log = logging.getLogger("ferry.limiter")
 

@@ -21,7 +21,7 @@ from batcher.core.types import Overloaded, Shed
 from gateway.accounting.limiter import Limiter
 from gateway.accounting.ratelimit import Limits
 from gateway.accounting.usage import UsageLog, UsageRecord
-from gateway.http.metrics import Metrics
+from gateway.metrics import Metrics
 from gateway.wire.api import InvalidRequest, RateLimited
 
 

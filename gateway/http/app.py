@@ -34,7 +34,7 @@ from gateway.accounting.usage import UsageLog
 from gateway.bridge import Bridge, Handle
 from gateway.config import FerryConfig
 from gateway.http.connections import key_before_body, read_body
-from gateway.http.metrics import Metrics
+from gateway.metrics import Metrics
 from gateway.ops.models import Catalog, ServedModel
 from gateway.ops.pins import Pins
 from gateway.text.answer import Answer

@@ -32,7 +32,7 @@ from gateway.config import FerryConfig, default_config, load_config
 from gateway.http import event_loop
 from gateway.http.app import GATEWAY, make_app
 from gateway.http.connections import ConnectionCollector, ConnectionGuard, GuardedSite
-from gateway.http.logs import hide_request_bytes
+from gateway.logs import hide_request_bytes
 from gateway.ops.admin import reload_on_signal, start_admin
 from gateway.ops.rollout import Rollout, leaves
 from gateway.wire.api import ShuttingDown

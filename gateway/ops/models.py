@@ -13,10 +13,11 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from batcher.core.config import ModelConfig
+from batcher.core.tokenizer import Tokenizer
 from gateway.config import AliasConfig
 from gateway.ops.routing import Split
 from gateway.text.chat import ChatTemplate, make_template
-from gateway.text.tokenizer import Tokenizer, make_tokenizer
+from gateway.text.tokenizer import make_tokenizer
 from gateway.wire.api import NotFound
 
 

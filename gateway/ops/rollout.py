@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from batcher.core.config import ModelConfig
 from gateway.bridge import Bridge
 from gateway.config import FerryConfig
-from gateway.http.metrics import Metrics
+from gateway.metrics import Metrics
 from gateway.ops.models import Catalog, ServedModel, served_model, splits_of
 from gateway.ops.pins import Pins
 from gateway.ops.routing import Split
@@ -48,7 +48,7 @@ log = logging.getLogger("ferry.rollout")
 FIXED_SECTIONS = ("server", "limits", "state", "admin")  # what a reload cannot change: restart for these
 
 
-class State(enum.Enum):
+class VersionState(enum.Enum):
     STARTING = "starting"  # its workers are starting; no traffic
     SERVING = "serving"  # in the routing table
     DRAINING = "draining"  # out of routing; requests that resolved to it are finishing
@@ -65,7 +65,9 @@ class Plan:
     drain: tuple[str, ...]  # serving ones the file no longer lists
 
 
-def plan(running: FerryConfig, new: FerryConfig, versions: Mapping[str, tuple[ModelConfig, State]]) -> Plan:
+def plan(
+    running: FerryConfig, new: FerryConfig, versions: Mapping[str, tuple[ModelConfig, VersionState]]
+) -> Plan:
     """The changes from the running state to a new file; ``ValueError`` for what cannot change
     while ferry runs (the listening address, the stores, the tiers' names and order, the
     settings of a version that runs: a new setting is a new version)."""
@@ -98,13 +100,13 @@ def plan(running: FerryConfig, new: FerryConfig, versions: Mapping[str, tuple[Mo
                 f"models[{index}]: {model.name!r} is running with other settings ({', '.join(changed)}); "
                 "a version's settings cannot change: give the new ones a new version name"
             )
-        if state is None or state in (State.STOPPED, State.STOPPING):
+        if state is None or state in (VersionState.STOPPED, VersionState.STOPPING):
             opened.append(model)
-        elif state is State.DRAINING:
+        elif state is VersionState.DRAINING:
             revived.append(model.name)
     listed = {model.name for model in new.models}
     drained = tuple(
-        name for name, (_, state) in versions.items() if state is State.SERVING and name not in listed
+        name for name, (_, state) in versions.items() if state is VersionState.SERVING and name not in listed
     )
     return Plan(tuple(opened), tuple(revived), drained)
 
@@ -127,7 +129,7 @@ class ReloadFailed(Exception):
 @dataclasses.dataclass(slots=True)
 class Version:
     served: ServedModel
-    state: State
+    state: VersionState
     drain: asyncio.Task[None] | None = None
 
 
@@ -153,7 +155,8 @@ class Rollout:
         self.reread = reread  # the file again, checked as at start-up
         self.source = source
         self.applied = gateway.config  # the file whose models and aliases run
-        self.versions = {served.name: Version(served, State.SERVING) for served in gateway.catalog.models}
+        serving = VersionState.SERVING
+        self.versions = {served.name: Version(served, serving) for served in gateway.catalog.models}
         self.overrides: dict[str, tuple[Split, float]] = {}  # alias -> (split set by `ferry weights`, when)
         self.last_reload: dict[str, Any] = {}
         self._lock = asyncio.Lock()  # one reload or drain at a time; weights never wait for it
@@ -197,7 +200,8 @@ class Rollout:
             self.overrides = {alias: held for alias, held in self.overrides.items() if held[1] > begun}
             self._route()
             listed = {model.name for model in new.models}
-            for name in [n for n, v in self.versions.items() if v.state is State.STOPPED and n not in listed]:
+            stopped = [n for n, v in self.versions.items() if v.state is VersionState.STOPPED]
+            for name in [n for n in stopped if n not in listed]:
                 del self.versions[name]  # drained with `ferry drain`, and now gone from the file too
             for name in changes.drain:
                 self._start_drain(name)
@@ -231,7 +235,7 @@ class Rollout:
             if stopping is not None and stopping.drain is not None:
                 await asyncio.shield(stopping.drain)  # a version the file lists again while its workers stop
             before[model.name] = self.versions.get(model.name)  # a stopped one stays stopped if this fails
-            self.versions[model.name] = Version(model, State.STARTING)
+            self.versions[model.name] = Version(model, VersionState.STARTING)
             gateway.metrics.track(model.name, new.queue().tiers)
         outcomes = await asyncio.gather(
             *(gateway.bridge.open(model.config) for model in served), return_exceptions=True
@@ -251,7 +255,7 @@ class Rollout:
                 else:
                     self.versions[model.name] = before[model.name]  # type: ignore[assignment]
             else:
-                self.versions[model.name].state = State.SERVING
+                self.versions[model.name].state = VersionState.SERVING
         if failed:
             self.applied = dataclasses.replace(new, models=self.applied.models, aliases=self.applied.aliases)
             why = "; ".join(f"{name} did not start: {leaves(error)}" for name, error in failed.items())
@@ -262,7 +266,7 @@ class Rollout:
         version = self.versions[name]
         if version.drain is not None:
             version.drain.cancel()
-        version.state, version.drain = State.SERVING, None
+        version.state, version.drain = VersionState.SERVING, None
 
     # --- routing ---------------------------------------------------------------------------
 
@@ -274,7 +278,7 @@ class Rollout:
 
     def _route(self) -> None:
         """Swap in the catalog of what serves now."""
-        serving = {name for name, version in self.versions.items() if version.state is State.SERVING}
+        serving = {name for name, version in self.versions.items() if version.state is VersionState.SERVING}
         models = [self.versions[m.name].served for m in self.applied.models if m.name in serving]
         splits = [live for split in self._splits().values() if (live := split.among(serving)) is not None]
         self.gateway.catalog = Catalog(models, splits)
@@ -288,7 +292,7 @@ class Rollout:
             )
         for version in weights:
             state = self.versions[version].state.value if version in self.versions else "not a version here"
-            if state != State.SERVING.value:
+            if state != VersionState.SERVING.value:
                 raise ValueError(f"{version}: cannot take traffic ({state})")
         split = Split(alias, tuple(weights.items()))
         self.overrides[alias] = (split, time.monotonic())
@@ -302,10 +306,10 @@ class Rollout:
         """Take one version out of service, wait for it to drain, stop its workers."""
         async with self._lock:
             version = self.versions.get(name)
-            if version is None or version.state is not State.SERVING:
+            if version is None or version.state is not VersionState.SERVING:
                 state = version.state.value if version is not None else "not a version here"
                 raise LookupError(f"{name}: not serving ({state})")
-            serving = {n for n, v in self.versions.items() if v.state is State.SERVING and n != name}
+            serving = {n for n, v in self.versions.items() if v.state is VersionState.SERVING and n != name}
             for alias, split in self._splits().items():
                 if name in split.shares and split.among(serving) is None:
                     raise ValueError(f"{name}: the last version with weight in alias {alias!r}; "
@@ -321,7 +325,7 @@ class Rollout:
 
     def _start_drain(self, name: str) -> asyncio.Task[None]:
         version = self.versions[name]
-        version.state = State.DRAINING
+        version.state = VersionState.DRAINING
         self._route()
         version.drain = asyncio.ensure_future(self._drain(name))
         return version.drain
@@ -336,10 +340,10 @@ class Rollout:
         except TimeoutError:
             log.warning("%s: %d requests still running after %.0f s of draining; they end with an error",
                         name, gateway.pins.count(name), grace)
-        version.state = State.STOPPING
+        version.state = VersionState.STOPPING
         await gateway.bridge.close(name)
         gateway.metrics.untrack(name)
-        version.state, version.drain = State.STOPPED, None
+        version.state, version.drain = VersionState.STOPPED, None
         if name not in {model.name for model in self.applied.models}:
             del self.versions[name]
         log.info("%s: drained and stopped", name)

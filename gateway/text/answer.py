@@ -18,9 +18,9 @@ import dataclasses
 from collections.abc import Iterable
 
 from batcher.core.backend import Delta, Event, Failed, Finished
+from batcher.core.tokenizer import Tokenizer
 from gateway.text.safety import SafetyCheck
 from gateway.text.stops import StopMatcher
-from gateway.text.tokenizer import Tokenizer
 from gateway.wire.api import Completion
 
 

@@ -2,8 +2,8 @@
 
 A model names its template in the config (``chat_template``): ``labelled`` (the default: the
 system prompt, then each turn labelled, ``User: hello``, separated by blank lines); ``model``,
-the Jinja template that ships with the model's tokenizer (read by :mod:`workers.chat_template`,
-as the engine reads it too) and rendered as Hugging Face renders it; or a path to a ``.jinja``
+the Jinja template that ships with the model's tokenizer (read by
+:mod:`gateway.text.model_template`) and rendered as Hugging Face renders it; or a path to a ``.jinja``
 file of one's own. Jinja templates run in jinja2's immutable sandbox (a template is
 configuration, not code, and may come with a downloaded model), with Hugging Face's conventions:
 ``messages`` as ``{role, content}``, ``add_generation_prompt``, ``bos_token`` and ``eos_token``,
@@ -16,8 +16,8 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
+from gateway.text.model_template import read_chat_template
 from gateway.wire.api import InvalidRequest
-from workers.chat_template import read_chat_template
 
 Turn = tuple[str, str]  # (role, text)
 

@@ -20,36 +20,10 @@ from __future__ import annotations
 import codecs
 import functools
 import os
-from typing import Protocol
+
+from batcher.core.tokenizer import Tokenizer
 
 REPLACEMENT = "\ufffd"  # what a decoder shows for bytes that are not (yet) a whole character
-
-
-class Tokenizer(Protocol):
-    name: str
-
-    def count(self, text: str) -> int:
-        """Tokens in ``text``."""
-
-    def truncate(self, text: str, tokens: int) -> str:
-        """The longest prefix of ``text`` that is at most ``tokens`` tokens."""
-
-    def encode(self, text: str) -> list[int]:
-        """The token ids of ``text``."""
-
-    def decode(self, ids: list[int]) -> str:
-        """The text of ``ids``."""
-
-    def detokenizer(self) -> Detokenizer:
-        """A fresh incremental decoder for one stream of ids."""
-
-
-class Detokenizer(Protocol):
-    def push(self, ids: list[int]) -> str:
-        """The text that ``ids`` complete, after the ids pushed before (never a split character)."""
-
-    def flush(self) -> str:
-        """What is left at the end of the stream (an incomplete character shows as U+FFFD)."""
 
 
 class ByteTokenizer:

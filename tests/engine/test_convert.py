@@ -14,9 +14,9 @@ import pytest
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
+from gateway.text.model_template import read_chat_template
 from tests.support.tiny_checkpoint import write_tiny_checkpoint
 from workers import convert
-from workers.chat_template import read_chat_template
 from workers.engine.checkpoint import read_config
 from workers.engine.runner import ModelRunner
 

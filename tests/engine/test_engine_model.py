@@ -20,8 +20,8 @@ import jinja2
 import pytest
 from tokenizers import Tokenizer
 
+from gateway.text.model_template import read_chat_template
 from tests.support.oracles import NaiveLlama, transformers_greedy
-from workers.chat_template import read_chat_template
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine, SequenceEnd
 from workers.engine.runner import ModelRunner

@@ -12,10 +12,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from gateway.text.model_template import read_chat_template
 from tests.support.oracles import NaiveLlama, transformers_greedy
 from tests.support.paged_driver import PagedDriver, Request
 from tests.support.tiny_checkpoint import CHAT_TEMPLATE
-from workers.chat_template import read_chat_template
 from workers.engine.attention import partition, plan_attention
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.checkpoint import LlamaConfig, Rope, read_rope

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from batcher.core.backend import Delta, Finished, Started, Usage
-from batcher.core.config import FixedModelConfig
 from batcher.core.types import Overloaded, RequestFailed
+from batcher.fixed.config import FixedModelConfig
 from gateway.accounting.auth import KeyRing
 from gateway.config import KeyConfig
 from gateway.ops.models import Catalog

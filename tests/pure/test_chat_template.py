@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gateway.text.chat import make_template
-from workers.chat_template import ModelTemplate, read_chat_template
+from gateway.text.model_template import ModelTemplate, read_chat_template
 
 STANDALONE, IN_CONFIG = "{{ 'from the .jinja file' }}", "{{ 'from tokenizer_config.json' }}"
 

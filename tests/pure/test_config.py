@@ -8,7 +8,8 @@ import pathlib
 
 import pytest
 
-from batcher.core.config import PoolConfig, QueueConfig, converted_dir
+from batcher.continuous.config import converted_dir
+from batcher.core.config import PoolConfig, QueueConfig
 from gateway.config import default_config, load_config, parse_config
 
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "ferry.toml"

@@ -16,9 +16,10 @@ import math
 import pytest
 import trio
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.pool import open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Job, Started
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.core.config import QueueConfig
 from batcher.core.types import Expired, Shed
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from gateway.text.tokenizer import ByteTokenizer

@@ -15,10 +15,11 @@ import pytest
 import trio
 import trio.testing
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.pool import open_engine_pool
 from batcher.continuous.replica import Stage
 from batcher.core.backend import Delta, Failed, Finished, Job, Started
-from batcher.core.config import ContinuousModelConfig, PoolConfig, QueueConfig
+from batcher.core.config import PoolConfig, QueueConfig
 from batcher.core.types import Expired, ReplicaLost, RequestFailed, Shed, TooLarge
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from gateway.text.tokenizer import ByteTokenizer

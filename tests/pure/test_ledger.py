@@ -12,7 +12,7 @@ from gateway.accounting.ledger import Entry, Ledger, Outcome
 from gateway.accounting.limiter import MemoryLimiter
 from gateway.accounting.ratelimit import Limits
 from gateway.accounting.usage import UsageLog, read_usage
-from gateway.http.metrics import Metrics
+from gateway.metrics import Metrics
 from gateway.wire.api import InvalidRequest, RateLimited
 
 PLAN = Limits(tokens_per_minute=1000)

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import trio
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.router import Router
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.core.config import QueueConfig
 from batcher.sim.arrivals import poisson
 from batcher.sim.continuous import replay as llm_replay
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.continuous.config import ContinuousModelConfig
+from batcher.core.config import QueueConfig
 from batcher.sim.arrivals import poisson
 from batcher.sim.continuous.engine import EngineSpec
 from batcher.sim.continuous.replay import Prompts, replay

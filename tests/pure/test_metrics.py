@@ -5,7 +5,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from batcher.core.admission import BatchLoad
 from batcher.core.backend import Snapshot, Status
 from batcher.core.stats import Stats
-from gateway.http.metrics import Metrics
+from gateway.metrics import Metrics
 
 
 def families(metrics: Metrics, snapshots: dict | None = None) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import parse_config
-from gateway.ops.rollout import Plan, State, plan
+from gateway.ops.rollout import Plan, VersionState, plan
 
 BASE = """
 [[tiers]]
@@ -28,7 +28,7 @@ worker = ["echo"]
 
 def running(config, **states):
     return {
-        model.name: (model, State[states.get(model.name.replace("@", "_"), "SERVING")])
+        model.name: (model, VersionState[states.get(model.name.replace("@", "_"), "SERVING")])
         for model in config.models
     }
 

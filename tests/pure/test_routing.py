@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from batcher.core.config import FixedModelConfig
+from batcher.fixed.config import FixedModelConfig
 from gateway.config import AliasConfig
 from gateway.ops.models import Catalog
 from gateway.ops.routing import Split, session_point

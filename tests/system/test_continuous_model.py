@@ -17,7 +17,7 @@ import aiohttp
 import anthropic
 import pytest
 
-from batcher.core.config import converted_dir
+from batcher.continuous.config import converted_dir
 from tests.support.gateway_process import PAID, Gateway
 from tests.system.test_continuous_http import interleaved, stream
 

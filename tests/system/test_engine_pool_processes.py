@@ -17,9 +17,9 @@ import signal
 import pytest
 import trio
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_process import EngineProcess
 from batcher.continuous.pool import open_engine_pool
-from batcher.core.config import ContinuousModelConfig
 from batcher.core.supervisor import WorkerStartError
 from batcher.placement.local import process_workers
 from gateway.text.tokenizer import ByteTokenizer

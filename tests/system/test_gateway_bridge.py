@@ -12,9 +12,10 @@ import contextlib
 import pytest
 
 from batcher.core.backend import Delta, Failed, Finished, Job, Started
-from batcher.core.config import FixedModelConfig, PoolConfig, QueueConfig
+from batcher.core.config import PoolConfig, QueueConfig
 from batcher.core.types import Overloaded
 from batcher.fixed.batcher import open_batcher
+from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.policy import SizeOrTimeout
 from batcher.sim.fixed.workers import SimulatedWorker, constant
 from gateway.bridge import Bridge, CoreStopped

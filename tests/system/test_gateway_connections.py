@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gateway.http.logs import BURST, Throttle
+from gateway.logs import BURST, Throttle
 from tests.support.gateway_process import CONFIG, PAID, Gateway, message
 
 SECRET = b"sk-secret-never-logged-9999"

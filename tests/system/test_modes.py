@@ -16,8 +16,8 @@ from gateway.bridge import Bridge, open_backend
 from gateway.config import parse_config
 from gateway.http.app import GATEWAY, make_app
 from gateway.ops.rollout import Rollout
-from tests.support import toy_mode
 from tests.support.harness import CONFIG, headers, run
+from tests.support.toy_mode import mode as toy_mode
 
 HEAD = CONFIG.split("[[models]]")[0]  # the harness's server, tier and key
 TOY = '[[models]]\nname = "toy@1"\nmode = "toy"\nsuffix = "!?"\n'
@@ -26,7 +26,7 @@ SECOND_TOY = '[[models]]\nname = "toy@2"\nmode = "toy"\n'
 
 @pytest.fixture
 def toy(monkeypatch):
-    monkeypatch.setitem(MODES, "toy", toy_mode.MODE)
+    monkeypatch.setitem(MODES, "toy", "tests.support.toy_mode")
     toy_mode.PREPARED.clear()
 
 

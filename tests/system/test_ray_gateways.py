@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from batcher.core.config import FixedModelConfig
-from batcher.placement.local import ProcessWorker
+from batcher.fixed.config import FixedModelConfig
+from batcher.fixed.worker import ProcessWorker
 from batcher.placement.ray_actors import ray_workers
 from tests.support.gateway_process import CONFIG, PAID, ROOT, Gateway, message
 from tests.system.test_reload_process import ferry

@@ -15,16 +15,18 @@ import signal
 import pytest
 import trio
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_process import EngineProcess
 from batcher.continuous.pool import open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Started
-from batcher.core.config import ContinuousModelConfig, FixedModelConfig, PoolConfig
+from batcher.core.config import PoolConfig
 from batcher.core.supervisor import WorkerStartError
 from batcher.core.types import ReplicaLost
 from batcher.fixed.batcher import open_batcher
+from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.policy import SizeOrTimeout
 from batcher.fixed.slot import SlotState
-from batcher.placement.local import ProcessWorker
+from batcher.fixed.worker import ProcessWorker
 from batcher.placement.spawn import placed
 from gateway.text.tokenizer import ByteTokenizer
 from tests.pure.test_engine_pool import QUEUE, Client, job

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import trio
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_process import check_interpreter
-from batcher.core.config import ContinuousModelConfig
+from batcher.fixed.worker import ProcessWorker
 from batcher.placement.local import process_workers
 from gateway.config import parse_config
 from tests.support.vllm_server import VLLM_PYTHON, vllm_installed
@@ -51,7 +52,7 @@ async def test_a_vllm_model_under_a_python_without_vllm_fails_to_start_saying_wh
 @pytest.mark.skipif(not vllm_installed(), reason="vLLM's virtualenv .venv-vllm is not built (make vllm-env)")
 async def test_a_worker_runs_under_the_interpreter_its_model_names():
     config = ContinuousModelConfig(name="chat@1", simulated="llama-70b", python=str(VLLM_PYTHON))
-    worker = process_workers(["echo"], 1, python=config.interpreter)(0)
+    worker = process_workers(["echo"], 1, python=config.interpreter, kind=ProcessWorker)(0)
     try:
         with trio.fail_after(60):
             await worker.start()

@@ -25,7 +25,8 @@ from batcher.core.types import RequestFailed
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import SizeOrTimeout
 from batcher.fixed.slot import SlotState
-from batcher.placement.local import ProcessWorker, process_workers
+from batcher.fixed.worker import ProcessWorker
+from batcher.placement.local import process_workers
 from workers.protocol import NotDelivered, Ready, Result, RunBatch, WorkerLost, encode
 
 LATENCY = ["sleep", "--latency-ms", "100"]
@@ -78,7 +79,7 @@ async def pool_of(spawn, workers: int = 2, hang_timeout: float = 5.0):
 
 
 async def test_sigkill_of_a_worker_mid_batch_loses_no_request():
-    spawn = process_workers(["sleep", "--latency-ms", "1000"], workers=2)
+    spawn = process_workers(["sleep", "--latency-ms", "1000"], workers=2, kind=ProcessWorker)
     inputs = [f"request {i}" for i in range(50)]
     async with pool_of(spawn) as batcher:
         async with trio.open_nursery() as nursery:
@@ -115,7 +116,7 @@ async def test_a_fleet_whose_every_worker_up_is_hung_is_not_ready_before_supervi
     # slot 0 hangs on the call and is killed at the hang timeout, then waits a minute to restart;
     # slot 1 takes the retry, which may run twice as long (a batch that hung before), and hangs too
     config = PoolConfig(workers=2, hang_timeout=1.0, restart_backoff=60.0, max_restart_backoff=60.0)
-    spawn = process_workers(["echo", "--hang-on-call", "1"], 2)
+    spawn = process_workers(["echo", "--hang-on-call", "1"], 2, kind=ProcessWorker)
     async with open_batcher(spawn, config, SizeOrTimeout(1, 0.0)) as batcher:
         retried_on = batcher.pool.workers()[1]
         async with trio.open_nursery() as nursery:
@@ -128,7 +129,7 @@ async def test_a_fleet_whose_every_worker_up_is_hung_is_not_ready_before_supervi
 
 
 async def test_a_worker_that_prints_to_stdout_does_not_corrupt_the_protocol(capfd):
-    spawn = process_workers([*LATENCY, "--chatter"], workers=1)
+    spawn = process_workers([*LATENCY, "--chatter"], workers=1, kind=ProcessWorker)
     inputs = [f"chatty {i}" for i in range(20)]
     async with pool_of(spawn, workers=1) as batcher:
         first = await submit_all(batcher, inputs[:10])
@@ -139,7 +140,7 @@ async def test_a_worker_that_prints_to_stdout_does_not_corrupt_the_protocol(capf
 
 
 async def test_one_poison_input_fails_alone_across_real_processes():
-    spawn = process_workers([*LATENCY, "--poison", "☠"], workers=2)
+    spawn = process_workers([*LATENCY, "--poison", "☠"], workers=2, kind=ProcessWorker)
     inputs = [f"request {i}" for i in range(20)]
     inputs[13] = "request 13 ☠"
     async with pool_of(spawn) as batcher:
@@ -200,7 +201,7 @@ async def test_a_worker_stuck_in_a_call_exits_when_its_parent_dies(tmp_path):
 
 
 async def test_each_start_of_a_slot_draws_its_own_crash_schedule():
-    spawn = process_workers(["echo", "--crash-prob", "0.3", "--seed", "1"], workers=1)
+    spawn = process_workers(["echo", "--crash-prob", "0.3", "--seed", "1"], workers=1, kind=ProcessWorker)
 
     async def calls_until_crash() -> int:
         worker = spawn(0)
@@ -221,7 +222,7 @@ async def test_each_start_of_a_slot_draws_its_own_crash_schedule():
 
 
 async def test_workers_killed_while_idle_are_replaced_before_any_traffic():
-    async with pool_of(process_workers(LATENCY, workers=8), workers=8) as batcher:
+    async with pool_of(process_workers(LATENCY, workers=8, kind=ProcessWorker), workers=8) as batcher:
         killed = [info.pid for info in batcher.pool.workers()]
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
@@ -238,7 +239,7 @@ async def test_workers_killed_while_idle_are_replaced_before_any_traffic():
 
 
 async def test_a_request_after_the_lowest_idle_workers_were_killed_is_served_first_time():
-    spawn = process_workers(LATENCY, workers=8)
+    spawn = process_workers(LATENCY, workers=8, kind=ProcessWorker)
     config = PoolConfig(workers=8, max_attempts=1)  # a single lost call would fail the input
     async with open_batcher(spawn, config, SizeOrTimeout(1, 0.0)) as batcher:
         for info in batcher.pool.workers()[:3]:
@@ -264,7 +265,7 @@ async def test_a_call_to_a_worker_already_dead_is_not_delivered():
 async def test_a_garbage_frame_is_a_protocol_fault_and_only_the_named_slot_misbehaves():
     """--garbage-on-call answers with bytes no decoder accepts; --only-slot keeps the other
     slots healthy: the batch is retried elsewhere and every request is answered."""
-    spawn = process_workers(["echo", "--garbage-on-call", "1", "--only-slot", "0"], 2)
+    spawn = process_workers(["echo", "--garbage-on-call", "1", "--only-slot", "0"], 2, kind=ProcessWorker)
     async with open_batcher(spawn, PoolConfig(workers=2), SizeOrTimeout(1, 0.0)) as batcher:
         answers = [await batcher.answer(f"r{i}", "paid") for i in range(4)]
         retries = batcher.stats.retries

@@ -7,7 +7,7 @@ What ``transformers`` writes for a Llama-family model, read by ``safetensors`` a
                                 ``rope_theta`` and ``rope_scaling``) and ``eos_token_id``
     generation_config.json      more ``eos_token_id`` (optional)
     tokenizer.json              the tokenizer, special tokens included
-    tokenizer_config.json       the chat template (optional; :mod:`workers.chat_template` reads it)
+    tokenizer_config.json       the chat template (optional; :mod:`gateway.text.model_template` reads it)
     *.safetensors               the weights, named as transformers names them
 """
 

@@ -1,4 +1,6 @@
-"""The engine's settings: the shape of the KV cache and what one step may hold. A pure value."""
+"""The engine's settings and their defaults, the one source of them: the shape of the KV cache
+and what one step may hold (:class:`EngineConfig`), the weights' precision and the CPU threads of
+a step. A model table, an engine's command line and the simulator all default to these. Pure."""
 
 from __future__ import annotations
 
@@ -40,3 +42,13 @@ class EngineConfig:
     @property
     def watermark_blocks(self) -> int:
         return int(self.watermark * self.num_blocks)
+
+
+DEFAULTS = EngineConfig()
+"""The engine's settings where nothing else is said."""
+DTYPES = ("float32", "bfloat16")
+"""The precisions the engine computes in (its weights and KV cache)."""
+DTYPE = "float32"
+"""The default precision: exact against the float32 reference on any CPU."""
+THREADS = 1
+"""torch's CPU threads a step uses by default: one never spins on a core the gateway needs."""

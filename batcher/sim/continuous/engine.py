@@ -53,7 +53,7 @@ import math
 import trio
 import trio.testing
 
-from batcher.core.config import ContinuousModelConfig
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.sim.continuous.jump import Leap
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS, CostModel

@@ -42,9 +42,10 @@ import numpy as np
 import trio
 import trio.testing
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.pool import EnginePool, open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Job
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.core.config import QueueConfig
 from batcher.core.types import Expired, Overloaded, Shed
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from batcher.sim.continuous.workload import Workload

@@ -21,13 +21,15 @@ import dataclasses
 import json
 import sys
 
-from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.continuous.config import ContinuousModelConfig
+from batcher.core.config import QueueConfig
 from batcher.sim.arrivals import bursty, poisson
 from batcher.sim.continuous.engine import EngineSpec
 from batcher.sim.continuous.replay import replay
 from batcher.sim.continuous.report import ContinuousReport
 from batcher.sim.continuous.workload import Lengths, Workload
 from batcher.sim.progress import Progress, print_progress
+from workers.engine.config import DEFAULTS
 from workers.engine.cost_model import (
     A100,
     H100,
@@ -74,12 +76,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--cost", metavar="FILE", help="step costs `ferry fit` wrote, in place of the model and GPU flags"
     )
-    group.add_argument(
+    group.add_argument(  # a GPU replica's budget, four times the engine's default on a CPU
         "--max-batch-tokens", type=int, default=2048, help="token budget of a step (default 2048)"
     )
-    group.add_argument(
-        "--max-seqs", type=int, default=256, help="running sequences per replica (default 256)"
-    )
+    group.add_argument("--max-seqs", type=int, default=DEFAULTS.max_seqs,
+                       help="running sequences per replica (default %(default)s)")
     group.add_argument(
         "--affinity-bound", type=int, default=2048, help="router's prefix affinity bound, tokens"
     )

@@ -1,12 +1,4 @@
-"""A third serving mode, built the way a real one would be: a config class, a preparation step,
-a backend and its own metric family, handed to the registry as one :class:`~batcher.core.mode.Mode`.
-Not a test module (``tests/system/test_modes.py`` registers it).
-
-The toy's backend answers each job at once with its prompt shouted (upper case, its own
-``suffix`` after it), on the trio thread, without worker processes: what it shows is that the
-core reaches a mode only through its registry entry. Its preparation notes, per model, whether
-it ran inside the trio core, which is where start-up and a reload must both prepare.
-"""
+"""The toy mode's backend and registry entry (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -18,25 +10,12 @@ from prometheus_client.core import CounterMetricFamily
 
 from batcher.core.admission import BatchLoad
 from batcher.core.backend import Delta, Finished, Snapshot, Started, Status, Usage
-from batcher.core.config import ModelConfig, _require
 from batcher.core.mode import Mode
 from batcher.core.stats import CoreStats
+from tests.support.toy_mode.config import ToyModelConfig
 
 PREPARED: list[tuple[str, bool]] = []
 """(model, prepared inside a trio run) for each preparation, in order."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ToyModelConfig(ModelConfig):
-    """A toy model: ``suffix`` is what every answer ends with."""
-
-    mode: str = "toy"
-    suffix: str = "!"
-    workers: int = 1
-
-    def __post_init__(self) -> None:
-        super(ToyModelConfig, self).__post_init__()
-        _require(len(self.suffix) <= 3, "suffix", "at most 3 characters", self.suffix)
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,5 +71,5 @@ def families(backends):
     yield answers
 
 
-MODE = Mode(ToyModelConfig, argv=lambda model: ["echo"], process=object, open=open_toy, prepare=prepare,
+MODE = Mode(argv=lambda model: ["echo"], process=object, open=open_toy, prepare=prepare,
             families=families)

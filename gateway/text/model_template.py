@@ -1,5 +1,5 @@
-"""A model directory's own chat template, read as Hugging Face reads it: the one reader that the
-engine's runner and the gateway's ``chat_template = "model"`` share.
+"""A model directory's own chat template, read as Hugging Face reads it, for a model table's
+``chat_template = "model"``.
 
 Where the template lives, first found wins (``transformers``' ``from_pretrained`` order)::
 

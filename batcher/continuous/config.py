@@ -1,0 +1,155 @@
+"""A continuous-mode model table: its engine workers (ferry's engine, vLLM's, or a simulated one),
+their KV cache and step budget, and the router's and supervision's settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+from batcher.core.config import ModelConfig, PoolConfig, require
+from workers.engine.config import DEFAULTS, DTYPE, DTYPES, THREADS
+
+CONVERTED = ("smollm2-135m",)
+"""Model names ``ferry serve`` converts once from an installed GGUF (workers/convert.py)."""
+SIMULATED = ("llama-70b", "smollm2-135m")  # workers/engine/cost_model.py: PRESETS
+ENGINES = ("ferry", "vllm")
+"""Who runs a continuous model's steps: ferry's own engine, or vLLM's (``workers/vllm_engine.py``,
+under an interpreter that has vLLM: its own virtualenv, named by ``python``)."""
+
+
+def converted_dir(name: str) -> str:
+    """Where the conversion of a :data:`CONVERTED` model lives (what ``--model`` is given)."""
+    from workers.convert import SOURCES, models_dir  # numpy only; never gguf or torch here
+
+    return str(models_dir() / SOURCES[name].dir_name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ContinuousModelConfig(ModelConfig):
+    """A continuous-mode model: engine workers (``python -m workers engine``) behind the router.
+
+    ``model`` is a Hugging Face model directory, or a name in :data:`CONVERTED` (converted once
+    at start); ``simulated`` instead names a cost-model preset (no weights: seeded tokens, each
+    step as long as the preset's GPU would take; ids are ASCII under the ``bytes`` tokenizer).
+    ``tokenizer`` and ``chat_template`` default to the model's own (``bytes`` and ``labelled``
+    for a simulated engine).
+    """
+
+    mode: str = "continuous"
+    model: str = ""
+    simulated: str = ""
+    tokenizer: str = ""
+    chat_template: str = ""
+    workers: int = 1  # engine replicas, one per GPU
+    block_size: int = DEFAULTS.block_size  # tokens per KV block
+    num_blocks: int = 0  # KV blocks per replica (0: from kv_memory_gb, else the runner's default)
+    kv_memory_gb: float = 0.0  # KV cache size per replica, instead of num_blocks
+    max_batch_tokens: int = DEFAULTS.max_batch_tokens  # the token budget of one engine step
+    max_seqs: int = DEFAULTS.max_seqs  # running sequences per replica at most
+    dtype: str = DTYPE
+    device: str = ""  # cpu or cuda (default: cuda where present)
+    threads: int = THREADS  # torch CPU threads per engine
+    compile: bool = False  # engine = "vllm": torch.compile the model (a slower start, faster steps)
+    affinity_bound: int = 2048  # tokens: a prefix holder busier than the least loaded by more loses it
+    stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
+    max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
+    temperature: float = 1.0  # of a request that names none (the Messages API's default); 0: greedy
+    engine: str = "ferry"  # a name in ENGINES
+
+    def __post_init__(self) -> None:
+        require(bool(self.model) != bool(self.simulated), "model", "a model (or simulated), not both",
+                 self.model or self.simulated or "neither")
+        if self.simulated:
+            require(self.simulated in SIMULATED, "simulated", f"one of {list(SIMULATED)}", self.simulated)
+        elif self.model not in CONVERTED:
+            path = os.path.expanduser(self.model)
+            require(os.path.isfile(os.path.join(path, "config.json")), "model",
+                     f"one of {list(CONVERTED)} or a Hugging Face model directory", self.model)
+        own = self.model_dir
+        if not self.tokenizer:
+            object.__setattr__(self, "tokenizer", own or "bytes")
+        if not self.chat_template:
+            object.__setattr__(self, "chat_template", "model" if own else "labelled")
+        super(ContinuousModelConfig, self).__post_init__()
+        for name in ("block_size", "max_batch_tokens", "max_seqs"):
+            require(1 <= getattr(self, name) <= 1 << 20, name, "1..1048576", getattr(self, name))
+        require(
+            self.max_seqs <= self.max_batch_tokens,
+            "max_seqs",
+            f"<= max_batch_tokens ({self.max_batch_tokens})",
+            self.max_seqs,
+        )
+        require(self.num_blocks >= 0, "num_blocks", ">= 0", self.num_blocks)
+        require(0 <= self.kv_memory_gb < math.inf, "kv_memory_gb", "GiB >= 0", self.kv_memory_gb)
+        require(
+            not (self.num_blocks and self.kv_memory_gb),
+            "kv_memory_gb",
+            "num_blocks or kv_memory_gb, not both",
+            self.kv_memory_gb,
+        )
+        require(self.dtype in DTYPES, "dtype", f"one of {list(DTYPES)}", self.dtype)
+        require(self.device in ("", "cpu", "cuda"), "device", "'cpu' or 'cuda'", self.device)
+        require(1 <= self.threads <= 1024, "threads", "1..1024", self.threads)
+        require(self.affinity_bound >= 0, "affinity_bound", "tokens >= 0", self.affinity_bound)
+        require(
+            0 < self.stats_timeout_ms < math.inf,
+            "stats_timeout_ms",
+            "milliseconds > 0",
+            self.stats_timeout_ms,
+        )
+        require(0.0 <= self.temperature <= 1.0, "temperature", "a number in 0..1", self.temperature)
+        require(self.engine in ENGINES, "engine", f"one of {list(ENGINES)}", self.engine)
+        require(self.engine == "ferry" or not self.simulated, "engine", "'ferry' for a simulated model",
+                 self.engine)
+        require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
+                 self.compile)
+        self.pool()  # checks workers and max_attempts with the pool's own rules
+
+    @property
+    def model_dir(self) -> str:
+        """The directory the engines load ('' for a simulated engine)."""
+        if self.simulated:
+            return ""
+        return converted_dir(self.model) if self.model in CONVERTED else os.path.expanduser(self.model)
+
+    def _check_files(self) -> None:
+        if self.model not in CONVERTED:  # else written at start, checked when the gateway loads them
+            super(ContinuousModelConfig, self)._check_files()
+
+    def pool(self) -> PoolConfig:
+        """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung."""
+        return PoolConfig(self.workers, self.stats_timeout_ms / 1000, self.max_attempts, model=self.name)
+
+    def conversion_argv(self) -> list[str] | None:
+        """``python -m`` arguments that convert this model into :attr:`model_dir` once (a
+        :data:`CONVERTED` name; a later run finds it done in a fraction of a second), or None
+        when there is nothing to convert."""
+        if self.simulated or self.model not in CONVERTED:
+            return None
+        return ["workers.convert", self.model, "--out", self.model_dir]
+
+    def engine_argv(self) -> list[str]:
+        """``python -m workers`` arguments of one engine worker."""
+        if self.simulated:
+            argv = ["engine", "--simulated", self.simulated]
+            if self.tokenizer == "bytes":
+                argv += ["--sim-vocab", "128"]  # ASCII: one character a token
+        else:
+            kind = "engine" if self.engine == "ferry" else "vllm-engine"
+            argv = [kind, "--model", self.model_dir, "--dtype", self.dtype, "--threads", str(self.threads)]
+            if self.engine == "vllm":
+                argv += ["--max-model-len", str(self.context_window)]
+                argv += ["--compile"] if self.compile else []
+        argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),
+                 "--max-seqs", str(self.max_seqs), "--model-version", self.name]
+        if self.num_blocks:
+            argv += ["--num-blocks", str(self.num_blocks)]
+        elif self.kv_memory_gb:
+            argv += ["--kv-memory-gb", str(self.kv_memory_gb)]
+        if self.device:
+            argv += ["--device", self.device]
+        return argv
+
+
+CONFIG = ContinuousModelConfig
