@@ -1,8 +1,9 @@
 """What a test can see of a worker's OS process from outside, by its pid (Linux ``/proc``): whether
-it lives, its worker program, and what it has written."""
+it lives, whether it is gone, its worker program, and what it has written."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 
@@ -13,6 +14,16 @@ def alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def gone(pid: int) -> bool:
+    """True once the process has exited and been reaped: a zombie is not gone, so a parent that
+    never waits for its dead children is seen to leak them."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def worker_pids(backend) -> list[int]:
