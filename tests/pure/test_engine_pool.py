@@ -9,20 +9,15 @@ one read. Real engine processes under the same pool: ``tests/system/test_engine_
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import trio
 import trio.testing
 
-from batcher.continuous.pool import open_engine_pool
 from batcher.continuous.replica import Stage
 from batcher.core.backend import Delta, Failed, Finished, Job, Started
-from batcher.core.config import ContinuousModelConfig, PoolConfig, QueueConfig
+from batcher.core.config import PoolConfig, QueueConfig
 from batcher.core.types import Expired, RequestFailed, Shed, TooLarge
-from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
-from gateway.text.tokenizer import ByteTokenizer
-from tests.support.engine_pool_jobs import QUEUE, Client, job
+from tests.support.engine_pool import Client, engines, job
 from tests.support.replica_loss import check_replica_0_lost, place_streams_and_wholes
 from tests.support.waiting import until_trio
 from workers.engine.cost_model import PRESETS
@@ -31,19 +26,6 @@ from workers.engine.serve import STATS_INTERVAL
 COST = PRESETS["llama-70b"]
 BACKOFF = PoolConfig().restart_backoff
 EXACT = 1e-9  # MockClock jumps by differences of floats: the same instant, give or take an ulp
-
-
-@contextlib.asynccontextmanager
-async def engines(workers: int = 2, eos_prob: float = 0.0, queue: QueueConfig = QUEUE, **settings):
-    config = ContinuousModelConfig(
-        name="sim@1",
-        simulated="llama-70b",
-        workers=workers,
-        **{"num_blocks": 64, "max_batch_tokens": 64, "max_seqs": 16, **settings},
-    )
-    spawn = SimulatedEngines(EngineSpec.of(config, eos_prob=eos_prob))
-    async with open_engine_pool(config, queue, spawn, ByteTokenizer()) as pool:
-        yield pool, spawn
 
 
 def alone(start: float, prompt: int, tokens: int) -> list[float]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from batcher.core.backend import Delta, Failed, Finished, Started
 from batcher.core.types import ReplicaLost
-from tests.support.engine_pool_jobs import Client, job
+from tests.support.engine_pool import Client, job
 
 
 def place_streams_and_wholes(pool) -> tuple[list[Client], list[Client]]:

@@ -23,7 +23,7 @@ from batcher.core.config import ContinuousModelConfig
 from batcher.core.supervisor import WorkerStartError
 from batcher.placement.local import process_workers
 from gateway.text.tokenizer import ByteTokenizer
-from tests.support.engine_pool_jobs import QUEUE
+from tests.support.engine_pool import QUEUE
 from tests.support.harness import KEY, ScriptedBackend, in_process, run, sse
 from tests.support.processes import worker_pids
 from tests.support.replica_loss import check_replica_0_lost, place_streams_and_wholes

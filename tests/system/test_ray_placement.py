@@ -27,7 +27,7 @@ from batcher.fixed.slot import SlotState
 from batcher.placement.local import ProcessWorker
 from batcher.placement.spawn import placed
 from gateway.text.tokenizer import ByteTokenizer
-from tests.support.engine_pool_jobs import QUEUE, Client, job
+from tests.support.engine_pool import QUEUE, Client, job
 from tests.support.fixed_batcher import submit_all
 from tests.support.processes import bytes_written, process_tree, worker_pids, worker_program
 from tests.support.vllm_server import VLLM_PYTHON, vllm_installed

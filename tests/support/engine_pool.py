@@ -1,15 +1,36 @@
-"""A test's side of the continuous-mode engine pool: the jobs it submits (``job``, with the tier
-budgets ``QUEUE``) and the caller that records every event each job is given (``Client``). The
-virtual-time tests and the real-process ones submit the same jobs through the same caller."""
+"""A test's side of the continuous-mode engine pool: the pool over simulated engines in virtual
+time (``engines``), the jobs it submits (``job``, with the tier budgets ``QUEUE``) and the caller
+that records every event each job is given (``Client``). The real-process tests submit the same
+jobs through the same caller."""
 
 from __future__ import annotations
 
+import contextlib
+
 import trio
 
+from batcher.continuous.pool import open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Job
-from batcher.core.config import QueueConfig
+from batcher.core.config import ContinuousModelConfig, QueueConfig
+from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
+from gateway.text.tokenizer import ByteTokenizer
 
 QUEUE = QueueConfig(wait_budgets=(10.0, 10.0))
+
+
+@contextlib.asynccontextmanager
+async def engines(workers: int = 2, eos_prob: float = 0.0, queue: QueueConfig = QUEUE, **settings):
+    """The production pool of ``sim@1`` over simulated 70B engines (64 blocks, 64 tokens a step,
+    16 sequences unless ``settings`` say otherwise); yields the pool and its spawn."""
+    config = ContinuousModelConfig(
+        name="sim@1",
+        simulated="llama-70b",
+        workers=workers,
+        **{"num_blocks": 64, "max_batch_tokens": 64, "max_seqs": 16, **settings},
+    )
+    spawn = SimulatedEngines(EngineSpec.of(config, eos_prob=eos_prob))
+    async with open_engine_pool(config, queue, spawn, ByteTokenizer()) as pool:
+        yield pool, spawn
 
 
 class Client:
