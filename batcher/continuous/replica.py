@@ -355,8 +355,9 @@ class Replica:
         worker = self.supervisor.worker
         engine = (
             {
-                name: getattr(self.stats, name)
-                for name in ("running", "waiting", "used_blocks", "free_blocks", "total_blocks")
+                **{name: getattr(self.stats, name)
+                   for name in ("running", "waiting", "used_blocks", "free_blocks", "total_blocks")},
+                "stats_age_ms": round((trio.current_time() - self.stats_at) * 1000),  # since that report
             }
             if self.stats
             else {}

@@ -1,8 +1,8 @@
 """GGUF to Hugging Face conversion: a tiny GGUF written the way llama.cpp's converter writes one
 (Q and K rows permuted, some tensors quantized) round-trips to its source checkpoint; the
 conversion is idempotent and atomic. SmolLM2-135M itself, converted once per session into the
-user's cache (the ``smollm2`` fixture of conftest.py), answers as transformers does through the
-engine: tests/engine/test_engine_model.py.
+user's cache (the ``smollm2`` fixture of tests/support/fixtures.py), answers as transformers does
+through the engine: tests/engine/test_engine_model.py.
 """
 
 from __future__ import annotations

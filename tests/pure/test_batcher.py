@@ -1,58 +1,21 @@
 """The production batcher and pool over simulated workers, in virtual time (MockClock).
 
-Every time asserted here is exact virtual time: 0.2 s service, T = 0.15 s, hang_timeout 1 s.
+Every time asserted here is exact virtual time: 0.2 s service, T = 0.15 s, hang_timeout 1 s. Each
+``trio.sleep`` moves that clock to an instant the scenario names; none waits for something to happen.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import pytest
 import trio
 
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import Overloaded, Request, RequestFailed, State
+from batcher.core.types import Overloaded, RequestFailed, State
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import SizeOrTimeout
+from tests.support.fixed_batcher import HANG, SERVICE, Outcomes, T, running, texts
 from tests.support.spawner import Spawner
 from workers.faults import FaultPlan
-
-SERVICE, T, HANG = 0.2, 0.15, 1.0
-
-
-@contextlib.asynccontextmanager
-async def running(fleet: Spawner, workers: int = 2, max_attempts: int = 3):
-    pool = PoolConfig(workers=workers, hang_timeout=HANG, max_attempts=max_attempts)
-    async with open_batcher(fleet, pool, SizeOrTimeout(50, T), QueueConfig(queue_timeout=30.0)) as batcher:
-        yield batcher
-
-
-class Outcomes:
-    """Enqueue through the synchronous API and wait until every request has ended."""
-
-    def __init__(self, batcher) -> None:
-        self.batcher = batcher
-        self.ended: list[Request] = []
-        self._changed = trio.Event()
-
-    def add(self, texts, tier="paid", timeout=None) -> list[Request]:
-        requests = [self.batcher.request(text, tier, timeout, on_done=self._on_done) for text in texts]
-        for request in requests:
-            self.batcher.enqueue(request)
-        return requests
-
-    def _on_done(self, request: Request) -> None:
-        self.ended.append(request)
-        self._changed.set()
-
-    async def wait(self, count: int) -> None:
-        while len(self.ended) < count:
-            self._changed = trio.Event()
-            await self._changed.wait()
-
-
-def texts(prefix: str, count: int) -> list[str]:
-    return [f"{prefix}{i}" for i in range(count)]
 
 
 async def serve_at_once(fleet: Spawner, inputs: list[str], workers: int = 2):
@@ -87,7 +50,7 @@ async def test_a_late_arrival_completing_the_batch_flushes_it_by_size(autojump_c
     async with running(fleet) as batcher:
         outcomes = Outcomes(batcher)
         outcomes.add(texts("early", 49))
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # virtual time: the late one arrives at t=0.1, inside T
         late = outcomes.add(["late"])
         await outcomes.wait(50)
     assert late[0].dispatched_at == pytest.approx(0.1)
@@ -179,7 +142,7 @@ async def test_cancelled_requests_leave_the_queue_at_once_and_never_reach_a_work
     async with running(fleet, workers=1) as batcher:
         outcomes = Outcomes(batcher)
         outcomes.add(texts("busy", 50))  # keeps the only worker busy until t=0.2
-        await trio.sleep(0.01)
+        await trio.sleep(0.01)  # virtual time: t=0.01, the busy batch is on the worker
         results = {}
 
         async def caller(text: str, patience: float) -> None:
@@ -189,9 +152,9 @@ async def test_cancelled_requests_leave_the_queue_at_once_and_never_reach_a_work
         async with trio.open_nursery() as nursery:
             for i in range(10):
                 nursery.start_soon(caller, f"w{i}", 0.05 if i % 3 == 0 else 10.0)
-            await trio.sleep(0.02)
+            await trio.sleep(0.02)  # virtual time: t=0.02, every caller is queued
             assert len(batcher.queue) == 10
-            await trio.sleep(0.05)
+            await trio.sleep(0.05)  # virtual time: t=0.07, past the 0.05 s timeouts
             assert len(batcher.queue) == 6  # w0, w3, w6, w9 gave up at t=0.06
     gone = {"w0", "w3", "w6", "w9"}
     assert not gone & set(fleet.inputs_seen())
@@ -204,7 +167,7 @@ async def test_a_request_cancelled_after_dispatch_has_its_output_dropped(autojum
     async with running(fleet) as batcher:
         outcomes = Outcomes(batcher)
         requests = outcomes.add(texts("r", 5))
-        await trio.sleep(T + SERVICE / 2)
+        await trio.sleep(T + SERVICE / 2)  # virtual time: mid-call (the batch went at T)
         batcher.cancel(requests[2])
         await outcomes.wait(5)
     assert "r2" in fleet.inputs_seen()
@@ -217,7 +180,7 @@ async def test_a_request_that_cannot_be_dispatched_by_its_deadline_is_overloaded
     async with running(fleet, workers=1) as batcher:
         outcomes = Outcomes(batcher)
         outcomes.add(texts("busy", 50))
-        await trio.sleep(0.01)
+        await trio.sleep(0.01)  # virtual time: t=0.01, the busy batch is on the worker
         with pytest.raises(Overloaded, match=r"not dispatched within 1.000s"):
             await batcher.answer("late", "paid", timeout=1.0)
         assert trio.current_time() == pytest.approx(1.01)
@@ -233,9 +196,9 @@ async def test_each_request_ends_exactly_once(autojump_clock):
         for wave in range(6):
             requests += outcomes.add([f"{wave}-{i}" + ("☠" if i == 7 else "") for i in range(30)])
             batcher.cancel(requests[-1])
-            await trio.sleep(0.1)
+            await trio.sleep(0.1)  # virtual time: a wave every 0.1 s
         await outcomes.wait(len(requests))
-        await trio.sleep(5)
+        await trio.sleep(5)  # virtual time: 5 s more, in which nothing may end twice
     assert sorted(r.id for r in outcomes.ended) == sorted(r.id for r in requests)
     assert all(r.done for r in requests)
 
@@ -277,7 +240,7 @@ async def test_over_budget_arrivals_are_shed_free_first_with_the_real_drain_time
         await batcher.answer("warm-up", "paid")  # one answered call: the fleet drains 50 / 0.2 s
         assert batcher.load().drain_rate == pytest.approx(250.0)
         outcomes.add(texts("busy", 50))  # the only worker is busy until t + 0.2
-        await trio.sleep(0.01)
+        await trio.sleep(0.01)  # virtual time: the busy batch is on the worker
         start = trio.current_time()
         paid = outcomes.add(texts("paid", 100), tier="paid")  # waits up to 0.4 s of a 1 s budget
         free = outcomes.add(texts("free", 100), tier="free")  # free's budget shrinks to 0.18 s
@@ -297,7 +260,7 @@ async def test_a_request_past_its_deadline_is_told_when_to_retry(autojump_clock)
         await batcher.answer("warm-up", "paid")
         outcomes = Outcomes(batcher)
         outcomes.add(texts("busy", 50))
-        await trio.sleep(0.01)
+        await trio.sleep(0.01)  # virtual time: t=0.01, the busy batch is on the worker
         waiting = outcomes.add(texts("waiting", 100))
         with pytest.raises(Overloaded) as shed:
             await batcher.answer("late", "free", timeout=0.05)

@@ -11,16 +11,9 @@ import pytest
 from batcher.continuous.config import converted_dir
 from batcher.core.config import PoolConfig, QueueConfig
 from gateway.config import default_config, load_config, parse_config
+from tests.support.minimal_config import MINIMAL
 
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "ferry.toml"
-
-MINIMAL = """
-[[tiers]]
-name = "paid"
-[[models]]
-name = "m@1"
-worker = ["echo"]
-"""
 
 
 def test_the_example_file_loads_with_every_field():

@@ -9,74 +9,23 @@ one read. Real engine processes under the same pool: ``tests/system/test_engine_
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import trio
 import trio.testing
 
-from batcher.continuous.config import ContinuousModelConfig
-from batcher.continuous.pool import open_engine_pool
 from batcher.continuous.replica import Stage
 from batcher.core.backend import Delta, Failed, Finished, Job, Started
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import Expired, ReplicaLost, RequestFailed, Shed, TooLarge
-from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
-from gateway.text.tokenizer import ByteTokenizer
+from batcher.core.types import Expired, RequestFailed, Shed, TooLarge
+from tests.support.engine_pool import Client, engines, job
+from tests.support.replica_loss import check_replica_0_lost, place_streams_and_wholes
+from tests.support.waiting import until_trio
 from workers.engine.cost_model import PRESETS
 from workers.engine.serve import STATS_INTERVAL
 
-QUEUE = QueueConfig(wait_budgets=(10.0, 10.0))
 COST = PRESETS["llama-70b"]
 BACKOFF = PoolConfig().restart_backoff
 EXACT = 1e-9  # MockClock jumps by differences of floats: the same instant, give or take an ulp
-
-
-class Client:
-    """One job's caller: every event it was given, when, and whether it has its last."""
-
-    def __init__(self) -> None:
-        self.events: list = []
-        self.times: list[float] = []
-        self.done = trio.Event()
-
-    def __call__(self, event) -> None:
-        assert not self.done.is_set(), f"{event} after the end"
-        self.events.append(event)
-        self.times.append(trio.current_time())
-        if isinstance(event, Finished | Failed):
-            self.done.set()
-
-    @property
-    def text(self) -> str:
-        return "".join(e.text for e in self.events if isinstance(e, Delta))
-
-    @property
-    def delivered(self) -> int:
-        return sum(e.tokens for e in self.events if isinstance(e, Delta))
-
-    @property
-    def ended(self) -> float:
-        assert self.done.is_set()
-        return self.times[-1]
-
-
-@contextlib.asynccontextmanager
-async def engines(workers: int = 2, eos_prob: float = 0.0, queue: QueueConfig = QUEUE, **settings):
-    config = ContinuousModelConfig(
-        name="sim@1",
-        simulated="llama-70b",
-        workers=workers,
-        **{"num_blocks": 64, "max_batch_tokens": 64, "max_seqs": 16, **settings},
-    )
-    spawn = SimulatedEngines(EngineSpec.of(config, eos_prob=eos_prob))
-    async with open_engine_pool(config, queue, spawn, ByteTokenizer()) as pool:
-        yield pool, spawn
-
-
-def job(seed: int, max_tokens: int, stream: bool, length: int = 10, **fields) -> Job:
-    prompt = bytes((seed * 7 + i) % 90 + 32 for i in range(length))
-    return Job(prompt.decode(), tuple(prompt), max_tokens, "paid", "acme", stream=stream, **fields)
 
 
 def alone(start: float, prompt: int, tokens: int) -> list[float]:
@@ -87,12 +36,6 @@ def alone(start: float, prompt: int, tokens: int) -> list[float]:
         t += COST.step([1], [prompt + n]).seconds
         times.append(t)
     return times
-
-
-async def until(condition) -> None:
-    """Wait, in virtual time, until ``condition()`` holds (checked after every engine step)."""
-    while not condition():
-        await trio.sleep(0.001)
 
 
 async def test_a_lone_stream_gets_each_token_when_its_engine_step_ends(autojump_clock):
@@ -113,7 +56,7 @@ async def test_a_job_whose_deadline_passes_in_the_queue_gets_529_at_its_deadline
     async with engines(workers=1, max_seqs=1) as (pool, spawn):
         first, late = Client(), Client()
         running = pool.submit(job(1, 400, stream=True), first)
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # virtual time: the late job arrives at t=0.1
         pool.submit(job(2, 5, stream=False, deadline=0.05), late)  # max_seqs 1: it waits in the pool
         await late.done.wait()
         [failed] = late.events
@@ -132,7 +75,7 @@ async def test_a_job_cancelled_in_each_state_gets_no_further_event_and_leaves_no
         decoding = pool.submit(job(1, 500, stream=True, length=40), clients["decoding"])
         lost = pool.submit(job(2, 500, stream=False, length=40), clients["rerun"])
         assert (decoding.replica, lost.replica) == (0, 1)
-        await until(lambda: clients["decoding"].delivered)
+        await until_trio(lambda: clients["decoding"].delivered, "the stream's first token", every=0.001)
         queued = pool.submit(job(3, 50, stream=True), clients["queued"])
         assert queued.state is Stage.QUEUED  # max_seqs 1: it waits in the pool
         pool.cancel(queued)
@@ -143,10 +86,10 @@ async def test_a_job_cancelled_in_each_state_gets_no_further_event_and_leaves_no
         pool.cancel(lost)
         pool.cancel(decoding)
         prefilling = pool.submit(job(5, 50, stream=True, length=60), clients["prefilling"])
-        await until(lambda: prefilling.rid != -1)
+        await until_trio(lambda: prefilling.rid != -1, "the job sent to its engine", every=0.001)
         assert prefilling.state is Stage.PREFILLING  # sent to its engine, no token back yet
         pool.cancel(prefilling)
-        await trio.sleep(2 * STATS_INTERVAL)
+        await trio.sleep(2 * STATS_INTERVAL)  # virtual time: two stats reports later
         for slot in (0, 1):
             stats = spawn.current(slot).engine.stats()
             assert (stats.running, stats.waiting, stats.used_blocks, stats.free_blocks) == (0, 0, 0, 64)
@@ -169,44 +112,12 @@ async def test_a_request_that_could_never_fit_one_replicas_cache_is_refused_nami
         )
 
 
-def place_streams_and_wholes(pool) -> tuple[list[Client], list[Client]]:
-    """Four streams and four whole answers, alternating between two replicas."""
-    streams = [Client() for _ in range(4)]
-    wholes = [Client() for _ in range(4)]
-    placed = [pool.submit(job(i, 600, stream=True), c) for i, c in enumerate(streams)]
-    placed += [pool.submit(job(10 + i, 120, stream=False), c) for i, c in enumerate(wholes)]
-    assert [t.replica for t in placed] == [0, 1, 0, 1, 0, 1, 0, 1]  # least queued tokens
-    return streams, wholes
-
-
-async def check_replica_0_lost(pool, streams: list[Client], wholes: list[Client]) -> None:
-    """Replica 0 died under :func:`place_streams_and_wholes`: its streams that showed text end
-    with an error saying what they had, and the whole answers all complete, unseen, as they
-    would have alone."""
-    for client in streams + wholes:
-        await client.done.wait()
-    for lost in streams[0::2]:
-        failed = lost.events[-1]
-        assert isinstance(failed, Failed) and isinstance(failed.error, ReplicaLost) and failed.retryable
-        assert failed.tokens_sent == lost.delivered == len(lost.text.encode()) > 0
-    for kept in streams[1::2]:
-        assert isinstance(kept.events[-1], Finished) and kept.delivered == 600
-    for index, whole in enumerate(wholes):  # replica 0's on replica 1
-        assert [type(e) for e in whole.events] == [Started, Delta, Finished]
-        solo = Client()
-        pool.submit(job(10 + index, 120, stream=False), solo)
-        await solo.done.wait()
-        assert whole.text == solo.text and len(whole.text) == 120
-    stats = pool.snapshot().stats
-    assert (stats.reruns, stats.interrupted, stats.restarts) == (2, 2, 1)
-
-
 async def test_a_killed_engine_ends_its_streams_that_sent_text_and_reruns_the_rest_unseen_elsewhere(
     autojump_clock,
 ):
     async with engines(workers=2) as (pool, spawn):
         streams, wholes = place_streams_and_wholes(pool)
-        await trio.sleep(0.05)
+        await trio.sleep(0.05)  # virtual time: t=0.05, the streams are under way
         killed_at = trio.current_time()
         spawn.current(0).kill()
         await check_replica_0_lost(pool, streams, wholes)
@@ -221,7 +132,7 @@ async def test_a_silent_engine_is_killed_at_the_stats_timeout_and_its_whole_answ
         clients = [Client(), Client()]
         for i, client in enumerate(clients):
             pool.submit(job(20 + i, 300, stream=False), client)
-        await trio.sleep(0.3)
+        await trio.sleep(0.3)  # virtual time: t=0.3, both answers under way
         frozen = spawn.current(0)
         last_report = frozen.reported_at
         frozen.freeze()  # alive, but silent
@@ -240,7 +151,7 @@ async def test_with_every_engine_down_a_lost_answer_waits_for_the_restart_and_co
     async with engines(workers=1) as (pool, spawn):
         client = Client()
         pool.submit(job(30, 200, stream=False), client)
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # virtual time: t=0.1, the answer under way
         killed_at = trio.current_time()
         spawn.current(0).kill()
         await client.done.wait()
@@ -253,7 +164,7 @@ async def test_a_lost_answer_that_no_engine_takes_within_its_budget_fails(autoju
     async with engines(workers=1, queue=QueueConfig(wait_budgets=(0.05, 0.05))) as (pool, spawn):
         client = Client()
         pool.submit(job(31, 200, stream=False), client)
-        await trio.sleep(0.01)
+        await trio.sleep(0.01)  # virtual time: t=0.01, the answer under way
         spawn.current(0).kill()
         await client.done.wait()
         [failed] = client.events  # nothing of the first run was shown
@@ -267,7 +178,7 @@ async def test_an_answer_whose_engines_die_under_it_max_attempts_times_fails(aut
         client = Client()
         ticket = pool.submit(job(32, 200, stream=False), client)
         for _ in range(2):
-            await trio.sleep(0.01)
+            await trio.sleep(0.01)  # virtual time: 10 ms into each run
             spawn.current(ticket.replica).kill()
         await client.done.wait()
         failed = client.events[-1]
@@ -284,7 +195,7 @@ async def test_steps_read_together_lose_no_token_and_show_no_stop_token(autojump
         for seed, (streamed, whole) in enumerate(zip(streams, wholes, strict=False)):
             pool.submit(job(seed, 45, stream=True), streamed)
             pool.submit(job(seed, 45, stream=False), whole)
-        await until(lambda: all(c.delivered for c in streams))
+        await until_trio(lambda: all(c.delivered for c in streams), "a token on every stream", every=0.001)
         spawn.current(0).hold_output(0.5)  # about 60 steps pile up unread
         for client in streams + wholes:
             await client.done.wait()
@@ -305,7 +216,7 @@ async def test_with_paid_work_backlogged_a_free_job_is_shed_at_once_with_a_retry
         paid = [Client() for _ in range(3)]
         # max_seqs 1: one runs, two wait
         tickets = [pool.submit(job(40 + i, 300, stream=True), c) for i, c in enumerate(paid)]
-        await trio.sleep(2 * STATS_INTERVAL + 0.01)  # two backlogged reports: the rate is known
+        await trio.sleep(2 * STATS_INTERVAL + 0.01)  # virtual time: two backlogged reports: the rate is known
         assert pool.load().measured
         free = Client()
         pool.submit(Job("f", tuple(b"free question"), 50, "free", "acme", stream=True), free)

@@ -2,7 +2,8 @@
 calls lost to workers already gone, fleets that crash or hang on every call, slow fleets.
 
 Times are exact virtual times: 0.2 s service, T = 0.15 s, hang_timeout 1 s, restart backoff
-0.1 s doubling while restarted workers serve nothing.
+0.1 s doubling while restarted workers serve nothing. Each ``trio.sleep`` moves that clock to an
+instant the scenario names; none waits for something to happen.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from batcher.core.config import PoolConfig, QueueConfig
 from batcher.core.types import RequestFailed, State, WorkersFailed
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import SizeOrTimeout
-from tests.pure.test_batcher import HANG, SERVICE, Outcomes, T, running, texts
+from tests.support.fixed_batcher import HANG, SERVICE, Outcomes, T, running, texts
 from tests.support.spawner import Spawner
 from workers.faults import FaultPlan
 
@@ -24,12 +25,12 @@ from workers.faults import FaultPlan
 async def test_workers_killed_while_idle_are_noticed_and_replaced_without_traffic(autojump_clock):
     fleet = Spawner()
     async with running(fleet, workers=8) as batcher:
-        await trio.sleep(1.0)
+        await trio.sleep(1.0)  # virtual time: an idle second
         for slot in range(8):
             fleet.worker(slot).kill()
-        await trio.sleep(0.05)
+        await trio.sleep(0.05)  # virtual time: t=1.05, inside the restart backoff
         noticed = batcher.pool.live_workers, [info.restarts for info in batcher.pool.workers()]
-        await trio.sleep(0.1)  # the restart backoff
+        await trio.sleep(0.1)  # virtual time: the restart backoff
         replaced = batcher.pool.live_workers, [info.restarts for info in batcher.pool.workers()]
         outcomes = Outcomes(batcher)
         requests = outcomes.add(texts("r", 50))
@@ -55,7 +56,7 @@ async def test_a_batch_sent_to_a_worker_already_gone_costs_it_no_attempt(autojum
         batcher.pool.on_answer = lambda size, seconds: first.kill()
         outcomes = Outcomes(batcher)
         a = outcomes.add(texts("a", 50))
-        await trio.sleep(0.05)
+        await trio.sleep(0.05)  # virtual time: B arrives at t=0.05, while A runs
         b = outcomes.add(texts("b", 50))
         await outcomes.wait(100)
     assert [r.finished_at for r in a] == [pytest.approx(SERVICE)] * 50
@@ -89,13 +90,13 @@ async def test_a_fleet_that_crashes_on_every_call_fails_each_request_by_its_budg
 ):
     fleet = Spawner(every=FaultPlan(crash_on_call=1))
     async with forty_on_one_worker(fleet) as (batcher, outcomes, paid, free):
-        await trio.sleep(0.2)
+        await trio.sleep(0.2)  # virtual time: t=0.2
         before = batcher.pool.ready  # the batch has gone out at 0.15; it crashes its worker at 0.25
-        await trio.sleep(0.2)
+        await trio.sleep(0.2)  # virtual time: t=0.4
         during = batcher.pool.ready, batcher.pool.live_workers  # the replacement (up at 0.35) crashes too
         await outcomes.wait(40)
         fleet.every = None  # the fix is deployed: the next worker, up at 2.05, is healthy
-        await trio.sleep(0.1)
+        await trio.sleep(0.1)  # virtual time: 0.1 s later
         fixed = batcher.pool.ready, batcher.pool.live_workers
         assert await batcher.answer("after", "paid") == "retfa"
         served = batcher.pool.ready
@@ -182,12 +183,12 @@ async def test_a_poisoned_batch_under_tier_budgets_still_serves_its_batch_mates(
 async def test_a_fleet_that_lost_every_worker_proves_itself_with_a_probe_call_without_traffic(autojump_clock):
     fleet = Spawner()
     async with running(fleet, workers=2) as batcher:
-        await trio.sleep(1.0)
+        await trio.sleep(1.0)  # virtual time: an idle second
         for slot in range(2):
             fleet.worker(slot).kill()
-        await trio.sleep(0.2)  # the restart backoff (0.1 s), then the probe call is on its way
+        await trio.sleep(0.2)  # virtual time: the restart backoff (0.1 s), then the probe call is on its way
         during = batcher.pool.ready, batcher.stats.probes
-        await trio.sleep(0.2)  # one call later
+        await trio.sleep(0.2)  # virtual time: one call later
         after = batcher.pool.ready, batcher.stats.probes, batcher.stats.flushed_requests
     assert during == (False, 1)  # one probe at a time
     assert after == (True, 1, 0)  # ready again, and no request was ever sent

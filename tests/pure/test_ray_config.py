@@ -7,7 +7,7 @@ import pytest
 
 from batcher.placement.ray_actors import Ask, fitting_nodes
 from gateway.config import parse_config
-from tests.pure.test_config import MINIMAL
+from tests.support.minimal_config import MINIMAL
 
 RAY_MODEL = (
     MINIMAL

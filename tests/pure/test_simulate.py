@@ -21,6 +21,7 @@ from batcher.sim.fixed.replay import Replay, ReplayBatcher
 from batcher.sim.fixed.simulate import Scenario, Service, simulate
 from batcher.sim.fixed.workers import SimulatedWorker, linear
 from tests.support.spawner import Spawner
+from tests.support.waiting import until_trio
 from workers.faults import FaultPlan
 
 
@@ -60,7 +61,7 @@ async def test_idle_aware_waits_when_only_the_last_worker_is_idle(autojump_clock
         assert first[0].finished_at == pytest.approx(0.2)
         busy = [batcher.request("b", "paid")]
         batcher.enqueue(busy[0])  # t=0.2, two idle: goes at once
-        await trio.sleep(0.01)
+        await trio.sleep(0.01)  # virtual time: c and d arrive at t=0.21
         late = await _ended(batcher, ["c", "d"])  # one idle worker left: waits for T
     assert busy[0].dispatched_at == pytest.approx(0.2)
     assert [r.dispatched_at for r in late] == [pytest.approx(0.21 + 0.15)] * 2
@@ -119,8 +120,8 @@ def test_a_replayed_trace_is_scheduled_exactly_as_on_time_arrivals_are(policy, q
         ended: list[Request] = []
         async with open_batcher(Spawner(), pool, policy, queue, batcher=ReplayBatcher) as batcher:
             batcher.feed(Replay(batcher, trace.times, trace.tier, trace.tiers, trace.deadlines, ended.append))
-            while len(ended) < len(trace):
-                await trio.sleep(1.0)
+            await until_trio(lambda: len(ended) >= len(trace), "every request of the trace ended",
+                             within=60.0, every=1.0)
         return ended
 
     def timeline(run) -> list[tuple]:
@@ -178,9 +179,9 @@ def test_conservation_holds_request_by_request_under_faults():
                     batcher, trace.times + start, trace.tier, trace.tiers, trace.deadlines + start, on_done
                 )
             )
-            while len(ended) < len(trace):
-                await trio.sleep(1.0)
-            await trio.sleep(5.0)  # nothing may end twice, even late
+            await until_trio(lambda: len(ended) >= len(trace), "every request of the trace ended",
+                             within=60.0, every=1.0)
+            await trio.sleep(5.0)  # virtual time: 5 s more, in which nothing may end twice, even late
             return batcher.stats.restarts
 
     restarts = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -45,7 +45,7 @@ def test_a_repeated_key_gets_the_first_answer_without_running_again(tmp_path):
 
         async def compute():
             runs.append(1)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the request's simulated work: the repeats arrive while it runs
             return 200, b'{"n": %d}' % len(runs)
 
         concurrent = await asyncio.gather(*(store.run("key", "idem-1", b"body", compute) for _ in range(5)))
@@ -86,7 +86,7 @@ def test_waiters_run_the_request_themselves_when_the_first_run_is_abandoned(tmp_
 
         async def slow():
             started.set()
-            await asyncio.sleep(10)
+            await asyncio.sleep(10)  # the request's simulated work, abandoned long before it ends
             return 200, b"never"
 
         async def fast():
@@ -95,7 +95,7 @@ def test_waiters_run_the_request_themselves_when_the_first_run_is_abandoned(tmp_
         first = asyncio.create_task(store.run("key", "k", b"body", slow))
         await started.wait()
         waiter = asyncio.create_task(store.run("key", "k", b"body", fast))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop, no clock: the waiter runs up to its wait for the first
         first.cancel()
         return await waiter
 

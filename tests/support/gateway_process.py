@@ -1,19 +1,19 @@
 """A real ``ferry serve`` process for integration tests: its own config, port 0 on loopback,
-real worker processes, talked to over real HTTP. Not a test module: the gateway tests import it."""
+real worker processes, talked to over real HTTP and through ``ferry``'s own commands."""
 
 from __future__ import annotations
 
 import hashlib
 import http.client
 import json
-import os
 import pathlib
 import signal
 import subprocess
 import sys
-import time
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.waiting import until
 
 ROOT = pathlib.Path(__file__).parents[2]
 PAID = "sk-test-paid-0001"
@@ -112,23 +112,28 @@ class Gateway:
     def ready(self) -> dict:
         return self.request("GET", "/readyz")[2]
 
-    def wait_for(self, condition, timeout: float = 20.0):
+    def wait_for(self, condition, timeout: float = 20.0, what: str = "a condition on /readyz"):
         """Poll /readyz until ``condition(models)`` is true; return the models' state."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            models = self.ready().get("models", {})
-            if models and condition(models):
-                return models
-            time.sleep(0.02)
-        raise AssertionError(f"condition not met within {timeout}s; last /readyz: {self.ready()}")
 
-    def metric(self, name: str, **labels: str) -> float:
-        """One sample of /metrics, by name and labels."""
+        def models() -> dict:
+            found = self.ready().get("models", {})
+            return found if found and condition(found) else {}
+
+        try:
+            return until(models, what, within=timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last /readyz: {self.ready()}") from None
+
+    def metric(self, name: str, absent: float | None = None, **labels: str) -> float:
+        """One sample of /metrics, by name and labels; ``absent`` where there is none yet (else
+        an AssertionError)."""
         text = self.request("GET", "/metrics", key=None)[2]["raw"].decode()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                     return sample.value
+        if absent is not None:
+            return absent
         raise AssertionError(f"/metrics has no sample {name} {labels}")
 
     def worker_pids(self) -> list[int]:
@@ -147,13 +152,11 @@ class Gateway:
             self.process.stdout.close()  # type: ignore[union-attr]
 
 
+def ferry(gateway: Gateway, *args: str) -> subprocess.CompletedProcess:
+    """``ferry ARGS --config FILE`` against this gateway's file, as its operator runs it."""
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args, "--config", str(gateway.config_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
 def message(text: str = "hello", model: str = "echo", **fields) -> dict:
     return {"model": model, "max_tokens": 200, "messages": [{"role": "user", "content": text}], **fields}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -94,7 +94,7 @@ class ScriptedBackend:
 
     async def run(self) -> None:
         while True:
-            await trio.sleep(self.tick)
+            await trio.sleep(self.tick)  # the scripted engine's step: its simulated work, not a wait
             self.ticks += 1
             for play in self.playing:
                 if not play.cancelled and play.events:

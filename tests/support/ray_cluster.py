@@ -1,6 +1,6 @@
 """One real Ray cluster on loopback for the whole test run (its start-up, ~5 s, is paid once):
 a head node of ``cluster_utils.Cluster`` that tests add raylets to and remove them from.
-Not a test module: conftest.py imports the fixture."""
+The fixtures plugin (tests/support/fixtures.py) makes it every test's fixture."""
 
 from __future__ import annotations
 

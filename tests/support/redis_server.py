@@ -15,7 +15,8 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
+
+from tests.support.waiting import until
 
 
 def find_binary() -> str:
@@ -58,25 +59,29 @@ class RedisServer:
              "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                if time.monotonic() > deadline or self.process.poll() is not None:
-                    self.process.kill()
-                    raise RuntimeError(f"redis-server did not answer on port {self.port}") from None
-                time.sleep(0.05)
+        try:
+            until(self._answers, f"redis-server to answer on port {self.port}", within=10, every=0.05)
+        except AssertionError as exc:
+            self.process.kill()
+            raise RuntimeError(str(exc)) from None
+
+    def _answers(self) -> bool:
+        """PONG to a PING; a server that has exited never will (RuntimeError at once)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
+                conn.sendall(b"PING\r\n")
+                return conn.recv(16).startswith(b"+PONG")
+        except OSError:
+            if self.process.poll() is not None:  # type: ignore[union-attr]
+                raise RuntimeError(f"redis-server exited with {self.process.returncode}") from None
+            return False
 
     def freeze(self) -> None:
         """SIGSTOP, and return once the process is stopped: it answers nothing from then on."""
         self.process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
         stat = pathlib.Path(f"/proc/{self.process.pid}/stat")  # type: ignore[union-attr]
-        while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":
-            time.sleep(0.001)
+        until(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T", "redis-server stopped by SIGSTOP",
+              within=10, every=0.001)
 
     def thaw(self) -> None:
         self.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]

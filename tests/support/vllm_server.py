@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
-import time
 import urllib.error
 import urllib.request
 
 from tests.support.redis_server import free_port
+from tests.support.waiting import until
 
 ROOT = pathlib.Path(__file__).parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -48,18 +48,22 @@ class VllmOpenAIServer:
     def start(self, timeout: float = 300.0) -> None:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"vLLM's server did not start; its log: {self.log.read_text()[-2000:]}")
-            time.sleep(0.5)
+        try:
+            until(self._healthy, "vLLM's server to answer /health", within=timeout, every=0.5)
+        except (AssertionError, RuntimeError):
+            self.stop()
+            log = self.log.read_text()[-2000:]
+            raise RuntimeError(f"vLLM's server did not start; its log: {log}") from None
+
+    def _healthy(self) -> bool:
+        """200 on ``/health``; a server that has exited never will (RuntimeError at once)."""
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=1) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            if self.process.poll() is not None:  # type: ignore[union-attr]
+                raise RuntimeError("vLLM's server exited") from None
+            return False
 
     def stop(self) -> None:
         if self.process is None:

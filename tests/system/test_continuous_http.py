@@ -11,7 +11,6 @@ SDK, interleaved streams and stop sequences with the tiny checkpoint, and SmolLM
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import signal
 import time
@@ -20,9 +19,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.accounting.usage import read_usage
+from tests.support.engine_reports import IDLE, reported_after
 from tests.support.gateway_process import PAID, Gateway
-from tests.support.harness import sse
+from tests.support.sse_client import message_id, stream
+from tests.support.usage_records import records
+from tests.support.waiting import until, until_asyncio
 
 CONFIG = f"""
 [server]
@@ -73,63 +74,14 @@ def body(text: str, max_tokens: int, **fields) -> dict:
     }
 
 
-async def stream(session, url: str, request: dict, leave_after: int | None = None) -> dict:
-    """One streamed request: its events, its text, when its deltas came (since it was sent, and
-    on the monotonic clock); with ``leave_after``, the connection is closed once that many
-    deltas have arrived."""
-    started = time.monotonic()
-    result = {"events": [], "text": "", "times": [], "at": [], "status": None}
-    async with session.post(url + "/v1/messages", json={**request, "stream": True},
-                            headers={"x-api-key": PAID}) as response:
-        result["status"] = response.status
-        buffer = b""
-        async for chunk in response.content.iter_any():
-            buffer += chunk
-            *blocks, buffer = buffer.split(b"\n\n")
-            for name, data in sse(b"\n\n".join(blocks) + b"\n\n") if blocks else []:
-                result["events"].append((name, data))
-                if name == "content_block_delta":
-                    result["text"] += data["delta"]["text"]
-                    result["at"].append(time.monotonic())
-                    result["times"].append(result["at"][-1] - started)
-                    if leave_after is not None and len(result["times"]) >= leave_after:
-                        response.close()
-                        return result
-    return result
-
-
 def whole(gateway: Gateway, request: dict) -> dict:
     status, _, reply = gateway.request("POST", "/v1/messages", request)
     assert status == 200, reply
     return reply
 
 
-def records(gateway: Gateway, ids: set[str], seconds: float = 10.0) -> dict:
-    """The usage records of these request ids, by id, once all are written (a thread writes them)."""
-    path = os.path.join(gateway.log.parent, "usage.sqlite")
-    deadline = time.monotonic() + seconds
-    while True:
-        found = (
-            {r.request_id: r for r in read_usage(path) if r.request_id in ids} if os.path.exists(path) else {}
-        )
-        if len(found) == len(ids) or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
-
-
-def message_id(result: dict) -> str:
-    return result["events"][0][1]["message"]["id"]
-
-
 def engines(gateway: Gateway) -> list[dict]:
     return gateway.ready()["models"]["sim@1"]["workers"]
-
-
-def interleaved(results: list[dict]) -> int:
-    """How often the next delta to arrive, of all the streams, was another stream's: one stream
-    after another would make it len(results) - 1."""
-    order = sorted((at, index) for index, result in enumerate(results) for at in result["at"])
-    return sum(1 for (_, a), (_, b) in itertools.pairwise(order) if a != b)
 
 
 def test_a_stop_sequence_split_across_two_tokens_ends_the_answer_unshown_and_bills_the_text_before_it(
@@ -169,19 +121,8 @@ def test_two_hundred_clients_that_leave_mid_stream_leave_no_sequence_and_no_bloc
     assert all(r["status"] == 200 and len(r["text"]) >= 2 for r in results), [
         (r["status"], r["events"][-1:]) for r in results if r["status"] != 200
     ][:3]
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        workers = engines(gateway)
-        if all(
-            (w["running"], w["waiting"], w["used_blocks"], w["queued"], w["load_tokens"]) == (0, 0, 0, 0, 0)
-            for w in workers
-        ):
-            break
-        time.sleep(0.1)
-    assert all(
-        (w["running"], w["waiting"], w["used_blocks"], w["queued"], w["load_tokens"]) == (0, 0, 0, 0, 0)
-        for w in workers
-    ), workers
+    gateway.wait_for(lambda models: not any(w[name] for w in models["sim@1"]["workers"] for name in IDLE),
+                     what="no sequence, no block and nothing owed left on any replica")
     left = records(gateway, {message_id(r) for r in results})
     assert len(left) == 200 and {(r.status, r.outcome) for r in left.values()} == {(499, "cancelled")}
 
@@ -194,21 +135,24 @@ def test_a_repeated_long_system_prompt_hits_the_prefix_cache_of_the_replica_hold
 
     async def run():
         async with aiohttp.ClientSession() as session:
-            async def cache() -> dict[str, dict[str, float]]:
-                await asyncio.sleep(0.3)  # the engines' next reports
+            async def cache(after: float, idle: bool = False) -> dict[str, dict[str, float]]:
+                """Prefix-cache figures by replica, from engine reports taken after ``after``."""
+                await asyncio.to_thread(reported_after, gateway, "sim@1", after, idle)
                 return prefix_cache(await (await session.get(gateway.url + "/metrics")).text())
 
-            start = await cache()
+            start = await cache(time.monotonic(), idle=True)  # whatever ran before is counted
             cold = await stream(session, gateway.url, {**body("first question", 5), "system": system})
-            after_cold = await cache()
+            after_cold = await cache(time.monotonic(), idle=True)
             # The holder gets a long stream with the same system prompt: busier than the other
             # replica, but within the bound, so the next request still goes there.
+            holding: dict = {}
             busy = asyncio.ensure_future(
-                stream(session, gateway.url, {**body("keep busy", 300), "system": system})
+                stream(session, gateway.url, {**body("keep busy", 300), "system": system}, progress=holding)
             )
-            after_busy = await cache()
+            await until_asyncio(lambda: holding.get("at"), "the busy stream's first text")
+            after_busy = await cache(holding["at"][0])
             warm = await stream(session, gateway.url, {**body("second question", 5), "system": system})
-            after_warm = await cache()
+            after_warm = await cache(time.monotonic())
             await busy
             return cold, warm, [start, after_cold, after_busy, after_warm]
 
@@ -258,15 +202,15 @@ def test_metrics_parse_and_show_every_family_after_a_short_run(gateway):
         return sum(s.value for s in (families[family].samples if family in families else ())
                    if s.name == family + suffix and all(s.labels.get(k) == v for k, v in labels.items()))
 
-    deadline = time.monotonic() + 10
-    while True:  # until the engines' reports cover the run's steps
+    def reported() -> bool:
+        nonlocal families
         raw = gateway.request("GET", "/metrics")[2]
         families = {f.name: f for f in text_string_to_metric_families(raw["raw"].decode())}
-        reported = sample("ferry_engine_generated_tokens", "_total", model="sim@1") >= 80
-        if reported and sample("ferry_engine_step_tokens", "_count", model="sim@1") > 0:
-            break
-        assert time.monotonic() < deadline, "the engines never reported the run's steps"
-        time.sleep(0.05)
+        return (sample("ferry_engine_generated_tokens", "_total", model="sim@1") >= 80
+                and sample("ferry_engine_step_tokens", "_count", model="sim@1") > 0)
+
+    families: dict = {}
+    until(reported, "the engines' reports of the run's steps", within=10, every=0.05)
     assert {name: families[name].type for name in FAMILIES} == FAMILIES
 
     assert sample("ferry_ttft_seconds", "_count", model="sim@1", tier="paid") >= 4
@@ -286,17 +230,23 @@ def test_killing_an_engine_ends_its_streams_with_an_error_and_completes_the_rest
     try:
         async def run():
             async with aiohttp.ClientSession() as session:
-                streams = [asyncio.ensure_future(stream(session, gateway.url, body(f"stream {i}", 300)))
-                           for i in range(4)]
-                await asyncio.sleep(0.2)  # streams 0, 2 on replica 0; 1, 3 on replica 1
+                shown: list[dict] = [{} for _ in range(4)]
+                streams = [asyncio.ensure_future(stream(session, gateway.url, body(f"stream {i}", 300),
+                                                        progress=shown[i])) for i in range(4)]
+                await until_asyncio(lambda: all(s.get("text") for s in shown),
+                                    "text on every stream")  # streams 0, 2 on replica 0; 1, 3 on replica 1
                 loop = asyncio.get_running_loop()
                 wholes = [
                     loop.run_in_executor(
                         None, gateway.request, "POST", "/v1/messages", body(f"whole {i}", 150)
                     )
                     for i in range(4)
-                ]  # whole 0, 2 on replica 0 (its load is lower again by now)
-                await asyncio.sleep(0.3)
+                ]  # two on each replica, by their loads
+
+                def running(models: dict) -> bool:  # each engine runs two streams and two whole answers
+                    return [w["running"] for w in models["sim@1"]["workers"]] == [4, 4]
+
+                await asyncio.to_thread(gateway.wait_for, running, what="four sequences on each engine")
                 os.kill(engines(gateway)[0]["pid"], signal.SIGKILL)
                 return await asyncio.gather(*streams), await asyncio.gather(*wholes)
 

@@ -19,7 +19,7 @@ import pytest
 
 from batcher.continuous.config import converted_dir
 from tests.support.gateway_process import PAID, Gateway
-from tests.system.test_continuous_http import interleaved, stream
+from tests.support.sse_client import interleaved, stream
 
 KEYS = f"""
 [server]

@@ -23,9 +23,11 @@ from batcher.continuous.pool import open_engine_pool
 from batcher.core.supervisor import WorkerStartError
 from batcher.placement.local import process_workers
 from gateway.text.tokenizer import ByteTokenizer
-from tests.pure.test_engine_pool import QUEUE, check_replica_0_lost, place_streams_and_wholes
+from tests.support.engine_pool import QUEUE
 from tests.support.harness import KEY, ScriptedBackend, in_process, run, sse
-from tests.system.test_worker_processes import wait_for
+from tests.support.processes import worker_pids
+from tests.support.replica_loss import check_replica_0_lost, place_streams_and_wholes
+from tests.support.waiting import until_asyncio, until_trio
 
 
 @contextlib.asynccontextmanager
@@ -38,15 +40,11 @@ async def engines(workers: int = 2):
         yield pool
 
 
-def pids(pool) -> list[int]:
-    return [worker.pid for worker in pool.snapshot().status.workers]
-
-
 async def test_a_killed_engine_ends_its_streams_that_sent_text_and_reruns_the_rest_unseen_elsewhere():
     async with engines(workers=2) as pool:
         streams, wholes = place_streams_and_wholes(pool)
-        await wait_for(lambda: all(c.delivered for c in streams))
-        os.kill(pids(pool)[0], signal.SIGKILL)
+        await until_trio(lambda: all(c.delivered for c in streams), "text on every stream")
+        os.kill(worker_pids(pool)[0], signal.SIGKILL)
         with trio.fail_after(30):
             await check_replica_0_lost(pool, streams, wholes)
 
@@ -96,13 +94,13 @@ def test_the_tokens_of_one_engine_step_cross_to_the_http_side_in_one_hop(tmp_pat
 
             streams = await asyncio.gather(*(one(i) for i in range(16)))
             hops = bridge.hops_to_asyncio  # every token has crossed: the streams are whole
-            async with asyncio.timeout(10):  # until the engine's report covers its last steps
-                while True:
-                    snapshot = (await bridge.snapshots())["sim@1"]
-                    engine = snapshot.stats.replicas[0].engine
-                    if engine.running == 0 and engine.generated_tokens >= 16 * 30:
-                        break
-                    await asyncio.sleep(0.01)
+
+            async def reported():
+                snapshot = (await bridge.snapshots())["sim@1"]
+                engine = snapshot.stats.replicas[0].engine
+                return snapshot if engine.running == 0 and engine.generated_tokens >= 16 * 30 else None
+
+            snapshot = await until_asyncio(reported, "the engine's report of its last steps", within=10)
             return streams, hops, snapshot.stats.step_tokens.count
 
     streams, hops, steps = run(body)

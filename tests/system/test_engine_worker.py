@@ -20,7 +20,8 @@ import msgspec
 import pytest
 import trio
 
-from tests.system.test_worker_processes import alive, wait_for
+from tests.support.processes import alive
+from tests.support.waiting import until_trio
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.runner import ModelRunner
@@ -198,7 +199,7 @@ async def test_an_engine_worker_exits_when_its_parent_dies_even_with_its_pipes_o
     await trio.run_process([sys.executable, "-c", parent])
     worker_pid, holder_pid = map(int, pid_file.read_text().split())
     try:
-        await wait_for(lambda: not alive(worker_pid), seconds=10)
+        await until_trio(lambda: not alive(worker_pid), "the orphaned engine worker's exit", within=10)
     finally:
         os.kill(holder_pid, signal.SIGTERM)
 

@@ -8,6 +8,7 @@ import asyncio
 
 from gateway.accounting.usage import read_usage
 from tests.support.harness import ScriptedBackend, headers, in_process, message, run, sse
+from tests.support.waiting import until_asyncio
 
 
 def texts(events) -> list[str]:
@@ -126,8 +127,7 @@ def test_a_client_that_leaves_mid_stream_cancels_its_job_and_is_recorded_as_gone
             response = await client.post("/v1/messages", json=message("hang", stream=True), headers=headers())
             await response.content.readuntil(b"\n\n")  # message_start: the stream is open
             response.close()
-            while not backend.cancelled:
-                await asyncio.sleep(0.005)
+            await until_asyncio(lambda: backend.cancelled, "the core to be told the client left", every=0.005)
         return backend.cancelled
 
     [prompt] = run(body)

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.accounting.usage import read_usage
 from tests.support.gateway_process import CONFIG, PAID, Gateway, message
+from tests.support.waiting import until
 
 LIMITED = "sk-test-limited-0003"
 
@@ -209,9 +210,8 @@ def test_state_files_are_private_and_wider_ones_are_tightened_once(tmp_path, sta
         )
         files = ["usage.sqlite", "usage.sqlite-wal", "usage.sqlite-shm",
                  "idempotency.sqlite", "idempotency.sqlite-wal", "idempotency.sqlite-shm"]
-        deadline = time.monotonic() + 10
-        while not all((state / name).exists() for name in files) and time.monotonic() < deadline:
-            time.sleep(0.02)  # the usage writer commits within 50 ms
+        until(lambda: all((state / name).exists() for name in files),  # the usage writer commits within 50 ms
+              "the usage and idempotency files, written", within=10)
         modes = {name: stat.S_IMODE((state / name).stat().st_mode) for name in files}
         directory = stat.S_IMODE(state.stat().st_mode)
     finally:

@@ -19,6 +19,7 @@ from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.policy import SizeOrTimeout
 from batcher.sim.fixed.workers import SimulatedWorker, constant
 from gateway.bridge import Bridge, CoreStopped
+from tests.support.waiting import until_asyncio
 
 M = FixedModelConfig(name="m", worker=("echo",))
 
@@ -87,13 +88,20 @@ def test_a_cancelled_handle_leaves_the_queue_before_any_worker_sees_it():
     core = Core(max_batch=50, max_wait=60.0)
 
     async def leave(bridge):
+        async def queued() -> int:
+            return (await bridge.snapshots())["m"].status.queued
+
+        async def taken_back():
+            snapshot = (await bridge.snapshots())["m"]
+            return snapshot if snapshot.stats.cancelled else None
+
         handle = bridge.submit("m", job("never"))
-        while (await bridge.snapshots())["m"].status.queued == 0:
-            await asyncio.sleep(0.001)
+        await until_asyncio(queued, "the job queued in the core", every=0.001)
         bridge.cancel(handle)
-        while (snapshot := (await bridge.snapshots())["m"]).stats.cancelled == 0:
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.05)  # nothing more arrives for a job its caller left
+        snapshot = await until_asyncio(taken_back, "the core to take the job back", every=0.001)
+        # A job the core refuses at once, submitted after the cancel: every event emitted before
+        # its end (any the left job got) has crossed with it, so nothing more can arrive.
+        await until_ended(bridge.submit("m", job("after", "no-such-tier")))
         return handle, snapshot.status.queued, snapshot.stats.calls
 
     handle, queued, calls = run(core, leave)

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.logs import BURST, Throttle
 from tests.support.gateway_process import CONFIG, PAID, Gateway, message
+from tests.support.waiting import until
 
 SECRET = b"sk-secret-never-logged-9999"
 PROMPT = b"a-private-prompt-never-logged"
@@ -160,10 +161,13 @@ def test_connections_held_past_the_cap_make_room_and_healthz_still_answers(cappe
         connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
         held.append(connection)
     try:
-        answers = [capped.request("GET", "/healthz", key=None)[0]]
-        while answers[-1] == 503 and len(answers) < 500:  # 503 while the crowd is under a second old
-            time.sleep(0.02)
+        answers: list[int] = []
+
+        def answered() -> bool:  # 503 while the crowd is under a second old
             answers.append(capped.request("GET", "/healthz", key=None)[0])
+            return answers[-1] != 503
+
+        until(answered, "/healthz to answer past the crowd", within=10)
         assert set(answers) <= {200, 503} and answers[-1] == 200
         assert [capped.request("GET", "/healthz", key=None)[0] for _ in range(3)] == [200] * 3
         assert received_until_closed(held[0]) == b""  # the oldest made room first
@@ -185,12 +189,12 @@ def test_when_every_connection_runs_a_request_a_newcomer_gets_a_503_in_the_error
                            + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         held.append(connection)
     try:
-        deadline = time.monotonic() + 10
-        while (answer := capped.request("GET", "/healthz", key=None))[
-            0
-        ] == 200 and time.monotonic() < deadline:
-            time.sleep(0.02)  # until all five are queued in the core
-        status, headers, reply = answer
+
+        def refused() -> tuple | None:  # once all five are queued in the core
+            answer = capped.request("GET", "/healthz", key=None)
+            return answer if answer[0] != 200 else None
+
+        status, headers, reply = until(refused, "every connection held by a request", within=10)
     finally:
         for connection in held:
             connection.close()

@@ -16,7 +16,9 @@ import aiohttp
 import pytest
 
 from gateway.accounting.usage import read_usage
-from tests.support.gateway_process import CONFIG, PAID, Gateway, alive, message
+from tests.support.gateway_process import CONFIG, PAID, Gateway, message
+from tests.support.processes import gone
+from tests.support.waiting import until
 
 
 async def offer(gateway: Gateway, count: int, rate: float, model: str = "sleepy") -> list[tuple[int, str]]:
@@ -24,7 +26,7 @@ async def offer(gateway: Gateway, count: int, rate: float, model: str = "sleepy"
     async with aiohttp.ClientSession(headers={"x-api-key": PAID}) as session:
 
         async def one(index: int) -> tuple[int, str]:
-            await asyncio.sleep(index / rate)
+            await asyncio.sleep(index / rate)  # the load's pace: request ``index`` goes at index / rate
             async with session.post(
                 f"{gateway.url}/v1/messages", json=message(f"r{index}", model=model)
             ) as reply:
@@ -52,7 +54,7 @@ def test_a_worker_killed_under_load_fails_no_request(tmp_path):
             lambda models: models["sleepy@1"]["workers"][victim["slot"]]["restarts"] == 1
         )
         assert sleepy["sleepy@1"]["retries"] >= 1
-        assert not alive(victim["pid"])
+        assert gone(victim["pid"])
     finally:
         assert gateway.stop() == 0
 
@@ -72,7 +74,7 @@ def test_sigterm_lets_in_flight_requests_finish_then_stops_the_workers(tmp_path)
     assert gateway.process.wait(30) == 0
     said = gateway.process.stdout.read()  # type: ignore[union-attr]
     assert "draining in-flight requests" in said and "stopped" in said
-    assert [pid for pid in workers if alive(pid)] == []
+    assert [pid for pid in workers if not gone(pid)] == []
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((gateway.host, gateway.port), timeout=5)
     gateway.stop()
@@ -113,7 +115,7 @@ def test_a_fleet_that_crashes_on_every_call_answers_500_in_time_and_stays_not_re
         for _ in range(10):  # between crash cycles too: its workers restart, none has served
             status, _, body = gateway.request("GET", "/readyz")
             assert (status, body["models"]["echo@1"]["ready"]) == (503, False)
-            time.sleep(0.1)
+            time.sleep(0.1)  # the probes' pace: ten looks spread over a second of crash cycles
     finally:
         assert gateway.stop() == 0
 
@@ -184,12 +186,12 @@ def test_readyz_says_not_ready_while_every_worker_of_a_model_is_hung_past_its_ha
         sent = threading.Thread(target=gateway.request,
                                 args=("POST", "/v1/messages", message(model="hung@1")))
         sent.start()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        def hung() -> tuple[int, dict] | None:
             status, _, body = gateway.request("GET", "/readyz")
-            if body["models"]["hung@1"]["workers"][0]["state"] == "hung":
-                break
-            time.sleep(0.02)
+            return (status, body) if body["models"]["hung@1"]["workers"][0]["state"] == "hung" else None
+
+        status, body = until(hung, "/readyz to show hung@1's worker hung")
         assert status == 503 and body["models"]["hung@1"]["ready"] is False
         assert body["error"]["message"] == "not ready: hung@1: every worker is hung past its hang timeout"
         sent.join()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import anthropic
 import pytest
 
 from tests.support.gateway_process import FREE, PAID, Gateway, message
+from tests.support.waiting import until
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,8 @@ def test_a_client_that_leaves_mid_queue_takes_its_request_out_before_any_worker_
     connection.close()
     held = gateway.wait_for(lambda models: models["held@1"]["cancelled"] == 1)["held@1"]
     assert (held["queued"], held["flushed"], held["calls"]) == (0, 0, 0)
-    time.sleep(0.05)
+    until(lambda: gateway.metric("ferry_requests_total", absent=0, model="held@1", status="499") == 1,
+          "the left request's end counted (499)")
     assert gateway.request("GET", "/healthz", key=None)[0] == 200
 
 

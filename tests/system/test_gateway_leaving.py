@@ -18,6 +18,7 @@ import time
 
 from gateway.accounting.usage import read_usage
 from tests.support.gateway_process import CONFIG, PAID, Gateway
+from tests.support.waiting import until
 
 CLIENTS = 300
 CALL_MS = 300
@@ -44,12 +45,13 @@ def test_clients_that_leave_while_their_whole_answers_are_written_are_recorded_a
         clients = [socket.create_connection((gateway.host, gateway.port), timeout=10) for _ in range(CLIENTS)]
         for index, client in enumerate(clients):
             client.sendall(request(index))  # the last one fills the batch: it is sent to the worker
-        while gateway.ready()["models"]["slow@1"]["workers"][0]["state"] != "busy":
-            pass  # polled without pause: the moment the call began sets when the answers are due
+        # polled without pause: the moment the call began sets when the answers are due
+        until(lambda: gateway.ready()["models"]["slow@1"]["workers"][0]["state"] == "busy",
+              "the full batch on the worker", every=0)
         flushed = time.monotonic()
         for index, client in enumerate(clients):  # closes spread across the moment the answers are due
             leave_at = flushed + CALL_MS / 1000 * (0.85 + 0.3 * index / CLIENTS)
-            time.sleep(max(0.0, leave_at - time.monotonic()))
+            time.sleep(max(0.0, leave_at - time.monotonic()))  # the closes' pace, not a wait for anything
             client.shutdown(socket.SHUT_WR)
             client.close()
         gateway.wait_for(lambda models: models["slow@1"]["queued"] == 0 and

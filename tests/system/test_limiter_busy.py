@@ -16,6 +16,7 @@ from gateway.accounting.limiter import open_limiter
 from gateway.accounting.ratelimit import Limits
 from gateway.config import LimitsConfig
 from tests.support.gateway_process import CONFIG, Gateway, message
+from tests.support.waiting import until_asyncio
 
 BURST = 20 * REDIS_CONNECTIONS  # charges at once: far more than the connections to Redis
 
@@ -26,6 +27,11 @@ async def bucket(url: str, key: str) -> dict[bytes, bytes]:
         return await client.hgetall(f"ferry:limit:{key}")
     finally:
         await client.aclose()
+
+
+async def level(url: str, key: str) -> float:
+    """What the key's bucket in Redis holds now."""
+    return float((await bucket(url, key))[b"l1"])
 
 
 def within_limit(per_minute: int, seconds: float) -> int:
@@ -49,8 +55,11 @@ def test_a_burst_of_charges_and_refunds_is_all_shared_while_redis_answers(redis_
             tokens = Limits(tokens_per_minute=1_000_000)
             assert (await limiter.acquire("refunds", tokens, BURST * 100)).admitted
             await asyncio.gather(*(limiter.refund("refunds", tokens, 100) for _ in range(BURST)))
-            while limiter.pending or (await bucket(redis_url, "refunds"))[b"l1"] != b"1000000":
-                await asyncio.sleep(0.01)  # every refund reached Redis: the bucket is full again
+
+            async def refunded() -> bool:  # every refund reached Redis: the bucket is full again
+                return not limiter.pending and await level(redis_url, "refunds") == 1_000_000
+
+            await until_asyncio(refunded, "every refund in Redis: the bucket full again")
             assert (limiter.up, limiter.fallbacks, limiter.failures) == (True, 0, 0)
         finally:
             await limiter.aclose()
@@ -121,8 +130,11 @@ def test_a_redis_that_answers_pings_but_takes_no_charge_gets_a_529_never_a_local
             assert MIN_WAIT <= time.monotonic() - began < MIN_WAIT + 1
             assert (limiter.up, limiter.fallbacks, limiter.busy) == (True, 0, 1) and limiter.late >= 1
             await admin.execute_command("CLIENT", "UNPAUSE")
-            while float((await bucket(redis_url, "paused"))[b"l1"]) < 900:  # 600 left, 300 back
-                await asyncio.sleep(0.01)
+
+            async def refunded() -> bool:  # 600 left, 300 back
+                return await level(redis_url, "paused") >= 900
+
+            await until_asyncio(refunded, "the refund made while paused in Redis once it takes writes")
             assert limiter.fallbacks == 0 and not limiter.pending
         finally:
             await admin.execute_command("CLIENT", "UNPAUSE")

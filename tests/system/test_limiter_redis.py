@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import subprocess
 import sys
 import textwrap
-import time
 import uuid
 
 import pytest
@@ -49,37 +49,55 @@ CONTENDER = textwrap.dedent(
     from gateway.accounting.limiter import LeasedLimiter, RedisLimiter
     from gateway.accounting.ratelimit import Limits
 
-    async def main(url, key, leased, start):
+    async def main(url, key, leased):
         limiter = RedisLimiter.from_url(url)
         if leased:
             limiter = LeasedLimiter(limiter, share=0.05)
         await limiter.refund(key, Limits(tokens_per_minute=6000), 0)  # connect before the start
-        await asyncio.sleep(start - time.time())
+        print("ready", flush=True)
+        sys.stdin.readline()  # the start, once every contender is ready
         plan, admitted, began = Limits(tokens_per_minute=6000), 0, time.time()
         while time.time() - began < 1.5:
             if (await limiter.acquire(key, plan, 7)).admitted:
                 admitted += 7
         print(json.dumps({"admitted": admitted, "began": began, "ended": time.time()}))
 
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] == "leased", float(sys.argv[4])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] == "leased"))
     """
 )
+
+
+async def said(process: trio.Process) -> bytes:
+    """The next line a contender writes."""
+    line = b""
+    while not line.endswith(b"\n"):
+        data = await process.stdout.receive_some(1)
+        assert data, f"the contender exited with {await process.wait()} after {line!r}"
+        line += data
+    return line
 
 
 @pytest.mark.parametrize("mode", ["direct", "leased"])
 async def test_two_gateway_processes_never_admit_more_than_the_limit_together(redis_url, mode):
     key = f"shared-{uuid.uuid4().hex}"
-    start = time.time() + 2.0  # both begin together, once their interpreters are up
-    argv = [sys.executable, "-c", CONTENDER, redis_url, key, mode, repr(start)]
-    results = []
-
-    async def contend() -> None:
-        done = await trio.run_process(argv, capture_stdout=True)
-        results.append(json.loads(done.stdout))
-
-    async with trio.open_nursery() as nursery:
-        for _ in range(2):
-            nursery.start_soon(contend)
+    argv = [sys.executable, "-c", CONTENDER, redis_url, key, mode]
+    contenders = [await trio.lowlevel.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                  for _ in range(2)]
+    try:
+        with trio.fail_after(60):
+            for contender in contenders:  # both begin together, once both are connected
+                assert await said(contender) == b"ready\n"
+            for contender in contenders:
+                await contender.stdin.send_all(b"go\n")
+            results = [json.loads(await said(contender)) for contender in contenders]
+            assert [await contender.wait() for contender in contenders] == [0, 0]
+    finally:
+        for contender in contenders:
+            if contender.returncode is None:  # cut short
+                contender.kill()
+            await contender.wait()
+            await contender.stdin.aclose()
+            await contender.stdout.aclose()
     began = min(r["began"] for r in results)
     ended = max(r["ended"] for r in results)
     refilled = (ended - began) * 6000 / 60  # the bucket refills 100 tokens/s while they run

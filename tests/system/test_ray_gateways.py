@@ -18,8 +18,8 @@ import pytest
 from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.worker import ProcessWorker
 from batcher.placement.ray_actors import ray_workers
-from tests.support.gateway_process import CONFIG, PAID, ROOT, Gateway, message
-from tests.system.test_reload_process import ferry
+from tests.support.gateway_process import CONFIG, PAID, ROOT, Gateway, ferry, message
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -100,10 +100,13 @@ def test_two_gateways_on_one_cluster_answer_through_their_own_actors_and_say_whe
         gateways = owners()
         assert len(gateways) == 2 and sorted(map(len, gateways.values())) == [2, 3]  # each its own actors
         first.stop()
-        deadline = time.monotonic() + 30
-        while len(owners()) != 1 and time.monotonic() < deadline:  # Ray ends an owner's actors
-            time.sleep(0.1)
-        assert list(owners().values()) == [gateways[next(iter(owners()))]]
+
+        def one_owner() -> dict[str, set[str]] | None:  # Ray ends the actors of an owner that left
+            left = owners()
+            return left if len(left) == 1 else None
+
+        left = until(one_owner, "the stopped gateway's actors to end", within=30, every=0.1)
+        assert list(left.values()) == [gateways[next(iter(left))]]
         status, _, body = second.request("POST", "/v1/messages", message("still here", model="reverse"))
         assert (status, body["content"][0]["text"]) == (200, "User: still here"[::-1])
     finally:

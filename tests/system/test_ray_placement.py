@@ -29,10 +29,11 @@ from batcher.fixed.slot import SlotState
 from batcher.fixed.worker import ProcessWorker
 from batcher.placement.spawn import placed
 from gateway.text.tokenizer import ByteTokenizer
-from tests.pure.test_engine_pool import QUEUE, Client, job
+from tests.support.engine_pool import QUEUE, Client, job
+from tests.support.fixed_batcher import submit_all
+from tests.support.processes import bytes_written, process_tree, worker_pids, worker_program
 from tests.support.vllm_server import VLLM_PYTHON, vllm_installed
-from tests.system.test_engine_pool_processes import pids
-from tests.system.test_worker_processes import submit_all, wait_for
+from tests.support.waiting import until_trio
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -65,7 +66,7 @@ async def remove(cluster, node) -> None:
     def dead() -> bool:
         return not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node.node_id)
 
-    await wait_for(dead, seconds=60)
+    await until_trio(dead, f"Ray marking node {node.node_id[:8]} dead", within=60)
 
 
 def on(node) -> str:
@@ -87,27 +88,25 @@ async def test_fixed_mode_workers_in_ray_actors_answer_and_say_on_which_node_the
 async def test_an_actor_sigkilled_mid_batch_loses_no_request_and_is_replaced_by_a_new_actor():
     async with batcher_of(fixed(latency_ms=1000)) as batcher:
         inputs = [f"request {i}" for i in range(50)]
+        programs = {w.slot: worker_program(w.pid) for w in batcher.pool.workers()}
+        written = {slot: bytes_written(pid) for slot, pid in programs.items()}  # their ready frames
         outcome: dict = {}
         async with trio.open_nursery() as nursery:
             async def run() -> None:
                 outcome.update(await submit_all(batcher, inputs))
 
             nursery.start_soon(run)
-            await wait_for(lambda: batcher.pool.busy_count == 1)
+            await until_trio(lambda: batcher.pool.busy_count == 1, "an actor's worker busy with the batch")
             (busy,) = [w for w in batcher.pool.workers() if w.state is SlotState.BUSY]
-            await trio.sleep(0.2)  # well inside the 1 s call
-            os.kill(busy.pid, signal.SIGKILL)  # the actor's process: its worker program goes with it
-        await wait_for(lambda: batcher.pool.workers()[busy.slot].state is SlotState.IDLE)
+            await until_trio(lambda: bytes_written(programs[busy.slot]) > written[busy.slot],
+                             "the busy worker's accepted frame: the call is its own")
+            os.kill(busy.pid, signal.SIGKILL)  # the actor's, mid-call: its worker program goes with it
+        await until_trio(lambda: batcher.pool.workers()[busy.slot].state is SlotState.IDLE,
+                         "a new actor in the killed one's slot, idle")
         replaced = batcher.pool.workers()[busy.slot]
     assert outcome == {text: text[::-1] for text in inputs}
     assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
     assert replaced.pid != busy.pid and replaced.restarts == 1 and replaced.placement.startswith("ray:")
-
-
-def process_tree(pid: int) -> list[int]:
-    """A process and its descendants (an actor's host process and its worker program)."""
-    with open(f"/proc/{pid}/task/{pid}/children") as children:
-        return [pid, *(p for child in children.read().split() for p in process_tree(int(child)))]
 
 
 async def test_a_frozen_actor_is_killed_after_the_hang_timeout_and_its_batch_answered_elsewhere():
@@ -119,7 +118,8 @@ async def test_a_frozen_actor_is_killed_after_the_hang_timeout_and_its_batch_ans
         try:
             inputs = [f"request {i}" for i in range(120)]
             assert await submit_all(batcher, inputs) == {text: text[::-1] for text in inputs}
-            await wait_for(lambda: batcher.pool.workers()[0].state is SlotState.IDLE)
+            await until_trio(lambda: batcher.pool.workers()[0].state is SlotState.IDLE,
+                             "the frozen actor's replacement idle")
         finally:
             for pid in tree:  # the worker program, orphaned by ray.kill, wakes to see it and exits
                 with contextlib.suppress(ProcessLookupError):
@@ -143,13 +143,14 @@ async def test_a_node_removed_under_load_costs_no_request_and_its_workers_move_t
                 async def arrive() -> None:  # 400 requests over ~2 s: the node goes in the middle
                     for start in range(0, len(inputs), 20):
                         nursery.start_soon(wave, inputs[start:start + 20])
-                        await trio.sleep(0.1)
+                        await trio.sleep(0.1)  # the load's pace: a wave of 20 every 0.1 s
 
                 nursery.start_soon(arrive)
-                await wait_for(lambda: batcher.stats.calls >= 2)
+                await until_trio(lambda: batcher.stats.calls >= 2, "two calls answered on the doomed node")
                 await remove(ray_cluster, doomed)
                 doomed = None
-            await wait_for(lambda: placements(batcher) == [on(spare)] * 2, seconds=60)
+            await until_trio(lambda: placements(batcher) == [on(spare)] * 2,
+                             "both workers moved to the spare node", within=60)
         assert outcome == {text: text[::-1] for text in inputs}  # each answered, once, correctly
         assert batcher.stats.restarts >= 2
     finally:
@@ -175,8 +176,8 @@ async def test_an_engine_actor_sigkilled_mid_stream_ends_its_streams_with_an_err
         tickets = [pool.submit(job(i, 600, stream=True), c) for i, c in enumerate(streams)]
         tickets += [pool.submit(job(10 + i, 120, stream=False), c) for i, c in enumerate(wholes)]
         assert [t.replica for t in tickets] == [0, 1, 0, 1, 0, 1, 0, 1]
-        await wait_for(lambda: all(c.delivered for c in streams))
-        os.kill(pids(pool)[0], signal.SIGKILL)
+        await until_trio(lambda: all(c.delivered for c in streams), "text on every stream")
+        os.kill(worker_pids(pool)[0], signal.SIGKILL)
         with trio.fail_after(60):
             for client in streams + wholes:
                 await client.done.wait()

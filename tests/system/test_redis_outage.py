@@ -17,6 +17,7 @@ from gateway.accounting.ratelimit import Limits
 from gateway.accounting.usage import read_usage
 from gateway.config import LimitsConfig
 from tests.support.gateway_process import CONFIG, Gateway, message
+from tests.support.waiting import until, until_asyncio
 
 PLAN = Limits(tokens_per_minute=1000)
 BOUND = 1.0  # seconds: far above the 50 ms timeout, far below the 10 s hangs it replaces
@@ -29,18 +30,16 @@ async def timed(call) -> tuple[object, float]:
 
 
 async def until_up(limiter: FallbackLimiter) -> None:
-    deadline = time.monotonic() + 10
-    while not limiter.up:
-        assert time.monotonic() < deadline, "the limiter never saw redis answer again"
-        await asyncio.sleep(0.02)
+    await until_asyncio(lambda: limiter.up, "the limiter to see redis answer again", within=10, every=0.02)
 
 
 async def until_refunded(url: str, key: str, level: float) -> None:
     """Until the key's bucket in Redis holds ``level`` at least: a queued refund reached it."""
-    deadline = time.monotonic() + 10
-    while await level_in_redis(url, key) < level:
-        assert time.monotonic() < deadline, "a queued refund never reached redis"
-        await asyncio.sleep(0.02)
+
+    async def reached() -> bool:
+        return await level_in_redis(url, key) >= level
+
+    await until_asyncio(reached, "a queued refund to reach redis", within=10, every=0.02)
 
 
 async def level_in_redis(url: str, key: str) -> float:
@@ -114,9 +113,8 @@ tokens_per_minute = 10000000
     gateway = Gateway(tmp_path, config)
     try:
         results = asyncio.run(asyncio.wait_for(outage_under_load(gateway, redis_server), 60))
-        deadline = time.monotonic() + 10
-        while gateway.metric("ferry_limiter_store_up") != 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: gateway.metric("ferry_limiter_store_up") == 1,
+              "the gateway's limiter to see redis again", within=10, every=0.05)
         fallbacks = gateway.metric("ferry_limiter_fallbacks_total")
     finally:
         assert gateway.stop() == 0
@@ -142,7 +140,7 @@ async def outage_under_load(gateway: Gateway, redis_server) -> list[tuple[int, s
     async with aiohttp.ClientSession(headers={"x-api-key": LIMITED}) as session:
 
         async def one(index: int) -> tuple[int, str, float]:
-            await asyncio.sleep(index / 40)
+            await asyncio.sleep(index / 40)  # the load's pace: 40 requests a second
             began = time.monotonic()
             body = message(f"r{index}", stream=index % 4 == 0)
             async with session.post(f"{gateway.url}/v1/messages", json=body) as reply:
@@ -152,7 +150,7 @@ async def outage_under_load(gateway: Gateway, redis_server) -> list[tuple[int, s
         async def faults() -> None:
             for at, fault in ((1, redis_server.freeze), (2, redis_server.thaw), (3, redis_server.stop),
                               (4, redis_server.start)):
-                await asyncio.sleep(at - (time.monotonic() - began))
+                await asyncio.sleep(at - (time.monotonic() - began))  # the faults' schedule, as the load's
                 await asyncio.to_thread(fault)
 
         began = time.monotonic()

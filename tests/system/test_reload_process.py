@@ -17,7 +17,9 @@ import aiohttp
 
 from gateway.accounting.usage import read_usage
 from gateway.ops import control
-from tests.support.gateway_process import PAID, ROOT, Gateway, alive
+from tests.support.gateway_process import PAID, ROOT, Gateway, ferry
+from tests.support.processes import gone
+from tests.support.waiting import until, until_asyncio
 
 HEAD = f"""
 [server]
@@ -50,16 +52,14 @@ def write(gateway: Gateway, text: str) -> None:
     gateway.config_path.write_text(text + f'[state]\ndir = "{gateway.tmp}"\n')
 
 
-def ferry(gateway: Gateway, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args, "--config", str(gateway.config_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-
-
 def admin(gateway: Gateway, method: str, path: str, body: dict | None = None) -> dict:
     args = argparse.Namespace(config=str(gateway.config_path), socket=None, timeout=60.0, command="test")
     status, answer = control.call(args, method, path, body)
     assert status == 200, answer
     return answer["result"]
+
+
+SAMPLE = 30  # answers a stage of the rollout is judged on (a 50/50 split shows both versions in it)
 
 
 class Load:
@@ -78,7 +78,7 @@ class Load:
             while self.running:
                 tasks.append(asyncio.ensure_future(self._one(session, index)))
                 index += 1
-                await asyncio.sleep(1 / self.rate)
+                await asyncio.sleep(1 / self.rate)  # the load's pace: open loop, ``rate`` a second
             await asyncio.gather(*tasks)
 
     async def _one(self, session: aiohttp.ClientSession, index: int) -> None:
@@ -96,6 +96,11 @@ class Load:
             version for sent, answered, _, version, _ in self.results if sent >= start and answered <= end
         }
 
+    async def answered_since(self, start: float, count: int = SAMPLE) -> None:
+        """Until ``count`` requests sent after ``start`` have their answers: a sample of a stage."""
+        await until_asyncio(lambda: sum(sent >= start for sent, *_ in self.results) >= count,
+                            f"{count} answers to requests sent after the stage began")
+
 
 async def step(gateway: Gateway, *args: str) -> tuple[float, subprocess.CompletedProcess, float]:
     """Run ``ferry ARGS`` without stopping the load; when it began, what it said, when it ended."""
@@ -112,28 +117,28 @@ def test_add_shift_remove_and_a_broken_file_under_load_answer_every_request_once
         async def main():
             load = Load(gateway, "fast", rate=150)
             running = asyncio.ensure_future(load.run())
-            await asyncio.sleep(0.3)
+            await load.answered_since(0)
             write(gateway, config({"fast@1": echo, "fast@2": echo}, {"fast@1": 1, "fast@2": 0}))
             _, added, t1 = await step(gateway, "reload")
-            await asyncio.sleep(0.3)
+            await load.answered_since(t1)
             write(gateway, config({"fast@1": echo, "fast@2": echo}, {"fast@1": 1, "fast@2": 1}))
             before = admin(gateway, "GET", "/status")["last_reload"]["at"]
             gateway.process.send_signal(signal.SIGHUP)
-            while admin(gateway, "GET", "/status")["last_reload"]["at"] == before:
-                await asyncio.sleep(0.02)
+            await until_asyncio(lambda: admin(gateway, "GET", "/status")["last_reload"]["at"] != before,
+                                "ferry status to show the reload SIGHUP asked for")
             t2_done = time.monotonic()
-            await asyncio.sleep(0.5)
+            await load.answered_since(t2_done)
             write(gateway, config({"fast@1": echo, "fast@2": echo}, {"fast@1": 1, "fast@2": 1}).replace(
                 "max_wait_ms = 2", "max_wait_ms = -1", 1))
             (tmp_path / "broken.toml").write_text(gateway.config_path.read_text())
             t3, broken, t3_done = await step(gateway, "reload")
-            await asyncio.sleep(0.3)
+            await load.answered_since(t3_done)
             write(gateway, config({"fast@1": echo, "fast@2": echo}, {"fast@1": 0, "fast@2": 1}))
             t4, shifted, t4_done = await step(gateway, "reload")
-            await asyncio.sleep(0.3)
+            await load.answered_since(t4_done)
             write(gateway, config({"fast@2": echo}, {"fast@2": 1}))
             t5, removed, t5_done = await step(gateway, "reload")
-            await asyncio.sleep(0.3)
+            await load.answered_since(t5_done)
             load.running = False
             await running
             stages = {
@@ -195,7 +200,7 @@ def test_a_removed_version_finishes_its_stream_before_its_worker_stops(tmp_path)
                 write(gateway, config({"slow@2": echo}, {"slow@2": 1}, alias="slow"))
                 removed = await asyncio.to_thread(ferry, gateway, "reload")
                 during = {v["name"]: v["state"] for v in admin(gateway, "GET", "/status")["versions"]}
-                worker_alive = alive(old_worker)
+                worker_alive = not gone(old_worker)
                 async with session.post(
                     f"{gateway.url}/v1/messages", json={**body, "stream": False}
                 ) as meanwhile:
@@ -209,10 +214,7 @@ def test_a_removed_version_finishes_its_stream_before_its_worker_stops(tmp_path)
         assert meanwhile_model == "slow@2"
         assert '"model":"slow@1"' in stream and "olleh :resU" in stream and stream.rstrip().endswith(
             'data: {"type":"message_stop"}')
-        deadline = time.monotonic() + 20
-        while alive(old_worker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not alive(old_worker)
+        until(lambda: gone(old_worker), "the drained version's worker to stop", within=20)
         assert [v["name"] for v in admin(gateway, "GET", "/status")["versions"]] == ["slow@2"]
     finally:
         assert gateway.stop() == 0
@@ -238,7 +240,7 @@ def test_weights_roll_back_for_the_next_request_and_drain_stops_a_version(tmp_pa
         assert refused.returncode == 1 and "the last version with weight in alias 'fast'" in refused.stderr
         [pid] = [w["pid"] for w in gateway.ready()["models"]["fast@2"]["workers"]]
         drained = ferry(gateway, "drain", "fast@2")
-        assert drained.stdout == "ferry drain: fast@2: drained, its workers stopped\n" and not alive(pid)
+        assert drained.stdout == "ferry drain: fast@2: drained, its workers stopped\n" and gone(pid)
         assert "fast@2   stopped" in ferry(gateway, "status").stdout
         assert ferry(gateway, "reload").stdout.endswith("; opened fast@2\n")  # the file still lists it
         assert versions() == {"fast@2"}  # and the reload took the file's weights again

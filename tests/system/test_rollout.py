@@ -16,6 +16,7 @@ from gateway.config import parse_config
 from gateway.http.app import GATEWAY
 from gateway.ops.rollout import ReloadFailed, Rollout
 from tests.support.harness import CONFIG, ScriptedBackend, headers, in_process, playing, run, sse
+from tests.support.waiting import until_asyncio
 
 HEAD = CONFIG.split("[[models]]")[0]  # the harness's server, tier and key
 
@@ -76,11 +77,12 @@ def test_a_new_version_takes_traffic_only_once_its_backend_is_open():
         async with in_process(ScriptedBackend(), ONLY_FIRST, others={"scripted@2": gate}) as (client, _):
             rollout = rollout_of(client, config(weights={"scripted@2": 1}))
             reload = asyncio.ensure_future(rollout.reload())
-            async with asyncio.timeout(10):  # until the reload has begun to open @2
-                while "scripted@2" not in (
-                    starting := {v["name"]: v["state"] for v in (await rollout.status())["versions"]}
-                ):
-                    await asyncio.sleep(0.001)
+
+            async def opening() -> dict | None:
+                versions = {v["name"]: v["state"] for v in (await rollout.status())["versions"]}
+                return versions if "scripted@2" in versions else None
+
+            starting = await until_asyncio(opening, "the reload to begin opening @2", within=10, every=0.001)
             during = (await answer(client, "say:a"))["model"]
             gate.release.set()
             summary = await reload
@@ -103,14 +105,12 @@ def test_a_dropped_version_finishes_its_stream_while_new_requests_go_to_the_othe
             rollout = rollout_of(client, ONLY_SECOND)
             stream = asyncio.ensure_future(client.post("/v1/messages", headers=headers(),
                                                        json=ask("say:" + "|".join(pieces), stream=True)))
-            while not old.playing:
-                await asyncio.sleep(0.001)
+            await until_asyncio(lambda: old.playing, "the stream playing on @1", every=0.001)
             summary = await rollout.reload()
             meanwhile = (await answer(client, "say:new"))["model"]
             open_while_streaming = not old.closed
             events = sse(await (await stream).read())
-            while not old.closed:
-                await asyncio.sleep(0.005)
+            await until_asyncio(lambda: old.closed, "the dropped version to close", every=0.005)
             return summary, meanwhile, open_while_streaming, events, (await rollout.status())["versions"]
 
     summary, meanwhile, open_while_streaming, events, versions = run(body)
@@ -138,8 +138,7 @@ def test_a_drain_past_its_grace_ends_what_is_left_with_an_error_and_stops_the_ve
             rollout = rollout_of(client, both)
             held = asyncio.ensure_future(client.post("/v1/messages", headers=headers(),
                                                      json=ask("hang", stream=True, model="scripted@1")))
-            while not old.playing:
-                await asyncio.sleep(0.001)
+            await until_asyncio(lambda: old.playing, "the held stream playing on @1", every=0.001)
             drained = await rollout.drain("scripted@1")
             events = sse(await (await held).read())
             return drained, events, (await rollout.status())["versions"]

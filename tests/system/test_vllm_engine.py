@@ -20,9 +20,12 @@ import aiohttp
 import pytest
 
 from gateway.accounting.usage import read_usage
+from tests.support.engine_reports import reported_after
 from tests.support.gateway_process import PAID, Gateway
+from tests.support.sse_client import message_id, stream
+from tests.support.usage_records import records
 from tests.support.vllm_server import VLLM_PYTHON, VllmOpenAIServer, vllm_installed
-from tests.system.test_continuous_http import records, stream
+from tests.support.waiting import until, until_asyncio
 
 pytestmark = pytest.mark.skipif(
     not vllm_installed(), reason="vLLM's virtualenv .venv-vllm is not built here (`make vllm-env` builds it)"
@@ -109,27 +112,14 @@ def engine(gateway: Gateway) -> dict:
     return gateway.ready()["models"][MODEL]["workers"][0]
 
 
-def message_id(result: dict) -> str:
-    return result["events"][0][1]["message"]["id"]
+def settled(gateway: Gateway) -> float:
+    """Tokens vLLM has generated, once a report taken from now on shows its engine idle.
 
-
-def settled(gateway: Gateway, seconds: float = 60.0) -> float:
-    """Tokens vLLM has generated, once its engine is idle and the count has held for a second.
-
-    One idle report is not enough: reports come every ~200 ms, and the last one before a short
-    request may still be the idle one from before it. Five reports in a row without a new token,
-    with nothing owed to the replica, come only after vLLM has stopped."""
-    deadline, held_since, last = time.monotonic() + seconds, time.monotonic(), None
-    while True:
-        state = engine(gateway)
-        count = gateway.metric("ferry_engine_generated_tokens_total", model=MODEL)
-        busy = state["running"] or state["used_blocks"] or state["queued"] or state["load_tokens"]
-        if busy or count != last:
-            held_since, last = time.monotonic(), count
-        elif time.monotonic() - held_since >= 1.0:
-            return count
-        assert time.monotonic() < deadline, str(state)
-        time.sleep(0.1)
+    The last report may be older than the last request, so an idle one from before it proves
+    nothing: only a report taken after the request ended, running nothing and owed nothing, has
+    counted every token vLLM will make for it."""
+    reported_after(gateway, MODEL, time.monotonic(), idle=True, within=60)
+    return gateway.metric("ferry_engine_generated_tokens_total", model=MODEL)
 
 
 def test_a_greedy_answer_is_the_one_vllms_own_openai_server_gives(gateway, smollm2, tmp_path):
@@ -181,7 +171,7 @@ def test_metrics_show_vllms_kv_cache_prefix_cache_and_steps_under_ferrys_familie
     for _ in range(2):  # the same prompt twice: the second finds its prefix in vLLM's cache
         post(gateway.url, "/v1/messages", {"model": MODEL, "max_tokens": 5, "system": "Be brief. " * 60,
                                            "messages": QUESTION})
-    time.sleep(0.5)  # the engine's next reports
+    reported_after(gateway, MODEL, time.monotonic(), idle=True)  # the reports that count both answers
     total = gateway.ready()["models"][MODEL]["workers"][0]["total_blocks"]
     assert total > 0
     free = gateway.metric("ferry_engine_kv_blocks_free", model=MODEL)
@@ -202,8 +192,8 @@ def test_a_killed_vllm_engine_ends_its_streams_with_an_error_billing_what_they_g
         async with aiohttp.ClientSession() as session:
             request = {"model": MODEL, "max_tokens": 500, "messages": STORY}
             streams = [asyncio.ensure_future(watched_stream(session, gateway.url, request, s)) for s in seen]
-            while not all(s.get("deltas") for s in seen):  # text out on both: they cannot be re-run unseen
-                await asyncio.sleep(0.05)
+            await until_asyncio(lambda: all(s.get("deltas") for s in seen),  # they cannot be re-run unseen
+                                "text out on both streams", within=120, every=0.05)
             os.kill(engine(gateway)["pid"], signal.SIGKILL)
             return await asyncio.gather(*streams)
 
@@ -215,11 +205,13 @@ def test_a_killed_vllm_engine_ends_its_streams_with_an_error_billing_what_they_g
     lost_after = sorted(int(s["last"]["error"]["message"].split("lost after ")[1].split()[0])
                         for s in streamed)
     assert all(0 < n < 500 for n in lost_after)
-    path, deadline = os.path.join(gateway.log.parent, "usage.sqlite"), time.monotonic() + 10
-    while len(interrupted := sorted(r.output_tokens for r in read_usage(path)
-                                    if r.outcome == "interrupted")) < 2:
-        assert time.monotonic() < deadline, interrupted  # a thread writes the records
-        time.sleep(0.05)
-    assert interrupted == lost_after  # billed exactly what each stream was told it got
+    path = os.path.join(gateway.log.parent, "usage.sqlite")
+
+    def interrupted() -> list[int] | None:  # a thread writes the records
+        tokens = sorted(r.output_tokens for r in read_usage(path) if r.outcome == "interrupted")
+        return tokens if len(tokens) >= 2 else None
+
+    billed = until(interrupted, "the two interrupted streams' usage records", within=10, every=0.05)
+    assert billed == lost_after  # billed exactly what each stream was told it got
     gateway.wait_for(lambda models: models[MODEL]["workers"][0]["state"] == "up", timeout=300)
     assert chat(gateway.url, MODEL, QUESTION, 8)["choices"][0]["message"]["content"]

@@ -27,6 +27,9 @@ from batcher.fixed.policy import SizeOrTimeout
 from batcher.fixed.slot import SlotState
 from batcher.fixed.worker import ProcessWorker
 from batcher.placement.local import process_workers
+from tests.support.fixed_batcher import submit_all
+from tests.support.processes import alive, bytes_written
+from tests.support.waiting import until_trio
 from workers.protocol import NotDelivered, Ready, Result, RunBatch, WorkerLost, encode
 
 LATENCY = ["sleep", "--latency-ms", "100"]
@@ -41,36 +44,6 @@ def per_slot(argv_by_slot: dict[int, list[str]], default: list[str] = LATENCY):
     return spawn
 
 
-async def submit_all(batcher, inputs: list[str]) -> dict[str, str | Exception]:
-    results: dict[str, str | Exception] = {}
-
-    async def one(text: str) -> None:
-        try:
-            results[text] = await batcher.answer(text, "paid")
-        except RequestFailed as exc:
-            results[text] = exc
-
-    async with trio.open_nursery() as nursery:
-        for text in inputs:
-            nursery.start_soon(one, text)
-    return results
-
-
-async def wait_for(condition, seconds: float = 20.0) -> None:
-    with trio.fail_after(seconds):
-        while not condition():
-            await trio.sleep(0.01)
-
-
-def alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @contextlib.asynccontextmanager
 async def pool_of(spawn, workers: int = 2, hang_timeout: float = 5.0):
     config = PoolConfig(workers=workers, hang_timeout=hang_timeout)
@@ -82,6 +55,7 @@ async def test_sigkill_of_a_worker_mid_batch_loses_no_request():
     spawn = process_workers(["sleep", "--latency-ms", "1000"], workers=2, kind=ProcessWorker)
     inputs = [f"request {i}" for i in range(50)]
     async with pool_of(spawn) as batcher:
+        written = {w.slot: bytes_written(w.pid) for w in batcher.pool.workers()}  # their ready frames
         async with trio.open_nursery() as nursery:
             outcome = {}
 
@@ -89,10 +63,11 @@ async def test_sigkill_of_a_worker_mid_batch_loses_no_request():
                 outcome.update(await submit_all(batcher, inputs))
 
             nursery.start_soon(run)
-            await wait_for(lambda: batcher.pool.busy_count == 1)
+            await until_trio(lambda: batcher.pool.busy_count == 1, "a worker busy with the batch")
             (busy,) = [w for w in batcher.pool.workers() if w.state is SlotState.BUSY]
-            await trio.sleep(0.2)  # well inside the 1 s call
-            os.kill(busy.pid, signal.SIGKILL)
+            await until_trio(lambda: bytes_written(busy.pid) > written[busy.slot],
+                             "the busy worker's accepted frame: the call is its own")
+            os.kill(busy.pid, signal.SIGKILL)  # inside the 1 s call
         replaced = batcher.pool.workers()[busy.slot]
     assert outcome == {text: text[::-1] for text in inputs}
     assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
@@ -104,7 +79,8 @@ async def test_a_hung_worker_is_killed_and_replaced():
     async with pool_of(spawn, hang_timeout=1.0) as batcher:
         hung_pid = batcher.pool.workers()[0].pid
         results = await submit_all(batcher, ["a", "b", "c"])
-        await wait_for(lambda: batcher.pool.workers()[0].state is SlotState.IDLE)
+        await until_trio(lambda: batcher.pool.workers()[0].state is SlotState.IDLE,
+                         "the hung worker's replacement idle")
         replacement = batcher.pool.workers()[0]
         assert not alive(hung_pid)
         assert replacement.pid != hung_pid and alive(replacement.pid)
@@ -121,7 +97,7 @@ async def test_a_fleet_whose_every_worker_up_is_hung_is_not_ready_before_supervi
         retried_on = batcher.pool.workers()[1]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(submit_all, batcher, ["a"])
-            await wait_for(lambda: not batcher.pool.ready)
+            await until_trio(lambda: not batcher.pool.ready, "the pool not ready, every worker up hung")
             states = [(info.state, info.pid) for info in batcher.pool.workers()]
             nursery.cancel_scope.cancel()
     assert states == [(SlotState.STARTING, states[0][1]), (SlotState.HUNG, retried_on.pid)]  # not yet killed
@@ -197,7 +173,7 @@ async def test_a_worker_stuck_in_a_call_exits_when_its_parent_dies(tmp_path):
     )
     await trio.run_process([sys.executable, "-c", parent])
     worker_pid = int(pid_file.read_text())
-    await wait_for(lambda: not alive(worker_pid), seconds=10)
+    await until_trio(lambda: not alive(worker_pid), "the orphaned worker's exit", within=10)
 
 
 async def test_each_start_of_a_slot_draws_its_own_crash_schedule():
@@ -226,14 +202,15 @@ async def test_workers_killed_while_idle_are_replaced_before_any_traffic():
         killed = [info.pid for info in batcher.pool.workers()]
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
-        await wait_for(lambda: all(info.restarts == 1 and info.state is not SlotState.STARTING
-                                   for info in batcher.pool.workers()), seconds=10)
+        await until_trio(lambda: all(info.restarts == 1 and info.state is not SlotState.STARTING
+                                     for info in batcher.pool.workers()),
+                         "every killed worker replaced", within=10)
         replacements = [info.pid for info in batcher.pool.workers()]
         assert batcher.stats.flushed_requests == 0  # noticed by watching the processes, not by a call
         assert not set(replacements) & set(killed) and all(alive(pid) for pid in replacements)
         # every slot lost its worker: not ready until one serves, and a probe call proves one
         # does, without traffic (a load balancer sends none to a gateway that is not ready)
-        await wait_for(lambda: batcher.pool.ready, seconds=10)
+        await until_trio(lambda: batcher.pool.ready, "the pool ready again after its probe call", within=10)
         assert batcher.stats.probes == 1 and batcher.stats.calls == 1
         assert await batcher.answer("hello", "paid") == "olleh"
 
