@@ -9,9 +9,9 @@ import contextlib
 
 import trio
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.pool import open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Job
-from batcher.continuous.config import ContinuousModelConfig
 from batcher.core.config import QueueConfig
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from gateway.text.tokenizer import ByteTokenizer
