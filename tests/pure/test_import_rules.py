@@ -1,5 +1,5 @@
 """The import rules of docs/architecture.md ("What each package may import"), read from its tables
-and held against the import graph of batcher, gateway and workers: a new edge that breaks a layer
+and held against the import graph of batcher, gateway, workers and tests: a new edge that breaks a layer
 fails here, naming the file, the line and the rule."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-PACKAGES = ("batcher", "gateway", "workers")
+PACKAGES = ("batcher", "gateway", "workers", "tests")
 BACKENDS = ("batcher.fixed.batcher", "batcher.fixed.pool", "batcher.fixed.mode", "batcher.continuous.pool",
             "batcher.continuous.mode")
 
@@ -80,7 +80,7 @@ def breaks(imported: str, name: str, allowed: set[str], never: set[str]) -> str 
     full = f"{imported}.{name}" if name else imported
     if within(imported, never) or within(full, never):
         return f"never imports {imported}"
-    if imported.split(".")[0] in PACKAGES and not (within(imported, allowed) or within(full, allowed)):
+    if imported.split(".")[0] in (*PACKAGES, "experiments") and not (within(imported, allowed) or within(full, allowed)):
         return f"may import only {', '.join(sorted(allowed))} of ferry's packages, not {full}"
     return None
 
