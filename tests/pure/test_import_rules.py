@@ -80,7 +80,8 @@ def breaks(imported: str, name: str, allowed: set[str], never: set[str]) -> str 
     full = f"{imported}.{name}" if name else imported
     if within(imported, never) or within(full, never):
         return f"never imports {imported}"
-    if imported.split(".")[0] in (*PACKAGES, "experiments") and not (within(imported, allowed) or within(full, allowed)):
+    ferry = imported.split(".")[0] in (*PACKAGES, "experiments")
+    if ferry and not (within(imported, allowed) or within(full, allowed)):
         return f"may import only {', '.join(sorted(allowed))} of ferry's packages, not {full}"
     return None
 
