@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import trio
 
 from batcher.continuous.router import Router
 from batcher.core.config import ContinuousModelConfig, QueueConfig
@@ -74,7 +73,6 @@ def _run(monkeypatch, workload: Workload, model: ContinuousModelConfig, jump: bo
     monkeypatch.setattr(llm_replay.Prompts, "answered", record)
     monkeypatch.setattr(Router, "choose", route)
     monkeypatch.setattr(llm_replay, "SimulatedEngines", Kept)
-    trio._core._run._r.seed(0)  # trio's order of tasks woken together, the same for both replays
     spec = EngineSpec.of(model, PRESETS["llama-70b"], eos_prob=eos)
     run = llm_replay.replay(workload, model, QueueConfig(wait_budgets=(30.0, 30.0)), spec, seed=3, jump=jump)
     return run, answers, spawns[0], routes

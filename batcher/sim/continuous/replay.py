@@ -24,10 +24,8 @@ aged-work credit grows at each pass, so with fewer reads a free request queued p
 limit may be taken ahead of paid work at another moment. With one tier, or with nothing queued
 past the age limit, the replay is the step-by-step one (``tests/pure/test_llm_jump.py``).
 
-A seed fixes the workload, never quite the run: trio runs the tasks woken at one virtual instant
-(two replicas ending a step together) in an order of its own, so two runs of one seed differ a
-little where such ties decide (the order of two arrivals at the router, which sequence a full
-cache preempts), as two seeds would.
+A seed fixes the workload and the run: trio's order of the tasks woken at one virtual instant
+(a replica's read and the next turn it lets in) is drawn from it too (:mod:`batcher.sim.virtual`).
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ from collections.abc import Callable
 
 import numpy as np
 import trio
-import trio.testing
 
 from batcher.continuous.pool import EnginePool, open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Job
@@ -49,6 +46,7 @@ from batcher.core.types import Expired, Overloaded, Shed
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from batcher.sim.continuous.workload import Workload
 from batcher.sim.progress import Progress
+from batcher.sim.virtual import run_virtual
 
 FIRST_ID = 0x10000  # ids as characters from here: past the surrogates for any vocabulary below 1 M
 OUTCOMES = ("pending", "finished", "shed", "expired", "failed")
@@ -316,7 +314,7 @@ def replay(
                 nursery.cancel_scope.cancel()
             return trio.current_time() - start, sum(pool.snapshot().stats.shed.values())
 
-    virtual, shed = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    virtual, shed = run_virtual(run, seed=seed)
     if outcomes.ended < len(workload):
         raise RuntimeError(
             f"replay: {len(workload) - outcomes.ended} requests had not ended {drain:g} virtual s "
