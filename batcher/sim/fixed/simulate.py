@@ -38,7 +38,7 @@ from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import POLICIES, make_policy
 from batcher.sim.arrivals import Trace, bursty, poisson
 from batcher.sim.continuous import simulate as llm_simulate
-from batcher.sim.fixed.replay import Replay, ReplayBatcher
+from batcher.sim.fixed.replay import Replay
 from batcher.sim.fixed.report import Recorder, Report, Samples
 from batcher.sim.fixed.workers import SimulatedWorker, linear
 from batcher.sim.progress import Progress, print_progress
@@ -166,7 +166,7 @@ async def _run(
     pool = PoolConfig(workers=scenario.workers, hang_timeout=scenario.hang_timeout)
     policy = make_policy(scenario.policy, **scenario.params)
     spawn = _SeededSpawner(scenario)
-    async with open_batcher(spawn, pool, policy, scenario.queue, batcher=ReplayBatcher) as batcher:
+    async with open_batcher(spawn, pool, policy, scenario.queue) as batcher:
         batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, deadlines, ended))
         async with trio.open_nursery() as nursery:
             if progress is not None:
