@@ -116,7 +116,8 @@ class Batcher:
             on_event(Started(request.dispatched_at - request.arrival))  # type: ignore[operator]
             if output:
                 on_event(Delta(output, tokens))
-            on_event(Finished("end_turn", Usage(input_tokens, tokens)))
+            on_event(Finished("end_turn", Usage(prompt_tokens=input_tokens, cached_tokens=0,
+                                                output_tokens=tokens)))
         elif request.state is State.FAILED:
             error = request.error
             on_event(Failed(error, retryable=isinstance(error, Overloaded)))  # type: ignore[arg-type]

@@ -17,13 +17,13 @@ import trio.testing
 
 from batcher.continuous.pool import open_engine_pool
 from batcher.continuous.replica import Stage
-from batcher.core.backend import Delta, Failed, Finished, Job, Started
+from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
 from batcher.core.config import ContinuousModelConfig, PoolConfig, QueueConfig
 from batcher.core.types import Expired, ReplicaLost, RequestFailed, Shed, TooLarge
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from gateway.text.tokenizer import ByteTokenizer
 from workers.engine.cost_model import PRESETS
-from workers.engine.serve import STATS_INTERVAL
+from workers.engine.loop import STATS_INTERVAL
 
 QUEUE = QueueConfig(wait_budgets=(10.0, 10.0))
 COST = PRESETS["llama-70b"]
@@ -75,7 +75,7 @@ async def engines(workers: int = 2, eos_prob: float = 0.0, queue: QueueConfig = 
 
 def job(seed: int, max_tokens: int, stream: bool, length: int = 10, **fields) -> Job:
     prompt = bytes((seed * 7 + i) % 90 + 32 for i in range(length))
-    return Job(prompt.decode(), tuple(prompt), max_tokens, "paid", "acme", stream=stream, **fields)
+    return Job(prompt.decode(), tuple(prompt), Sampling(max_tokens), "paid", "acme", stream=stream, **fields)
 
 
 def alone(start: float, prompt: int, tokens: int) -> list[float]:
@@ -307,7 +307,7 @@ async def test_with_paid_work_backlogged_a_free_job_is_shed_at_once_with_a_retry
         await trio.sleep(2 * STATS_INTERVAL + 0.01)  # two backlogged reports: the rate is known
         assert pool.load().measured
         free = Client()
-        pool.submit(Job("f", tuple(b"free question"), 50, "free", "acme", stream=True), free)
+        pool.submit(Job("f", tuple(b"free question"), Sampling(50), "free", "acme", stream=True), free)
         [shed] = free.events
         assert isinstance(shed.error, Shed) and shed.retryable and shed.error.retry_after > 0.05
         assert "budget of 0.0" in str(shed.error) and pool.snapshot().stats.shed[1] == 1

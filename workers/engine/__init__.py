@@ -18,11 +18,13 @@ sequence owns a block table (its blocks, in order). Token ``p`` of a sequence li
 
 One concept per file, each small (nano-vllm's shape):
 
-- ``sequence``       pure: a request's tokens, sampling parameters, state and timestamps
+- ``sequence``       pure: a request's tokens, its sampling, state and timestamps
 - ``config``         pure: :class:`~workers.engine.config.EngineConfig`, the cache and step limits
-- ``batch``          pure: the :class:`~workers.engine.batch.ForwardBatch` one step hands the model
+- ``batch``          the :class:`~workers.engine.batch.Runner` protocol, and the
+  :class:`~workers.engine.batch.ForwardBatch` a model's runner lays a step out as
 - ``block_manager``  pure: blocks, block tables, ref counts, LRU free list, prefix cache
 - ``scheduler``      pure: one token budget per step, chunked prefill, preemption
+- ``decode_run``     pure: a run of identical decode steps, which the scheduler takes its own through
 - ``cost_model``     pure: the time of one step from a model's shape and a GPU's speeds
 - ``checkpoint``     a Hugging Face directory's shape, RoPE, stop tokens, chat template, weights
 - ``attention``      torch: write K and V to their slots, attend each sequence to its own blocks
@@ -30,9 +32,11 @@ One concept per file, each small (nano-vllm's shape):
 - ``sampler``        torch: greedy, temperature, top-k, top-p, per-request seeds
 - ``runner``         torch: the :class:`~workers.engine.batch.Runner` of a real model: weights,
   the KV cache and the sampler, one ``execute`` per step
+- ``interface``      pure: :class:`~workers.engine.interface.EngineCore`, what the loop needs of an engine
 - ``engine``         ``add`` / ``abort`` / ``step``: the scheduler, the block manager and a runner
 - ``simulated``      pure: a runner with no model, its steps priced by the cost model
-- ``serve``          ``python -m workers engine``: the engine behind the framed pipe
+- ``loop``           pure: the serving loop of every engine, frames in and out, no I/O
+- ``serve``          ``python -m workers engine``: that loop behind the framed pipe
 
 Around it, not in it: ``workers/convert.py`` turns SmolLM2-135M's GGUF into the model directory
 the engine loads; ``experiments/static_batch.py`` is the padded static batch it is measured
