@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from batcher.core.backend import Delta, Finished, Job, Started, Usage
+from batcher.core.backend import Delta, Finished, Job, Sampling, Started, Usage
 from batcher.core.config import QueueConfig
 from batcher.fixed.config import FixedModelConfig
 from gateway.bridge import Bridge
@@ -34,7 +34,7 @@ class InstantBackend:
     def submit(self, job: Job, on_event) -> None:
         on_event(Started(0.0))
         on_event(Delta(job.prompt[::-1], len(job.prompt)))
-        on_event(Finished("end_turn", Usage(len(job.prompt_tokens), len(job.prompt))))
+        on_event(Finished("end_turn", Usage(len(job.prompt_tokens), 0, len(job.prompt))))
 
     def cancel(self, ticket) -> None:
         pass
@@ -45,7 +45,7 @@ async def instant(model, queue):
     yield InstantBackend()
 
 
-JOB = Job("x", b"x", 1, "paid")
+JOB = Job("x", b"x", Sampling(1), "paid")
 
 
 async def answered(bridge: Bridge) -> None:

@@ -46,7 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from batcher.core.types import Overloaded, Request, State
 from batcher.fixed.batcher import open_batcher
 from batcher.sim.arrivals import poisson, tier_mix
-from batcher.sim.fixed.replay import Replay, ReplayBatcher
+from batcher.sim.fixed.replay import Replay
 from batcher.sim.fixed.workers import SimulatedWorker, constant
 from experiments.generator_gc import collector_off
 from experiments.http_load import fixed_only, process_cpu, start_gateway
@@ -232,9 +232,7 @@ def virtual(args: argparse.Namespace) -> dict:
         def spawn(slot):
             return SimulatedWorker(constant(SERVICE), record=False)
 
-        async with open_batcher(
-            spawn, model.pool(), model.batch_policy(), queue, batcher=ReplayBatcher
-        ) as batcher:
+        async with open_batcher(spawn, model.pool(), model.batch_policy(), queue) as batcher:
             await batcher.answer("warm up", "paid")  # admission plans with the call time of answered calls
             batcher.feed(Replay(batcher, times, tier, names, deadlines, ended))
             await all_ended.wait()

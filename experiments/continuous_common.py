@@ -20,9 +20,10 @@ from batcher.sim.continuous.workload import Workload
 from experiments.common import plt  # pyplot with the files-only backend
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import A100, PRESETS, CostModel
-from workers.engine.engine import Engine, StepOutput
-from workers.engine.sequence import SamplingParams
+from workers.engine.engine import Engine
+from workers.engine.interface import StepOutput
 from workers.engine.simulated import SimulatedRunner
+from workers.protocol import Sampling
 
 SEVENTY_B = PRESETS["llama-70b"]  # on 8 x H100
 KV_BLOCKS_70B = 400 * 10**9 // (SEVENTY_B.shape.kv_bytes_per_token * 16)  # 400 GB of KV in blocks of 16
@@ -70,7 +71,7 @@ class Replica:
         if isinstance(prompt, int):
             self._prompts += 1
             prompt = [3 + (self._prompts * 7_919 + i * 31) % 100_000 for i in range(prompt)]
-        return self.engine.add(prompt, SamplingParams(max_tokens=answer), tenant=tenant)
+        return self.engine.add(prompt, Sampling(max_tokens=answer), tenant=tenant)
 
     def step(self) -> tuple[StepOutput, float]:
         """One step, and the seconds it took (0 if nothing ran)."""

@@ -38,7 +38,7 @@ import trio
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_process import EngineProcess
 from batcher.continuous.pool import open_engine_pool
-from batcher.core.backend import Finished, Job
+from batcher.core.backend import Finished, Job, Sampling
 from batcher.core.config import QueueConfig
 from batcher.placement.local import process_workers
 from batcher.sim.arrivals import poisson
@@ -107,7 +107,7 @@ async def warm_up(pool) -> None:
                 done.set()
 
     for i in range(WARM_UP):
-        pool.submit(Job("", tuple(range(100 + i, 164 + i * 64)), 8, stream=True), ended)
+        pool.submit(Job("", tuple(range(100 + i, 164 + i * 64)), Sampling(8), stream=True), ended)
     await done.wait()
 
 

@@ -35,8 +35,8 @@ from workers.convert import ensure_converted
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.runner import ModelRunner
-from workers.engine.sequence import SamplingParams
 from workers.models import Generate
+from workers.protocol import Sampling
 
 BLOCK = 16  # tokens a KV block holds (the runner's default)
 
@@ -77,7 +77,7 @@ def run_engine(runner: ModelRunner, requests: list[Request], max_batch_tokens: i
     utilisation: list[float] = []
     started = time.perf_counter()
     for request in requests:
-        rid = engine.add(request.prompt, SamplingParams(max_tokens=request.answer, ignore_eos=True))
+        rid = engine.add(request.prompt, Sampling(max_tokens=request.answer, ignore_eos=True))
         answers[rid] = []
     while engine.has_work:
         for rid, token in engine.step().tokens.items():

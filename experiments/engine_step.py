@@ -59,6 +59,13 @@ def unpack(ref: str, into: Path) -> None:
                 path.write_text(renamed)
 
 
+def sampling(package: str, **fields):
+    """``fields`` as ``package``'s sampling: ``protocol.Sampling``, or before there was one
+    (an earlier commit's copy) ``engine.sequence.SamplingParams``."""
+    kind = getattr(importlib.import_module(f"{package}.protocol"), "Sampling", None)
+    return (kind or importlib.import_module(f"{package}.engine.sequence").SamplingParams)(**fields)
+
+
 def decoding_engine(package: str, model_dir: Path, dtype: str, prompts: list[list[int]]):
     """An engine of ``package`` (``workers`` or :data:`BEFORE`) holding ``prompts``, prefilled."""
     module: dict[str, ModuleType] = {
@@ -69,7 +76,7 @@ def decoding_engine(package: str, model_dir: Path, dtype: str, prompts: list[lis
     config = module["config"].EngineConfig(runner.block_size, runner.num_blocks, 4096, len(prompts))
     engine = module["engine"].Engine(runner, config)
     for prompt in prompts:
-        engine.add(prompt, module["sequence"].SamplingParams(max_tokens=4000, ignore_eos=True))
+        engine.add(prompt, sampling(package, max_tokens=4000, ignore_eos=True))
     while engine.scheduler.num_waiting or any(s.remaining > 1 for s in engine.scheduler.running):
         engine.step()
     return engine
@@ -164,10 +171,9 @@ def replace(engine, prompts: list[list[int]], everyone: bool = False) -> None:
     running = sorted(seq.rid for seq in engine.scheduler.running)
     for rid in running if everyone else running[: len(prompts)]:
         engine.abort(rid)
-    package = type(engine).__module__.rpartition(".")[0]  # workers.engine or its earlier copy's
-    params = importlib.import_module(f"{package}.sequence").SamplingParams
+    package = type(engine).__module__.partition(".")[0]  # workers or its earlier copy
     for prompt in prompts:
-        engine.add(prompt, params(max_tokens=1 if everyone else 4000, ignore_eos=True))
+        engine.add(prompt, sampling(package, max_tokens=1 if everyone else 4000, ignore_eos=True))
 
 
 def profile(engine, steps: int) -> str:

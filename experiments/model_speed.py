@@ -31,9 +31,9 @@ from experiments.common import markdown
 from workers.convert import ensure_converted
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.runner import ModelRunner
-from workers.engine.sequence import SamplingParams
+from workers.protocol import Sampling
 
-GREEDY = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
+GREEDY = Sampling(max_tokens=1 << 20, ignore_eos=True)
 
 
 class Paged:

@@ -30,7 +30,7 @@ import trio
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_process import EngineProcess
 from batcher.continuous.pool import open_engine_pool
-from batcher.core.backend import Delta, Failed, Finished, Job
+from batcher.core.backend import Delta, Failed, Finished, Job, Sampling
 from batcher.core.config import PoolConfig, QueueConfig, RayConfig
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.config import FixedModelConfig
@@ -156,7 +156,7 @@ async def one_stream(pool, index: int, tokens: int, ttft: list[float], tpot: lis
             done.set()
 
     started = time.perf_counter()
-    pool.submit(Job(prompt.decode(), tuple(prompt), tokens, "paid", "bench", stream=True), on_event)
+    pool.submit(Job(prompt.decode(), tuple(prompt), Sampling(tokens), "paid", "bench", stream=True), on_event)
     await done.wait()
     ttft.append(times[0] - started)
     tpot.append((times[-1] - times[0]) / max(1, len(times) - 1))

@@ -121,13 +121,13 @@ class Generate:
         until every row has ended (``experiments/engine_bench.py`` gives each its own length)."""
         from workers.engine.config import EngineConfig
         from workers.engine.engine import Engine
-        from workers.engine.sequence import SamplingParams
+        from workers.protocol import Sampling
 
         runner = self._runner
         budget = max(len(prompts), sum(map(len, prompts)))  # the whole batch's prefill in one step
         config = EngineConfig(runner.block_size, runner.num_blocks, budget, len(prompts), watermark=0.0)
         engine = Engine(runner, config)
-        padded = SamplingParams(max_tokens=max(max_tokens), ignore_eos=True)  # rows never leave early
+        padded = Sampling(max_tokens=max(max_tokens), ignore_eos=True)  # rows never leave early
         rids = [engine.add(prompt, padded) for prompt in prompts]
         limits = dict(zip(rids, max_tokens, strict=True))
         answers: dict[int, list[int]] = {rid: [] for rid in rids}

@@ -45,6 +45,7 @@ that count is one more than the ids sent.
 
 from __future__ import annotations
 
+import math
 import struct
 import typing
 from typing import ClassVar, Literal
@@ -114,8 +115,46 @@ class Error(Frame, tag="error"):
     message: str
 
 
+class Sampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How a sequence picks its tokens and when it stops: the one type from a request to an engine.
+
+    ``temperature`` 0 is greedy; None is the model's default, which the pool puts in its place
+    (an engine given None samples greedily). ``top_k`` 0 and ``top_p`` 1 switch those filters
+    off; a ``seed`` makes a sampled answer reproducible whatever else shares its batch. It stops
+    after ``max_tokens``, or at one of ``stop_token_ids`` or the model's end-of-sequence id
+    (unless ``ignore_eos``). Fixed-mode models read none of it.
+    """
+
+    max_tokens: int = 16
+    temperature: float | None = None
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens: expected >= 1, got {self.max_tokens}")
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature: expected a number >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k: expected >= 0 (0: off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return not self.temperature
+
+    def replace(self, **changes: object) -> Sampling:
+        """This sampling with ``changes`` (checked again)."""
+        return msgspec.structs.replace(self, **changes)
+
+
 class Add(Frame, tag="add"):
-    """Queue sequence ``rid`` (the pool's number, unique among the worker's live sequences)."""
+    """Queue sequence ``rid`` (the pool's number, unique among the worker's live sequences),
+    whose :class:`Sampling` is spelled out field by field (:meth:`of`, :attr:`sampling`)."""
 
     rid: int
     prompt_tokens: list[int]
@@ -128,6 +167,20 @@ class Add(Frame, tag="add"):
     seed: int | None
     stop_token_ids: list[int]
     ignore_eos: bool
+
+    @classmethod
+    def of(cls, rid: int, prompt_tokens: list[int], tier: int, tenant: str, sampling: Sampling) -> Add:
+        """The frame of a sequence whose ``sampling`` names its temperature."""
+        assert sampling.temperature is not None, "the pool sends the model's default temperature"
+        s = sampling
+        return cls(rid, prompt_tokens, s.max_tokens, tier, tenant, s.temperature, s.top_p, s.top_k, s.seed,
+                   list(s.stop_token_ids), s.ignore_eos)
+
+    @property
+    def sampling(self) -> Sampling:
+        """Its sampling; ValueError if a value is out of range."""
+        return Sampling(self.max_tokens, self.temperature, self.top_p, self.top_k, self.seed,
+                        tuple(self.stop_token_ids), self.ignore_eos)
 
 
 class Abort(Frame, tag="abort"):
@@ -147,7 +200,8 @@ FinishReasonName = Literal["eos", "stop_token", "max_tokens", "aborted", "too_lo
 
 
 class Usage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A finished sequence's tokens: its prompt, the part of it the prefix cache supplied, its output."""
+    """The tokens a job used: its prompt, the part of it the prefix cache supplied, its output.
+    The one type from an engine's ``finished`` frame to the bill."""
 
     prompt_tokens: int
     cached_tokens: int

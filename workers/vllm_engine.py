@@ -35,10 +35,11 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from workers.engine.engine import SequenceEnd, StepOutput
-from workers.engine.sequence import FinishReason, SamplingParams
-from workers.engine.serve import BAD_START, PROTOCOL_FAULT, STOPS, run
-from workers.protocol import EngineStats, ProtocolError, Ready, encode
+from workers.engine.interface import SequenceEnd, StepOutput
+from workers.engine.loop import STOPS
+from workers.engine.sequence import FinishReason
+from workers.engine.serve import BAD_START, PROTOCOL_FAULT, run
+from workers.protocol import EngineStats, ProtocolError, Ready, Sampling, Usage, encode
 
 ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process (see the module doc)
@@ -56,6 +57,10 @@ class Live:
     stop_ids: frozenset[int]  # EOS and the request's stop ids: not text, never sent
     shown: int = 0  # output ids reported so far
     cached: int = 0  # prompt tokens the prefix cache supplied, once vLLM says
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(self.prompt_tokens, self.cached, self.shown)
 
 
 METRICS = {  # vLLM's scheduler stats (engine 0: the only one in process) -> the stats frame's fields
@@ -84,9 +89,9 @@ def read_metrics(metrics: Iterable[Any]) -> tuple[dict[str, int], float]:
 
 
 class VllmEngine:
-    """vLLM's ``LLMEngine`` behind the interface of ferry's :class:`~workers.engine.engine.Engine`
-    (``add``, ``abort``, ``step``, ``stats``, ``has_work``), so that ferry's worker loop
-    (:func:`workers.engine.serve.run`) serves it frame for frame as it serves its own engine."""
+    """vLLM's ``LLMEngine`` as an :class:`~workers.engine.interface.EngineCore`, so that ferry's
+    serving loop (:mod:`workers.engine.loop`, in :func:`workers.engine.serve.run`) serves it
+    frame for frame as it serves its own engine."""
 
     def __init__(self, engine: Any, sampling: Callable[..., Any], delta: object, block_size: int,
                  salt: str) -> None:
@@ -103,13 +108,13 @@ class VllmEngine:
     def has_work(self) -> bool:
         return bool(self.live or self._ended)
 
-    def add(self, prompt_ids: list[int], sampling: SamplingParams, *, tier: int = 0, tenant: str = "",
+    def add(self, prompt_ids: list[int], sampling: Sampling, *, tier: int = 0, tenant: str = "",
             rid: int | None = None) -> int:
         """Queue ``rid`` in vLLM; one it refuses (longer than its max_model_len) ends as too_long."""
         if rid is None or rid in self.live or not prompt_ids:
             raise ValueError(f"rid {rid}: a new rid and a prompt are needed")
         params = self._sampling(  # ids only, each step's new ones: the gateway detokenizes
-            max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens, temperature=sampling.temperature or 0.0, top_p=sampling.top_p,
             top_k=sampling.top_k, seed=sampling.seed, stop_token_ids=list(sampling.stop_token_ids),
             ignore_eos=sampling.ignore_eos, detokenize=False, output_kind=self._delta,
         )
@@ -117,7 +122,8 @@ class VllmEngine:
         try:
             self.engine.add_request(str(rid), prompt, params)
         except ValueError as exc:
-            self._ended.append(SequenceEnd(rid, FinishReason.TOO_LONG, len(prompt_ids), 0, 0, str(exc)))
+            refused = SequenceEnd(rid, FinishReason.TOO_LONG, Usage(len(prompt_ids), 0, 0), str(exc))
+            self._ended.append(refused)
             return rid
         stops = frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self._eos)
         self.live[rid] = Live(len(prompt_ids), stops)
@@ -129,7 +135,7 @@ class VllmEngine:
         if seq is None:
             return False
         self.engine.abort_request([str(rid)])
-        self._ended.append(SequenceEnd(rid, FinishReason.ABORTED, seq.prompt_tokens, seq.cached, seq.shown))
+        self._ended.append(SequenceEnd(rid, FinishReason.ABORTED, seq.usage))
         return True
 
     def step(self) -> StepOutput:
@@ -155,7 +161,7 @@ class VllmEngine:
                 reason = self._reason(completion.finish_reason, completion.stop_reason)
                 if reason in STOPS and (not new or new[-1] not in seq.stop_ids):
                     seq.shown += 1  # vLLM left the stop id out: ferry's usage counts it all the same
-                finished.append(SequenceEnd(rid, reason, seq.prompt_tokens, seq.cached, seq.shown))
+                finished.append(SequenceEnd(rid, reason, seq.usage))
         return StepOutput(tokens, finished, [], len(tokens))
 
     def stats(self) -> EngineStats:
@@ -220,7 +226,7 @@ def vllm_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> 
         out.write(encode(Ready(pid=os.getpid(), model=os.path.basename(os.path.normpath(args.model)))))
         out.flush()
         try:
-            run(engine, protocol_in, out)  # type: ignore[arg-type]  # the Engine interface, duck-typed
+            run(engine, protocol_in, out)
         except ProtocolError as exc:
             print(f"vllm engine worker: protocol fault: {exc}", file=sys.stderr)
             return PROTOCOL_FAULT

@@ -80,13 +80,8 @@ class EnginePool:
         queue: QueueConfig,
         spawn: Callable[[int], EngineProcess],
         tokenizer: Tokenizer,
-        unread: Callable[[int], int] | None = None,
     ) -> None:
-        """``unread(i)``: tokens replica ``i``'s engine has made whose frames the pool has not
-        read yet, which routing counts as generated. A process's frames are read as they come
-        (None: 0); a simulated engine that hands a sequence's tokens out at its end knows them."""
         self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
-        self._unread = unread
         self.stats = ContinuousStats()
         self._readiness = Readiness(config.workers)
         self._replicas = [
@@ -218,12 +213,9 @@ class EnginePool:
 
     def _route(self, ticket: Ticket) -> Replica:
         """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
-        up, unread = any(r.up for r in self._replicas), self._unread
-        loads = [r.load - unread(r.index) if unread and r.up else r.load for r in self._replicas]
-        route = self.router.choose(
-            [load if r.up or not up else None for r, load in zip(self._replicas, loads, strict=True)],
-            ticket.hashes,
-        )
+        up = any(r.up for r in self._replicas)
+        loads = [r.load if r.up or not up else None for r in self._replicas]
+        route = self.router.choose(loads, ticket.hashes)
         ticket.replica = route.replica
         job = ticket.job
         ticket.cost = len(job.prompt_tokens) - route.held_blocks * self.config.block_size + job.max_tokens
@@ -290,13 +282,10 @@ class EnginePool:
             if not ticket.attempts:
                 self.stats.queue_wait[ticket.tier].observe(now - ticket.arrival)
             self.router.sent(r.index, ticket.hashes)
-            r.start(ticket, Add(
-                next(self._rids), list(job.prompt_tokens), job.max_tokens, ticket.tier, job.tenant,
-                config.temperature if sampling.temperature is None else sampling.temperature,
-                1.0 if sampling.top_p is None else sampling.top_p,
-                0 if sampling.top_k is None else sampling.top_k,
-                sampling.seed, [], False,
-            ), blocks(len(job.prompt_tokens) + 1, config.block_size), now)
+            if sampling.temperature is None:
+                sampling = sampling.replace(temperature=config.temperature)  # the model's default
+            add = Add.of(next(self._rids), list(job.prompt_tokens), ticket.tier, job.tenant, sampling)
+            r.start(ticket, add, blocks(len(job.prompt_tokens) + 1, config.block_size), now)
 
     # --- engines coming and going -------------------------------------------------------
 
@@ -347,12 +336,10 @@ async def open_engine_pool(
     queue: QueueConfig,
     spawn: Callable[[int], EngineProcess],
     tokenizer: Tokenizer,
-    unread: Callable[[int], int] | None = None,
 ) -> AsyncIterator[EnginePool]:
-    """Start a model's engines and the pool in front of them (``unread``: see
-    :class:`EnginePool`); stop both on exit."""
+    """Start a model's engines and the pool in front of them; stop both on exit."""
     async with trio.open_nursery() as nursery:
-        pool = EnginePool(config, queue, spawn, tokenizer, unread)
+        pool = EnginePool(config, queue, spawn, tokenizer)
         await nursery.start(pool.run)
         yield pool
         nursery.cancel_scope.cancel()

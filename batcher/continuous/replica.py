@@ -311,7 +311,8 @@ class Replica:
         self._prefilled(ticket)
         if ticket.out.push(frame.ids, ticket.queued):  # a whole answer reached a stop sequence
             self.end(ticket)
-            ticket.out.finish("end_turn", Usage(len(job.prompt_tokens), ticket.out.generated), ticket.queued)
+            usage = Usage(len(job.prompt_tokens), cached_tokens=0, output_tokens=ticket.out.generated)
+            ticket.out.finish("end_turn", usage, ticket.queued)
         self.owe(ticket, max(0, job.max_tokens - ticket.out.generated))
 
     def _finished(self, frame: SequenceFinished) -> None:
@@ -325,12 +326,8 @@ class Replica:
         if ticket.ended:
             return
         ticket.state = Stage.ENDED
-        usage = frame.usage
         if frame.reason in STOP_REASONS:
-            stop = STOP_REASONS[frame.reason]
-            ticket.out.finish(
-                stop, Usage(usage.prompt_tokens, usage.output_tokens, usage.cached_tokens), ticket.queued
-            )
+            ticket.out.finish(STOP_REASONS[frame.reason], frame.usage, ticket.queued)
         elif frame.reason == "too_long":
             ticket.out.fail(TooLarge(f"the request outgrew the KV cache of its replica ({self.total_blocks} "
                                      "blocks) while it ran"), retryable=False)

@@ -26,18 +26,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from batcher.core.config import QueueConfig
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Sampling:
-    """How to pick tokens, as the client asked (None: the model's default). Fixed-mode models
-    ignore it; the continuous engine honours each field, and a ``seed`` makes a sampled answer
-    reproducible whatever else shares its batch."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
+from workers.protocol import Sampling as Sampling  # re-exported: the gateway imports them from here
+from workers.protocol import Usage as Usage
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,30 +36,27 @@ class Job:
 
     ``prompt`` is the rendered input (a fixed-mode worker's one string) and ``prompt_tokens``
     its token ids under the model's tokenizer (what a continuous engine prefills, and what
-    admission prices). ``deadline`` is the seconds it may wait for a worker after reaching the
-    core; None means its tier's wait budget. ``stream``: the client is shown text as it comes.
-    A continuous backend needs to know: it holds a whole answer's text until the answer ends,
-    so that a job whose engine dies can be re-run elsewhere without its client noticing, while
-    a stream's tokens go out as they are made (and a stream that has sent some cannot be re-run).
+    admission prices). ``sampling`` is how its tokens are picked and its ``max_tokens``, as the
+    client asked (a temperature of None: the model's default). ``deadline`` is the seconds it
+    may wait for a worker after reaching the core; None means its tier's wait budget.
+    ``stream``: the client is shown text as it comes. A continuous backend needs to know: it
+    holds a whole answer's text until the answer ends, so that a job whose engine dies can be
+    re-run elsewhere without its client noticing, while a stream's tokens go out as they are
+    made (and a stream that has sent some cannot be re-run).
     """
 
     prompt: str
     prompt_tokens: tuple[int, ...]
-    max_tokens: int
+    sampling: Sampling
     tier: str | None = None
     tenant: str = ""
     deadline: float | None = None
-    sampling: Sampling = Sampling()
     stop_sequences: tuple[str, ...] = ()
     stream: bool = False
 
-
-class Usage(NamedTuple):
-    """Tokens a job used, as the backend counts them (the gateway bills what it delivered)."""
-
-    input_tokens: int
-    output_tokens: int
-    cached_tokens: int = 0  # prompt tokens the prefix cache supplied
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.max_tokens
 
 
 class Started(NamedTuple):

@@ -1,21 +1,18 @@
 """The fixed-batch Batcher: collect requests, flush them as batches, hand batches to the pool.
 
-Three ways in. ``submit(job, on_event)``/``cancel`` are the :class:`~batcher.core.backend.Backend`
+Four ways in. ``submit(job, on_event)``/``cancel`` are the :class:`~batcher.core.backend.Backend`
 protocol the HTTP bridge speaks: a finished request emits ``Started``, one ``Delta`` with its
 whole output and ``Finished``; a failed one emits ``Failed``. ``request``/``enqueue`` are the
 same synchronous door for code on the trio thread that wants the :class:`~batcher.core.types.Request`
-itself (simulations driving millions of requests); ``answer`` is the awaitable a library user
-wants. Every outcome leaves through the request's ``on_done``.
+itself; ``answer`` is the awaitable a library user wants; ``feed`` takes :class:`Arrivals`,
+requests known before they arrive (a trace), admitted at each wake-up with their own arrival
+times, the loop waking early only for one that would have woken it, so that the clock stops only
+where there is something to decide. Every outcome leaves through the request's ``on_done``.
 
 The flush loop is a thin shell around two pure objects, the :class:`~batcher.core.tier_queue.TierQueues`
 and the flush policy. It asks the policy what to do, does it, and otherwise sleeps until the
 earliest of: the policy's timer, the next request deadline, the queue reaching the policy's size
 trigger, or a worker freeing up. It never polls.
-
-Two methods are the loop's extension points, and do nothing here: :meth:`Batcher._intake`
-(arrivals to admit at each wake-up) and :meth:`Batcher._next_wake` (an earlier wake-up for them).
-A trace replay (``batcher.sim.fixed.replay``) fills them in to admit arrivals known in advance in bulk,
-so virtual time no longer stops at every arrival.
 
     submit/enqueue ──> TierQueues ──policy says Flush──> WorkerPool.dispatch ──> worker
                           │                                      │
@@ -29,6 +26,7 @@ import functools
 import itertools
 import math
 from collections.abc import AsyncIterator, Callable
+from typing import Protocol
 
 import trio
 
@@ -53,6 +51,19 @@ from batcher.core.types import Expired, Overloaded, Request, State
 from batcher.fixed.policy import Flush, Policy, QueueState, SizeOrTimeout
 from batcher.fixed.pool import WorkerPool
 from batcher.fixed.slot import SlotState, Spawn
+
+
+class Arrivals(Protocol):
+    """Requests known before they arrive, handed to :meth:`Batcher.feed`."""
+
+    def due(self, now: float) -> list[Request]:
+        """The requests that have arrived by ``now`` and were not yet taken, each made with its
+        own arrival time (:meth:`Batcher.request`), in order of arrival."""
+
+    def next_wake(self, more: int, until: float, drop_before: float) -> float:
+        """When the loop must wake for the requests still to come, if before ``until`` (else
+        inf): at the one that brings ``more`` to the queue, or at the first whose deadline less
+        ``drop_before`` comes before ``until``."""
 
 
 class DeadlineUnreachable(Expired):
@@ -83,6 +94,7 @@ class Batcher:
         self._wake_at_count = 1
         self._wake_at_time = math.inf
         self._drop_before: float = getattr(policy, "drop_before", 0.0)
+        self._arrivals: Arrivals | None = None
         budgets = queue.wait_budgets
         self.admission = AdmissionControl(budgets) if budgets is not None else None
         pool.on_idle = self._worker_idle
@@ -104,7 +116,8 @@ class Batcher:
             on_event(Started(request.dispatched_at - request.arrival))  # type: ignore[operator]
             if output:
                 on_event(Delta(output, tokens))
-            on_event(Finished("end_turn", Usage(input_tokens, tokens)))
+            on_event(Finished("end_turn", Usage(prompt_tokens=input_tokens, cached_tokens=0,
+                                                output_tokens=tokens)))
         elif request.state is State.FAILED:
             error = request.error
             on_event(Failed(error, retryable=isinstance(error, Overloaded)))  # type: ignore[arg-type]
@@ -146,7 +159,7 @@ class Batcher:
         on_done: Callable[[Request], None] = _ignore,
         arrival: float | None = None,
     ) -> Request:
-        """A new request arriving now (or at ``arrival``, for a replayed trace).
+        """A new request arriving now, or at ``arrival`` (one of :class:`Arrivals`, made when due).
 
         ``tier`` defaults to the lowest; ``timeout`` (seconds after arrival) to the tier's wait
         budget where the config has budgets (the same budget admission judges by), else to its
@@ -193,6 +206,11 @@ class Batcher:
         if queued:
             self.queue.discard(request)
 
+    def feed(self, arrivals: Arrivals) -> None:
+        """Admit the requests of ``arrivals`` too, each when it is due (see the module doc)."""
+        self._arrivals = arrivals
+        self._wakeup.set()
+
     async def answer(self, input: str, tier: str | None = None, timeout: float | None = None) -> str:
         """Run one input through a batch and return its output.
 
@@ -216,7 +234,7 @@ class Batcher:
         queue, pool, policy, drop_before = self.queue, self.pool, self.policy, self._drop_before
         while True:
             now = trio.current_time()
-            for request in self._intake(now):
+            for request in self._arrivals.due(now) if self._arrivals is not None else ():
                 if self._admitted(request):
                     queue.push(request)
             if queue.count:
@@ -233,18 +251,12 @@ class Batcher:
                 continue
             self._wake_at_count = decision.queued
             self._wake_at_time = wake = min(decision.until, _drop_time(deadline, drop_before))
-            wake = self._next_wake(decision.queued - queue.count, wake)
+            if self._arrivals is not None:  # with admission, each arrival is judged on time
+                more = 1 if self.admission is not None else decision.queued - queue.count
+                wake = min(wake, self._arrivals.next_wake(more, wake, drop_before))
             self._wakeup = trio.Event()
             with trio.move_on_at(wake):
                 await self._wakeup.wait()
-
-    def _intake(self, now: float) -> list[Request]:
-        """Arrivals to admit at this wake-up besides the enqueued ones: none here (a replay's)."""
-        return []
-
-    def _next_wake(self, more: int, wake: float) -> float:
-        """When the loop must wake: at ``wake``, or when ``more`` arrivals fill the next batch."""
-        return wake
 
     def load(self) -> BatchLoad:
         """Queued requests per tier and when each live worker takes its next batch, for admission.
@@ -281,7 +293,7 @@ class Batcher:
             request.fail(error, now)
 
     def _worker_idle(self) -> None:
-        if self.queue.count:
+        if self.queue.count or self._arrivals is not None:  # arrivals may be due for it
             self._wakeup.set()
 
 
@@ -293,12 +305,10 @@ async def open_batcher(
     queue: QueueConfig = QueueConfig(),
     stats: Stats | None = None,
     tokens: Callable[[str], int] = utf8_tokens,
-    batcher: type[Batcher] | None = None,
 ) -> AsyncIterator[Batcher]:
     """Start a pool of workers and a batcher in front of it; stop both on exit.
 
-    ``tokens`` counts an output's tokens (the model's tokenizer); ``batcher`` is the class to
-    run (a trace replay's subclass).
+    ``tokens`` counts an output's tokens (the model's tokenizer).
 
     >>> spawn = process_workers(["sleep"], 8, kind=ProcessWorker)
     >>> async with open_batcher(spawn, PoolConfig(workers=8)) as batcher:
@@ -311,7 +321,7 @@ async def open_batcher(
         if observe is not None:  # a policy that learns from calls (AIMD) hears every answer
             workers.on_answer = observe
         await nursery.start(workers.run)
-        front = (batcher or Batcher)(workers, policy, queue, tokens)
+        front = Batcher(workers, policy, queue, tokens)
         await nursery.start(front.run)
         yield front
         nursery.cancel_scope.cancel()

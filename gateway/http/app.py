@@ -124,8 +124,8 @@ class Gateway:
         request[REQUEST_ID] = entry.request_id  # every answer names it (the request-id header)
         if model.name != call.model:  # an alias: count which version took it
             self.metrics.count_alias(call.model, model.name)
-        job = Job(prompt, prompt_tokens, max_tokens, principal.tier, principal.tenant,
-                  sampling=call.sampling, stop_sequences=call.stop_sequences, stream=call.stream)
+        job = Job(prompt, prompt_tokens, call.sampling.replace(max_tokens=max_tokens), principal.tier,
+                  principal.tenant, stop_sequences=call.stop_sequences, stream=call.stream)
         self.pins.hold(model.name)
         try:
             if call.stream:

@@ -14,7 +14,6 @@ import dataclasses
 import json
 from typing import Any
 
-from batcher.core.backend import Sampling
 from gateway.wire import api
 from gateway.wire.api import (
     MAX_MESSAGES,
@@ -34,7 +33,7 @@ from gateway.wire.api import (
     show,
     stop_list,
 )
-from gateway.wire.codec import Call, Head
+from gateway.wire.codec import Call, Head, asked
 
 ROLES = ("user", "assistant")
 
@@ -213,7 +212,7 @@ class Messages:
 
     def __init__(self, request: MessageRequest) -> None:
         self.request = request
-        sampling = Sampling(request.temperature, request.top_p, request.top_k)
+        sampling = asked(temperature=request.temperature, top_p=request.top_p, top_k=request.top_k)
         self.call = Call(request.model, request.max_tokens, request.system, request.messages,
                          sampling=sampling, stream=request.stream, stop_sequences=request.stop_sequences,
                          session=request.user_id)

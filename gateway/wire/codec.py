@@ -31,10 +31,15 @@ class Call:
     system: str = ""
     turns: tuple[Turn, ...] = ()
     prompt: str | None = None  # a raw prompt (legacy completions): no chat template
-    sampling: Sampling = Sampling()
+    sampling: Sampling = Sampling()  # its max_tokens is set once ``max_tokens`` is known (the app's)
     stream: bool = False
     stop_sequences: tuple[str, ...] = ()
     session: str | None = None  # what keeps a user on one version of an alias (gateway.ops.routing)
+
+
+def asked(**fields: float | int | None) -> Sampling:
+    """The sampling a request asked for: the ``fields`` it named (None: not named, the default)."""
+    return Sampling(**{name: value for name, value in fields.items() if value is not None})  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from batcher.core.backend import Sampling
 from gateway.wire import api
 from gateway.wire.api import (
     MAX_MESSAGES,
@@ -34,7 +33,7 @@ from gateway.wire.api import (
     short,
     show,
 )
-from gateway.wire.codec import Call, Head
+from gateway.wire.codec import Call, Head, asked
 
 DONE = b"data: [DONE]\n\n"
 DEFAULT_COMPLETION_TOKENS = 16  # /v1/completions without max_tokens, as OpenAI and vLLM do
@@ -130,8 +129,8 @@ def _common(document: dict, default_max_tokens: int | None) -> dict[str, Any]:
     user = document.get("user")
     return {
         "model": model, "max_tokens": limit, "stream": stream, "stop_sequences": _stops(document.get("stop")),
-        "sampling": Sampling(None if temperature is None else float(temperature),
-                             None if top_p is None else float(top_p), None, seed),
+        "sampling": asked(temperature=None if temperature is None else float(temperature),
+                          top_p=None if top_p is None else float(top_p), seed=seed),
         "session": None if user is None else checked_text(user, "user"),
     }
 

@@ -16,7 +16,7 @@ from workers.engine.cpu.allocator import keep_freed_memory
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.runner import ModelRunner
-from workers.engine.sequence import SamplingParams
+from workers.protocol import Sampling
 
 torch.set_num_threads(1)
 if sys.argv[2] == "keep":
@@ -28,7 +28,7 @@ faults = []
 for _ in range(3):  # the first grows the heap; the next two are counted
     for _ in range(16):
         engine.add([rng.randrange(3, 40000) for _ in range(rng.randint(64, 400))],
-                   SamplingParams(max_tokens=1, ignore_eos=True))
+                   Sampling(max_tokens=1, ignore_eos=True))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     engine.step()  # a prefill step of up to 2,048 tokens
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)

@@ -15,7 +15,7 @@ from tests.support.oracles import NaiveLlama
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.cpu import decode_kernel
 from workers.engine.runner import ModelRunner
-from workers.engine.sequence import SamplingParams
+from workers.protocol import Sampling
 
 pytestmark = pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512", reason="no AVX-512 here")
 
@@ -77,7 +77,7 @@ def test_a_bfloat16_engine_decodes_with_the_kernel_and_answers_as_the_naive_mode
             [len(ids) for ids, _ in parts],
             [end for _, end in spans],
             tables,
-            [Sample(SamplingParams(max_tokens=8), 0)] * 3,
+            [Sample(Sampling(max_tokens=8), 0)] * 3,
         )
 
     runner.logits(batch([(0, 8), (0, 29), (0, 2)]))  # the prompts but their last tokens

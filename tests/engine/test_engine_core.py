@@ -11,9 +11,10 @@ import pytest
 from tests.support.paged_runner import PagedRunner, next_token, reference
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine, SequenceEnd
-from workers.engine.sequence import FinishReason, SamplingParams
-from workers.protocol import EngineStats
+from workers.engine.engine import Engine
+from workers.engine.interface import SequenceEnd
+from workers.engine.sequence import FinishReason
+from workers.protocol import EngineStats, Sampling, Usage
 
 
 class Clock:
@@ -34,7 +35,7 @@ def engine(
 
 def test_the_first_steps_of_a_decode_and_a_chunked_prompt_are_exact():
     eng, runner = engine(block_size=4, num_blocks=16, max_batch_tokens=8)
-    short = SamplingParams(max_tokens=3, ignore_eos=True)
+    short = Sampling(max_tokens=3, ignore_eos=True)
     assert eng.add([1, 2, 3], short) == 0
     assert eng.add([10, 11, 12, 13, 14, 15], short) == 1
     first = eng.step()
@@ -78,12 +79,12 @@ def test_the_first_steps_of_a_decode_and_a_chunked_prompt_are_exact():
 
 def test_a_sequence_admitted_into_the_blocks_another_just_left_starts_from_its_own_position_zero():
     eng, runner = engine(block_size=4, num_blocks=3, max_batch_tokens=16)
-    two = SamplingParams(max_tokens=2, ignore_eos=True)
+    two = Sampling(max_tokens=2, ignore_eos=True)
     eng.add([1, 2, 3, 4, 5, 6], two)
     eng.add([20, 21, 22, 23, 24], two)  # needs 2 blocks: waits while the first holds 2 of 3
     assert eng.step().tokens.keys() == {0}
     done = eng.step()
-    assert done.finished == [SequenceEnd(0, FinishReason.MAX_TOKENS, 6, 0, 2)]
+    assert done.finished == [SequenceEnd(0, FinishReason.MAX_TOKENS, Usage(6, 0, 2))]
     assert list(eng.scheduler.blocks.free) == [1, 2, 0]  # its half-used tail first, its full prefix last
     eng.step()
     assert runner.batches[2] == ForwardBatch(
@@ -103,7 +104,7 @@ def test_answers_equal_full_recompute_under_preemption_prefix_hits_chunks_and_sl
     rng = random.Random(9)
     eng, runner = engine(block_size=4, num_blocks=24, max_batch_tokens=16, max_seqs=6)
     system = [rng.randrange(1, 40) for _ in range(12)]
-    requests: dict[int, tuple[list[int], SamplingParams]] = {}
+    requests: dict[int, tuple[list[int], Sampling]] = {}
     outputs: dict[int, list[int]] = {}
     finished: dict[int, FinishReason] = {}
     holders: list[set[int]] = [set() for _ in range(24)]  # block -> every rid that held it
@@ -122,7 +123,7 @@ def test_answers_equal_full_recompute_under_preemption_prefix_hits_chunks_and_sl
             prompt = (system if rng.random() < 0.5 else []) + [
                 rng.randrange(1, 40) for _ in range(rng.randrange(1, 48))
             ]
-            sampling = SamplingParams(max_tokens=rng.randrange(1, 30), ignore_eos=rng.random() < 0.5)
+            sampling = Sampling(max_tokens=rng.randrange(1, 30), ignore_eos=rng.random() < 0.5)
             rid = eng.add(prompt, sampling, tier=rng.randrange(2), tenant=rng.choice("ab"))
             requests[rid], outputs[rid] = (prompt, sampling), []
         for _ in range(rng.randrange(1, 4)):

@@ -23,15 +23,17 @@ from tokenizers import Tokenizer
 from gateway.text.model_template import read_chat_template
 from tests.support.oracles import NaiveLlama, transformers_greedy
 from workers.engine.config import EngineConfig
-from workers.engine.engine import Engine, SequenceEnd
+from workers.engine.engine import Engine
+from workers.engine.interface import SequenceEnd
 from workers.engine.runner import ModelRunner
-from workers.engine.sequence import FinishReason, SamplingParams
+from workers.engine.sequence import FinishReason
+from workers.protocol import Sampling, Usage
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
     prompt: list[int]
-    sampling: SamplingParams
+    sampling: Sampling
     step: int = 0  # the step it arrives before
     tenant: str = ""
     tier: int = 0
@@ -91,7 +93,7 @@ def mixed_workload(vocab: int, count: int, seed: int) -> list[Request]:
         shared = rng.choice(systems) if rng.random() < 0.5 else []
         prompt = shared + [rng.randrange(3, vocab) for _ in range(rng.randint(1, 32))]
         # The oracles run to max_tokens whatever EOS they meet (the Paris test stops at one).
-        sampling = SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True)
+        sampling = Sampling(max_tokens=rng.randint(1, 24), ignore_eos=True)
         requests.append(Request(prompt, sampling, rng.randint(0, 30), rng.choice("ab"), rng.randrange(2)))
     return requests
 
@@ -125,15 +127,15 @@ def test_prefix_cache_hits_serve_the_same_tenant_only_and_change_no_answer(tiny_
     rng = random.Random(3)
     system = [rng.randrange(3, 300) for _ in range(10)]  # 2 full blocks of 4, and 2 tokens
     first, second = ([rng.randrange(3, 300) for _ in range(n)] for n in (5, 7))
-    answer = SamplingParams(max_tokens=6, ignore_eos=True)
+    answer = Sampling(max_tokens=6, ignore_eos=True)
     # Tenant a's first request alone, then both tenants ask the same second prompt together.
     before = drive(engine, [Request(system + first, answer, tenant="a")])
     after = drive(
         engine,
         [Request(system + second, answer, tenant="a"), Request(system + second, answer, tenant="b")],
     )
-    assert [done.cached_tokens for done in before.finished.values()] == [0]
-    assert (after.finished[0].cached_tokens, after.finished[1].cached_tokens) == (8, 0)
+    assert [done.usage.cached_tokens for done in before.finished.values()] == [0]
+    assert (after.finished[0].usage.cached_tokens, after.finished[1].usage.cached_tokens) == (8, 0)
     assert after.tables[0][:2] == before.tables[0][:2]  # tenant a read its own cached blocks
     assert not set(after.tables[1]) & set(before.tables[0][:2])  # b recomputed them elsewhere
     naive = NaiveLlama(tiny_checkpoint)
@@ -152,8 +154,8 @@ def test_a_sequence_admitted_into_the_blocks_another_just_left_answers_as_if_alo
     run = drive(
         engine,
         [
-            Request(a, SamplingParams(max_tokens=4, ignore_eos=True)),
-            Request(b, SamplingParams(max_tokens=5, ignore_eos=True), step=1),
+            Request(a, Sampling(max_tokens=4, ignore_eos=True)),
+            Request(b, Sampling(max_tokens=5, ignore_eos=True), step=1),
         ],
     )
     # b: block 4, never used, first; then a's four, freed tail first (LRU: the prefix goes last)
@@ -174,7 +176,7 @@ def test_decodes_over_kept_context_copies_equal_transformers_through_ends_aborts
     texts = ["The river carries", "def fibonacci(n):", "Paris is a city of", "Once upon a", "import numpy"]
     prompts = [tokenizer.encode(text).ids for text in texts]
     lengths = [70, 45, 60, 20, 70]
-    answers = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    answers = [Sampling(max_tokens=n, ignore_eos=True) for n in lengths]
     rids = [engine.add(prompts[i], answers[i]) for i in range(4)]
     tokens: dict[int, list[int]] = {rid: [] for rid in rids}
     kept = step = 0
@@ -195,13 +197,13 @@ def test_decodes_over_kept_context_copies_equal_transformers_through_ends_aborts
     assert 25 <= len(expected[2]) < lengths[2]
 
 
-def seeded_answers(runner: ModelRunner, prompt: list[int], sampled: SamplingParams, crowds, **config):
+def seeded_answers(runner: ModelRunner, prompt: list[int], sampled: Sampling, crowds, **config):
     """The seeded request's answer from one engine per crowd: added last, behind the crowd's
     greedy and unseeded sampled requests, all at once (an empty crowd: alone)."""
     answers = []
     for crowd in crowds:
         others = [
-            Request(p, SamplingParams(max_tokens=14, temperature=(0.0, 0.8)[i % 2], ignore_eos=True))
+            Request(p, Sampling(max_tokens=14, temperature=(0.0, 0.8)[i % 2], ignore_eos=True))
             for i, p in enumerate(crowd)
         ]
         run = drive(engine_over(runner, **config), [*others, Request(prompt, sampled)])
@@ -211,14 +213,14 @@ def seeded_answers(runner: ModelRunner, prompt: list[int], sampled: SamplingPara
 
 def test_a_seeded_sampled_answer_is_the_same_alone_and_inside_a_full_batch_that_preempts(tiny_checkpoint):
     # The tiny model's logits are wide: below a temperature of ~5 it samples its greedy token.
-    sampled = SamplingParams(max_tokens=12, temperature=8.0, top_p=0.9, top_k=40, seed=1234, ignore_eos=True)
+    sampled = Sampling(max_tokens=12, temperature=8.0, top_p=0.9, top_k=40, seed=1234, ignore_eos=True)
     runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=40)
     rng = random.Random(21)
     prompt = [rng.randrange(3, 300) for _ in range(9)]
     crowd = [[rng.randrange(3, 300) for _ in range(rng.randint(5, 30))] for _ in range(7)]
     alone, full = seeded_answers(runner, prompt, sampled, [[], crowd], max_batch_tokens=32, max_seqs=8)
     [tight] = seeded_answers(runner, prompt, sampled, [crowd], max_batch_tokens=12, max_seqs=8, num_blocks=14)
-    [reseeded] = seeded_answers(runner, prompt, dataclasses.replace(sampled, seed=1235), [[]])
+    [reseeded] = seeded_answers(runner, prompt, sampled.replace(seed=1235), [[]])
     assert alone == full == tight  # tight: chunked prefill and preemptions around it
     assert alone != NaiveLlama(tiny_checkpoint).greedy(prompt, 12) and reseeded != alone
 
@@ -228,14 +230,12 @@ def test_the_engine_refuses_a_prompt_that_fills_the_model_s_context(tiny_checkpo
     engine = engine_over(runner)
     run = drive(
         engine,
-        [Request([5] * 256, SamplingParams(max_tokens=4)), Request([5] * 250, SamplingParams(max_tokens=20))],
+        [Request([5] * 256, Sampling(max_tokens=4)), Request([5] * 250, Sampling(max_tokens=20))],
     )
     assert run.finished[0] == SequenceEnd(
         0,
         FinishReason.TOO_LONG,
-        256,
-        0,
-        0,
+        Usage(prompt_tokens=256, cached_tokens=0, output_tokens=0),
         "a prompt of 256 tokens leaves no room in the model's context of 256",
     )
     assert (run.finished[1].reason, len(run.tokens[1])) == (FinishReason.MAX_TOKENS, 6)
@@ -248,7 +248,7 @@ def tokenizer_of(model_dir) -> Tokenizer:
 def test_smollm2_through_the_engine_equals_transformers(smollm2, smollm2_runner):
     tokenizer = tokenizer_of(smollm2)
     texts = ["The river carries whole trees down from", "def fibonacci(n):", "Paris is a city of"]
-    greedy = SamplingParams(max_tokens=10, ignore_eos=True)
+    greedy = Sampling(max_tokens=10, ignore_eos=True)
     requests = [Request(tokenizer.encode(text).ids, greedy, step=i) for i, text in enumerate(texts)]
     run = drive(engine_over(smollm2_runner, max_batch_tokens=4, max_seqs=3), requests)
     assert run.chunked >= 2
@@ -263,7 +263,7 @@ def test_smollm2_answers_the_capital_of_france_through_its_chat_template(smollm2
         messages=[{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
     )
     run = drive(
-        engine_over(smollm2_runner), [Request(tokenizer.encode(text).ids, SamplingParams(max_tokens=16))]
+        engine_over(smollm2_runner), [Request(tokenizer.encode(text).ids, Sampling(max_tokens=16))]
     )
     assert tokenizer.decode(run.tokens[0]).startswith("The capital of France is Paris.")
     assert run.finished[0].reason is FinishReason.EOS
@@ -271,7 +271,7 @@ def test_smollm2_answers_the_capital_of_france_through_its_chat_template(smollm2
 
 def test_smollm2_gives_a_seeded_sampled_answer_alone_as_inside_a_full_batch(smollm2, smollm2_runner):
     tokenizer = tokenizer_of(smollm2)
-    sampled = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.9, top_k=50, seed=77, ignore_eos=True)
+    sampled = Sampling(max_tokens=16, temperature=0.9, top_p=0.9, top_k=50, seed=77, ignore_eos=True)
     prompt = tokenizer.encode("Once upon a time, in a town by the sea,").ids
     texts = ["The ferry left at", "def add(a, b):", "Water boils at", "My favourite colour", "In 1969,"]
     crowd = [tokenizer.encode(text).ids for text in texts]
@@ -279,5 +279,5 @@ def test_smollm2_gives_a_seeded_sampled_answer_alone_as_inside_a_full_batch(smol
         smollm2_runner, prompt, sampled, [[], crowd], max_batch_tokens=16, max_seqs=6
     )
     assert alone == full
-    greedy = dataclasses.replace(sampled, temperature=0.0)
+    greedy = sampled.replace(temperature=0.0)
     assert alone != seeded_answers(smollm2_runner, prompt, greedy, [[]])[0]

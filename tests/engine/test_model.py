@@ -20,9 +20,9 @@ from workers.engine.attention import partition, plan_attention
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.checkpoint import LlamaConfig, Rope, read_rope
 from workers.engine.runner import ModelRunner
-from workers.engine.sequence import SamplingParams
+from workers.protocol import Sampling
 
-GREEDY = SamplingParams(max_tokens=64)
+GREEDY = Sampling(max_tokens=64)
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")),

@@ -9,13 +9,13 @@ import torch
 
 from workers.engine.batch import Sample
 from workers.engine.sampler import Sampler, stream_key
-from workers.engine.sequence import SamplingParams
+from workers.protocol import Sampling
 
 VOCAB = 1000
 
 
 def sample(temperature=1.0, top_k=0, top_p=1.0, seed=None, index=0) -> Sample:
-    return Sample(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed), index)
+    return Sample(Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed), index)
 
 
 def random_logits(rows: int, seed: int = 0) -> torch.Tensor:

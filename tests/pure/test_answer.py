@@ -10,7 +10,7 @@ from gateway.text.safety import Blocklist
 from gateway.text.tokenizer import ByteTokenizer
 
 BYTES = ByteTokenizer()
-END = Finished("end_turn", Usage(1, 1))
+END = Finished("end_turn", Usage(1, 0, 1))
 
 
 def token(text: str) -> Delta:
@@ -45,7 +45,7 @@ def test_a_fixed_output_longer_than_max_tokens_is_cut_there_and_a_full_one_is_no
 
 def test_an_engine_that_stops_at_max_tokens_says_so_and_held_text_is_released():
     answer = Answer(("abc",), 3, BYTES)
-    piece = answer.push([token("x"), token("a"), token("b"), Finished("max_tokens", Usage(1, 3))])
+    piece = answer.push([token("x"), token("a"), token("b"), Finished("max_tokens", Usage(1, 0, 3))])
     assert (piece.text, answer.stop_reason, piece.tokens) == ("xab", "max_tokens", 3)
 
 

@@ -194,7 +194,7 @@ def test_an_answer_stops_at_the_earliest_stop_sequence_then_at_max_tokens(
     output, stops, max_tokens, expected
 ):
     answer = Answer(stops, max_tokens, BYTES)
-    answer.push([Started(0.0), Delta(output, BYTES.count(output)), Finished("end_turn", Usage(1, 1))])
+    answer.push([Started(0.0), Delta(output, BYTES.count(output)), Finished("end_turn", Usage(1, 0, 1))])
     assert answer.completion() == expected
 
 

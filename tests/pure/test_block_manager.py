@@ -14,7 +14,8 @@ from workers.engine import block_manager
 from workers.engine.block_manager import BlockManager, FreeBlockQueue, cdiv
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
-from workers.engine.sequence import FinishReason, SamplingParams, Sequence, Status
+from workers.engine.sequence import FinishReason, Sequence, Status
+from workers.protocol import Sampling
 
 
 def running(bm: BlockManager, rid: int, tokens: list[int], tenant: str = "") -> Sequence:
@@ -168,7 +169,7 @@ class EngineWorkload(RuleBasedStateMachine):
         config = EngineConfig(self.BLOCK, self.BLOCKS, max_batch_tokens=10, max_seqs=4, watermark=0.1)
         self.engine = Engine(self.runner, config, clock=lambda: float(len(self.runner.batches)))
         self.bm = self.engine.scheduler.blocks
-        self.requests: dict[int, tuple[list[int], SamplingParams]] = {}
+        self.requests: dict[int, tuple[list[int], Sampling]] = {}
         self.outputs: dict[int, list[int]] = {}
 
     @rule(
@@ -180,7 +181,7 @@ class EngineWorkload(RuleBasedStateMachine):
         ignore_eos=st.booleans(),
     )
     def add(self, prefix, suffix, max_tokens, tier, tenant, ignore_eos):
-        sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
+        sampling = Sampling(max_tokens=max_tokens, ignore_eos=ignore_eos)
         rid = self.engine.add(prefix + suffix, sampling, tier=tier, tenant=tenant)
         self.requests[rid], self.outputs[rid] = (prefix + suffix, sampling), []
 
@@ -205,7 +206,7 @@ class EngineWorkload(RuleBasedStateMachine):
             prompt, sampling = self.requests.pop(done.rid)
             expected, reason = reference(prompt, sampling)
             got = self.outputs.pop(done.rid)
-            assert got == expected[: len(got)] and done.output_tokens == len(got)
+            assert got == expected[: len(got)] and done.usage.output_tokens == len(got)
             if done.reason is FinishReason.TOO_LONG:  # it needed a block for its next token
                 assert cdiv(len(prompt) + len(got), self.BLOCK) > self.BLOCKS
             elif done.reason is not FinishReason.ABORTED:

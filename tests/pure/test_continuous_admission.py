@@ -18,7 +18,7 @@ import trio
 
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.pool import open_engine_pool
-from batcher.core.backend import Delta, Failed, Finished, Job, Started
+from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
 from batcher.core.config import QueueConfig
 from batcher.core.types import Expired, Shed
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
@@ -55,7 +55,7 @@ def burst(n: int, offset: int = 0) -> list[Job]:
     for i in range(n):
         words = 600 if i % 4 == 0 else 40
         prompt = bytes((offset + i * 7 + k) % 90 + 32 for k in range(words))
-        jobs.append(Job(prompt.decode(), tuple(prompt), 128, "paid", "acme", stream=True))
+        jobs.append(Job(prompt.decode(), tuple(prompt), Sampling(128), "paid", "acme", stream=True))
     return jobs
 
 

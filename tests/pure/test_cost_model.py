@@ -7,12 +7,13 @@ import dataclasses
 
 import pytest
 
-from workers.engine.batch import ForwardBatch, Sample
+from workers.engine.batch import BatchRunner, ForwardBatch, Sample
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import H100, LLAMA_70B, PRESETS, SMOLLM2_135M, CostModel
 from workers.engine.engine import Engine
-from workers.engine.sequence import FinishReason, SamplingParams
+from workers.engine.sequence import FinishReason
 from workers.engine.simulated import SimulatedRunner
+from workers.protocol import Sampling
 
 SEVENTY_B = PRESETS["llama-70b"]  # on 8 x H100
 
@@ -91,7 +92,7 @@ def batch_of(*sequences: tuple[list[int], int, Sample | None]) -> ForwardBatch:
 def test_the_simulated_runner_records_each_step_s_price_and_waits_it_out_when_asked():
     waited = []
     runner = SimulatedRunner(PRESETS["smollm2-135m"], num_blocks=64, wait=waited.append)
-    greedy = Sample(SamplingParams(), 0)
+    greedy = Sample(Sampling(), 0)
     batch = batch_of(([5, 6, 7], 0, greedy), ([9] * 20, 0, None), ([4], 30, greedy))
     tokens = runner.execute(batch)
     assert tokens[1] is None and all(isinstance(t, int) for t in (tokens[0], tokens[2]))
@@ -114,7 +115,7 @@ def test_the_simulated_runner_sizes_its_cache_from_blocks_or_memory():
 
 
 def run_all(
-    runner: SimulatedRunner, prompts: list[list[int]], sampling: SamplingParams, num_blocks: int, **config
+    runner: SimulatedRunner, prompts: list[list[int]], sampling: Sampling, num_blocks: int, **config
 ):
     engine = Engine(runner, EngineConfig(num_blocks=num_blocks, watermark=0.0, **config))
     rids = [engine.add(prompt, sampling) for prompt in prompts]
@@ -131,7 +132,7 @@ def run_all(
 def test_simulated_answers_ignore_batch_mates_and_preemptions_and_never_end_unasked():
     smol = PRESETS["smollm2-135m"]
     prompts = [[(7 * i + j) % 500 + 3 for j in range(20 + 13 * i)] for i in range(12)]
-    sampling = SamplingParams(max_tokens=60, temperature=0.8, seed=11)
+    sampling = Sampling(max_tokens=60, temperature=0.8, seed=11)
     alone = [run_all(SimulatedRunner(smol, num_blocks=512), [p], sampling, 512)[0][0] for p in prompts]
     together, reasons, stats = run_all(
         SimulatedRunner(smol, num_blocks=24), prompts, sampling, 24, max_batch_tokens=64, max_seqs=8
@@ -141,15 +142,15 @@ def test_simulated_answers_ignore_batch_mates_and_preemptions_and_never_end_unas
 
 
 class BatchedRunner(SimulatedRunner):
-    """The simulated runner handed laid-out batches, as a runner that keeps KV is."""
+    """The simulated runner that lays each step's batch out, as a model's runner does."""
 
-    keeps_kv = True
+    run = BatchRunner.run
 
 
 def test_a_schedule_read_directly_gives_the_tokens_and_prices_of_its_laid_out_batch():
     smol = PRESETS["smollm2-135m"]
     prompts = [[(5 * i + j) % 400 + 3 for j in range(30 + 41 * i)] for i in range(10)]
-    sampling = SamplingParams(max_tokens=40, temperature=0.7, seed=5)
+    sampling = Sampling(max_tokens=40, temperature=0.7, seed=5)
     runs = []
     for kind in (SimulatedRunner, BatchedRunner):  # chunked prompts, preemptions and recomputes
         runner = kind(smol, num_blocks=30, eos_prob=0.02)
@@ -164,11 +165,11 @@ def test_the_simulated_runner_ends_answers_with_eos_at_the_asked_rate():
     smol = PRESETS["smollm2-135m"]
     prompts = [[i + 3] * 5 for i in range(200)]
     always, reasons, _ = run_all(
-        SimulatedRunner(smol, eos_prob=1.0, num_blocks=512), prompts[:3], SamplingParams(), 512
+        SimulatedRunner(smol, eos_prob=1.0, num_blocks=512), prompts[:3], Sampling(), 512
     )
     assert always == [[2]] * 3 and reasons == [FinishReason.EOS] * 3
     answers, reasons, _ = run_all(
-        SimulatedRunner(smol, eos_prob=0.1, num_blocks=512), prompts, SamplingParams(max_tokens=100), 512
+        SimulatedRunner(smol, eos_prob=0.1, num_blocks=512), prompts, Sampling(max_tokens=100), 512
     )
     ended = [answer for answer, reason in zip(answers, reasons, strict=False) if reason is FinishReason.EOS]
     assert all(answer[-1] == 2 and 2 not in answer[:-1] for answer in ended)

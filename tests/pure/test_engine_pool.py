@@ -14,14 +14,14 @@ import trio
 import trio.testing
 
 from batcher.continuous.replica import Stage
-from batcher.core.backend import Delta, Failed, Finished, Job, Started
+from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
 from batcher.core.config import PoolConfig, QueueConfig
 from batcher.core.types import Expired, RequestFailed, Shed, TooLarge
 from tests.support.engine_pool import Client, engines, job
 from tests.support.replica_loss import check_replica_0_lost, place_streams_and_wholes
 from tests.support.waiting import until_trio
 from workers.engine.cost_model import PRESETS
-from workers.engine.serve import STATS_INTERVAL
+from workers.engine.loop import STATS_INTERVAL
 
 COST = PRESETS["llama-70b"]
 BACKOFF = PoolConfig().restart_backoff
@@ -219,7 +219,7 @@ async def test_with_paid_work_backlogged_a_free_job_is_shed_at_once_with_a_retry
         await trio.sleep(2 * STATS_INTERVAL + 0.01)  # virtual time: two backlogged reports: the rate is known
         assert pool.load().measured
         free = Client()
-        pool.submit(Job("f", tuple(b"free question"), 50, "free", "acme", stream=True), free)
+        pool.submit(Job("f", tuple(b"free question"), Sampling(50), "free", "acme", stream=True), free)
         [shed] = free.events
         assert isinstance(shed.error, Shed) and shed.retryable and shed.error.retry_after > 0.05
         assert "budget of 0.0" in str(shed.error) and pool.snapshot().stats.shed[1] == 1

@@ -44,7 +44,8 @@ def test_a_chat_body_parses_into_the_shared_call():
         )
     )
     assert parsed.call == Call("m", 9, "be\n\nbrief", (("user", "hi"), ("assistant", "yo"), ("user", "?")),
-                               sampling=Sampling(1.5, 0.5, None, 7), stop_sequences=("##",), session="u-1")
+                               sampling=Sampling(temperature=1.5, top_p=0.5, seed=7), stop_sequences=("##",),
+                               session="u-1")
     assert not parsed.include_usage
 
 

@@ -7,10 +7,11 @@ import pytest
 
 from workers.engine.config import EngineConfig
 from workers.engine.scheduler import Schedule, Scheduler
-from workers.engine.sequence import FinishReason, SamplingParams, Sequence, Status
+from workers.engine.sequence import FinishReason, Sequence, Status
+from workers.protocol import Sampling
 
 EOS = 2
-FOREVER = SamplingParams(max_tokens=10_000, ignore_eos=True)
+FOREVER = Sampling(max_tokens=10_000, ignore_eos=True)
 
 
 def scheduler(**config) -> Scheduler:
@@ -18,7 +19,7 @@ def scheduler(**config) -> Scheduler:
 
 
 def add(
-    s: Scheduler, rid: int, prompt_len: int, tier: int = 0, sampling: SamplingParams = FOREVER
+    s: Scheduler, rid: int, prompt_len: int, tier: int = 0, sampling: Sampling = FOREVER
 ) -> Sequence:
     seq = Sequence(rid, [100 + rid] * prompt_len, sampling, tier=tier, arrival=float(rid))
     s.add(seq)
@@ -181,15 +182,15 @@ def test_abort_frees_a_sequence_s_blocks_at_once_whether_running_or_waiting():
 @pytest.mark.parametrize(
     ("sampling", "tokens", "reason", "kept"),
     [
-        (SamplingParams(max_tokens=5), [7, 8, EOS], FinishReason.EOS, 3),
+        (Sampling(max_tokens=5), [7, 8, EOS], FinishReason.EOS, 3),
         (
-            SamplingParams(max_tokens=5, ignore_eos=True),
+            Sampling(max_tokens=5, ignore_eos=True),
             [EOS, EOS, EOS, EOS, EOS],
             FinishReason.MAX_TOKENS,
             5,
         ),
-        (SamplingParams(max_tokens=5, stop_token_ids=(9,)), [7, 9], FinishReason.STOP_TOKEN, 2),
-        (SamplingParams(max_tokens=2), [7, 7], FinishReason.MAX_TOKENS, 2),
+        (Sampling(max_tokens=5, stop_token_ids=(9,)), [7, 9], FinishReason.STOP_TOKEN, 2),
+        (Sampling(max_tokens=2), [7, 7], FinishReason.MAX_TOKENS, 2),
     ],
 )
 def test_a_sequence_stops_on_eos_a_stop_token_or_max_tokens(sampling, tokens, reason, kept):

@@ -17,7 +17,7 @@ from batcher.fixed.batcher import DeadlineUnreachable, open_batcher
 from batcher.fixed.policy import AIMD, IdleAware, SizeOrTimeout, SlackDriven
 from batcher.sim.arrivals import Trace, poisson
 from batcher.sim.fixed.load import drive
-from batcher.sim.fixed.replay import Replay, ReplayBatcher
+from batcher.sim.fixed.replay import Replay
 from batcher.sim.fixed.simulate import Scenario, Service, simulate
 from batcher.sim.fixed.workers import SimulatedWorker, linear
 from tests.support.spawner import Spawner
@@ -118,7 +118,7 @@ def test_a_replayed_trace_is_scheduled_exactly_as_on_time_arrivals_are(policy, q
 
     async def replayed() -> list[Request]:
         ended: list[Request] = []
-        async with open_batcher(Spawner(), pool, policy, queue, batcher=ReplayBatcher) as batcher:
+        async with open_batcher(Spawner(), pool, policy, queue) as batcher:
             batcher.feed(Replay(batcher, trace.times, trace.tier, trace.tiers, trace.deadlines, ended.append))
             await until_trio(lambda: len(ended) >= len(trace), "every request of the trace ended",
                              within=60.0, every=1.0)
@@ -173,7 +173,7 @@ def test_conservation_holds_request_by_request_under_faults():
 
         start = trio.current_time()
         pool = PoolConfig(workers=6, hang_timeout=0.6)
-        async with open_batcher(spawn, pool, SlackDriven(50, 0.2, 0.02), batcher=ReplayBatcher) as batcher:
+        async with open_batcher(spawn, pool, SlackDriven(50, 0.2, 0.02)) as batcher:
             batcher.feed(
                 Replay(
                     batcher, trace.times + start, trace.tier, trace.tiers, trace.deadlines + start, on_done

@@ -11,7 +11,7 @@ import trio
 
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.pool import open_engine_pool
-from batcher.core.backend import Delta, Failed, Finished, Job
+from batcher.core.backend import Delta, Failed, Finished, Job, Sampling
 from batcher.core.config import QueueConfig
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from gateway.text.tokenizer import ByteTokenizer
@@ -66,4 +66,4 @@ class Client:
 def job(seed: int, max_tokens: int, stream: bool, length: int = 10, **fields) -> Job:
     """A paid job of ``length`` printable prompt bytes drawn from ``seed``."""
     prompt = bytes((seed * 7 + i) % 90 + 32 for i in range(length))
-    return Job(prompt.decode(), tuple(prompt), max_tokens, "paid", "acme", stream=stream, **fields)
+    return Job(prompt.decode(), tuple(prompt), Sampling(max_tokens), "paid", "acme", stream=stream, **fields)

@@ -108,7 +108,7 @@ def _script(text: str, input_tokens: int) -> list:
     deltas = [Delta(p, len(p.encode())) for p in pieces]
     sent = sum(d.tokens for d in deltas)
     if kind == "say":
-        return [Started(0.0), *deltas, Finished("end_turn", Usage(input_tokens, sent))]
+        return [Started(0.0), *deltas, Finished("end_turn", Usage(input_tokens, 0, sent))]
     if kind == "fail-before":
         return [Failed(RequestFailed("the input failed on its own"), retryable=False)]
     if kind == "fail-after":

@@ -20,7 +20,7 @@ import torch
 
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.runner import ModelRunner
-from workers.engine.sequence import SamplingParams
+from workers.protocol import Sampling
 
 
 @dataclasses.dataclass
@@ -28,7 +28,7 @@ class Request:
     prompt: list[int]
     max_tokens: int
     arrival: int = 0  # the step it arrives at
-    params: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    params: Sampling = dataclasses.field(default_factory=Sampling)
 
 
 @dataclasses.dataclass

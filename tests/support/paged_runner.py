@@ -10,8 +10,9 @@ block still holding another sequence's KV, or a position carried over from a pre
 
 from __future__ import annotations
 
-from workers.engine.batch import ForwardBatch
-from workers.engine.sequence import FinishReason, SamplingParams
+from workers.engine.batch import BatchRunner, ForwardBatch
+from workers.engine.sequence import FinishReason
+from workers.protocol import Sampling
 
 VOCAB = 40
 EOS = 0
@@ -22,7 +23,7 @@ def next_token(context: list[int]) -> int:
 
 
 def reference(
-    prompt: list[int], sampling: SamplingParams, eos: int | None = EOS
+    prompt: list[int], sampling: Sampling, eos: int | None = EOS
 ) -> tuple[list[int], FinishReason]:
     """The answer and why it stops, by recomputing from the whole context at every token."""
     output: list[int] = []
@@ -37,7 +38,7 @@ def reference(
             return output, FinishReason.MAX_TOKENS
 
 
-class PagedRunner:
+class PagedRunner(BatchRunner):
     def __init__(self, block_size: int, num_blocks: int, eos: int | None = EOS) -> None:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.eos_token_ids = frozenset() if eos is None else frozenset({eos})

@@ -24,9 +24,8 @@ from tests.support.processes import alive
 from tests.support.waiting import until_trio
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
+from workers.engine.loop import STOPS
 from workers.engine.runner import ModelRunner
-from workers.engine.sequence import SamplingParams
-from workers.engine.serve import STOPS
 from workers.protocol import (
     Abort,
     Add,
@@ -35,6 +34,7 @@ from workers.protocol import (
     Message,
     Ready,
     RunBatch,
+    Sampling,
     SequenceFinished,
     Tokens,
     encode,
@@ -214,7 +214,7 @@ def in_process(model_dir, requests: list[Add]) -> dict[int, list[int]]:
     engine = Engine(runner, EngineConfig(4, 512, max_batch_tokens=32, max_seqs=8))
     answers: dict[int, list[int]] = {}
     for r in requests:
-        sampling = SamplingParams(max_tokens=r.max_tokens, ignore_eos=r.ignore_eos,
+        sampling = Sampling(max_tokens=r.max_tokens, ignore_eos=r.ignore_eos,
                                   stop_token_ids=tuple(r.stop_token_ids))
         answers[engine.add(r.prompt_tokens, sampling, tier=r.tier, tenant=r.tenant, rid=r.rid)] = []
     while engine.has_work:

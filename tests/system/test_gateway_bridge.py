@@ -11,7 +11,7 @@ import contextlib
 
 import pytest
 
-from batcher.core.backend import Delta, Failed, Finished, Job, Started
+from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
 from batcher.core.config import PoolConfig, QueueConfig
 from batcher.core.types import Overloaded
 from batcher.fixed.batcher import open_batcher
@@ -45,7 +45,7 @@ class Core:
 
 
 def job(text: str, tier: str | None = "paid", deadline: float | None = None) -> Job:
-    return Job(text, text.encode(), 100, tier, deadline=deadline)
+    return Job(text, text.encode(), Sampling(100), tier, deadline=deadline)
 
 
 async def until_ended(handle) -> list:

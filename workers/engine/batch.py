@@ -1,9 +1,10 @@
-"""What one engine step hands the model, and the protocol of whatever runs it: pure values.
+"""What runs an engine step (:class:`Runner`), and the flat batch a model reads (:class:`ForwardBatch`).
 
-The scheduler decides which tokens of which sequences are computed this step; the engine turns
-that into one :class:`ForwardBatch`, flat lists of ints that any runner can read without knowing
-about sequences or blocks. Sequence ``i`` of the batch owns tokens
-``input_ids[sum(query_lens[:i]) : sum(query_lens[:i + 1])]``::
+The scheduler decides which tokens of which sequences a step computes (a ``Schedule``); a runner
+computes them and samples. A model's runner (:class:`BatchRunner`) lays the step out as one
+:class:`ForwardBatch`, flat lists of ints that any model reads without knowing about sequences or
+blocks (a runner that only prices steps reads the schedule). Sequence ``i`` of the batch owns
+tokens ``input_ids[sum(query_lens[:i]) : sum(query_lens[:i + 1])]``::
 
     sequence        A (decode)   B (prefill chunk, 3 tokens)   C (decode)
     input_ids       [a9          b0  b1  b2                   c4]
@@ -24,9 +25,13 @@ at ``context_lens[i] - 1`` (the attention mask comes from positions alone: a tok
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Protocol
 
-from workers.engine.sequence import SamplingParams
+import numpy as np
+
+from workers.engine.scheduler import Schedule
+from workers.protocol import Sampling
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,7 +43,7 @@ class Sample:
     batch mates nor on whether it was preempted and recomputed.
     """
 
-    params: SamplingParams
+    params: Sampling
     index: int
 
 
@@ -66,17 +71,55 @@ class ForwardBatch:
 
 
 class Runner(Protocol):
-    """Runs a :class:`ForwardBatch`: the torch model in a worker, or a simulation of one."""
+    """Runs an engine's steps: the torch model in a worker, or a runner that prices them."""
 
     block_size: int
     num_blocks: int
     eos_token_ids: frozenset[int]
     max_model_len: int
     """The longest sequence (prompt and answer) the model can attend over: its context."""
-    # A runner may also say ``keeps_kv = False`` (the simulated one, which only prices a step):
-    # the engine then hands it the step's Schedule (``execute_schedule``) instead of a batch,
-    # whose positions, slots and block tables it would not read and whose layout would cost more
-    # than the rest of its step.
+
+    def run(self, schedule: Schedule) -> list[int | None]:
+        """Compute one step, before its sequences' ``num_computed`` moves on: the next token of
+        each scheduled sequence whose chunk ends at its last token, None for the others."""
+
+
+class BatchRunner:
+    """A runner of laid-out batches: :meth:`run` lays the step out (:func:`forward_batch`) and
+    hands it to :meth:`execute`."""
+
+    block_size: int
+
+    def run(self, schedule: Schedule) -> list[int | None]:
+        return self.execute(forward_batch(schedule, self.block_size))
 
     def execute(self, batch: ForwardBatch) -> list[int | None]:
         """The next token of each sequence whose ``samples[i]`` is set, None for the others."""
+        raise NotImplementedError
+
+
+def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
+    """The flat batch for ``schedule``, before its sequences' ``num_computed`` moves on.
+
+    Positions and slots are computed for the whole batch at once with numpy (a long prompt
+    chunk is thousands of tokens): token ``t`` of sequence ``s`` at position ``p`` goes to
+    ``table_s[p // block_size] * block_size + p % block_size``, every table laid end to end.
+    """
+    input_ids, query_lens, context_lens, tables, samples = [], [], [], [], []
+    for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=True):
+        start, end = seq.num_computed, seq.num_computed + n
+        input_ids += seq.tokens(start, end)
+        query_lens.append(n)
+        context_lens.append(end)
+        tables.append(list(seq.block_table))
+        samples.append(Sample(seq.sampling, len(seq.output_ids)) if end == seq.num_tokens else None)
+    counts, ends = np.array(query_lens), np.array(context_lens)
+    first_token = np.cumsum(counts) - counts  # each sequence's first index in the flat batch
+    positions = np.arange(len(input_ids)) + np.repeat(ends - counts - first_token, counts)
+    table_starts = np.cumsum([0] + [len(table) for table in tables[:-1]])
+    flat_tables = np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int64)
+    blocks = flat_tables[np.repeat(table_starts, counts) + positions // block_size]
+    slots = blocks * block_size + positions % block_size
+    return ForwardBatch(
+        input_ids, positions.tolist(), slots.tolist(), query_lens, context_lens, tables, samples
+    )

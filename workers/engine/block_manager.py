@@ -150,8 +150,18 @@ class BlockManager:
 
     def computed(self, seq: Sequence, num_tokens: int) -> None:
         """``seq``'s next ``num_tokens`` slots now hold KV: the blocks that filled become cached."""
+        first = seq.num_computed // self.block_size
+        seq.num_computed += num_tokens
+        self._cache(seq, first)
+
+    def filled(self, seq: Sequence) -> None:
+        """The decode ``seq``'s ``num_computed`` already counts filled its last block: it becomes
+        cached (a run of decodes moves ``num_computed`` itself)."""
+        self._cache(seq, seq.num_computed // self.block_size - 1)
+
+    def _cache(self, seq: Sequence, first: int) -> None:
+        """Cache ``seq``'s full blocks from block ``first`` on."""
         bs = self.block_size
-        first, seq.num_computed = seq.num_computed // bs, seq.num_computed + num_tokens
         full = seq.num_computed // bs
         if full == first:
             return  # no block filled (the hashes already cover every full block)

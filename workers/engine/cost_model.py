@@ -112,6 +112,10 @@ class CostModel:
         self._free = overhead == Overhead()
         self._bandwidth = hardware.bandwidth * hardware.gpus
         self._flops = hardware.flops * hardware.gpus
+        # the shape's products, once rather than at every step priced
+        self._weight_bytes, self._kv_bytes = shape.weight_bytes, shape.kv_bytes_per_token
+        self._token_flops = 2 * shape.params
+        self._pair_flops = 4 * shape.layers * shape.heads * shape.head_dim
 
     def attention_flops(self, query_len: int, context_len: int) -> int:
         """A chunk of ``query_len`` tokens ending at ``context_len``: token ``p`` reads ``p + 1`` keys."""
@@ -119,12 +123,11 @@ class CostModel:
         return 4 * shape.layers * shape.heads * shape.head_dim * attention_pairs(query_len, context_len)
 
     def step(self, query_lens: list[int], context_lens: list[int]) -> StepCost:
-        shape = self.shape
-        memory = shape.weight_bytes + shape.kv_bytes_per_token * sum(context_lens)
-        compute = 2 * shape.params * sum(query_lens)
+        memory = self._weight_bytes + self._kv_bytes * sum(context_lens)
+        compute = self._token_flops * sum(query_lens)
         # attention_pairs summed over the batch, inline (the replay prices millions of steps)
         pairs = sum(q * c - q * (q - 1) // 2 for q, c in zip(query_lens, context_lens, strict=False))
-        compute += 4 * shape.layers * shape.heads * shape.head_dim * pairs
+        compute += self._pair_flops * pairs
         overhead = 0.0
         if not self._free:
             overhead = self.overhead.seconds(len(query_lens), sum(query_lens), sum(context_lens), pairs)
@@ -133,9 +136,8 @@ class CostModel:
     def decode_seconds(self, seqs: int, context_tokens: int) -> float:
         """``step([1] * seqs, context_lens).seconds`` for contexts summing to ``context_tokens``,
         the same float, without the lists (a decode token attends to its whole context)."""
-        shape = self.shape
-        memory = shape.weight_bytes + shape.kv_bytes_per_token * context_tokens
-        compute = 2 * shape.params * seqs + 4 * shape.layers * shape.heads * shape.head_dim * context_tokens
+        memory = self._weight_bytes + self._kv_bytes * context_tokens
+        compute = self._token_flops * seqs + self._pair_flops * context_tokens
         roofline = max(memory / self._bandwidth, compute / self._flops)
         if self._free:
             return roofline

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from workers.engine.attention import CacheShape, PagedAttention, plan_attention
-from workers.engine.batch import ForwardBatch
+from workers.engine.batch import BatchRunner, ForwardBatch
 from workers.engine.checkpoint import read_eos_token_ids
 from workers.engine.cpu import decode_kernel
 from workers.engine.cpu.context_copy import ContextCopies
@@ -26,7 +26,7 @@ DEFAULT_KV_MEMORY_GB = 1.0
 DEFAULT_CONTEXT_COPY_GB = 0.5
 
 
-class ModelRunner:
+class ModelRunner(BatchRunner):
     """Loads ``model_dir`` (a Hugging Face directory) and runs forward batches over its cache.
 
     The cache has ``num_blocks`` blocks of ``block_size`` tokens; without ``num_blocks`` it

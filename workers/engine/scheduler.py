@@ -23,21 +23,24 @@ the whole cache or than the model's context, on arrival.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections import deque
+from typing import NamedTuple
 
 from workers.engine.block_manager import BlockManager, cdiv
 from workers.engine.config import EngineConfig
+from workers.engine.decode_run import DecodeRun
 from workers.engine.sequence import FinishReason, Sequence, Status
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Schedule:
-    """One step's decision: ``seqs[i]`` computes its next ``num_tokens[i]`` tokens."""
+class Schedule(NamedTuple):
+    """One step's decision: ``seqs[i]`` computes its next ``num_tokens[i]`` tokens; ``run`` is
+    set when the step is a pure decode of a :class:`~workers.engine.decode_run.DecodeRun`.
+    (A named tuple: immutable, and cheap to make.)"""
 
     seqs: list[Sequence]
     num_tokens: list[int]
     preempted: list[Sequence]
+    run: DecodeRun | None = None
 
 
 def priority(seq: Sequence) -> tuple[int, float, int]:
@@ -67,6 +70,7 @@ class Scheduler:
         self.finished: list[Sequence] = []  # finished since the engine last took them
         self.details: dict[int, str] = {}  # rid -> why a sequence ended the way it did, where it needs saying
         self.preemptions = 0
+        self._run: DecodeRun | None = None  # the running sequences' run of decodes, while it lasts
 
     @property
     def num_waiting(self) -> int:
@@ -75,6 +79,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         if seq.rid in self.sequences:
             raise ValueError(f"rid {seq.rid}: already in the engine")
+        self._run = None
         self.sequences[seq.rid] = seq
         needed = cdiv(seq.num_prompt, self.config.block_size)
         if self.max_model_len is not None and seq.num_prompt >= self.max_model_len:
@@ -100,7 +105,29 @@ class Scheduler:
         self.finish(seq, FinishReason.ABORTED, now)
         return True
 
+    def decode_run(self) -> DecodeRun | None:
+        """The run of decode steps the running sequences are in, or None if the next step is not
+        a pure decode of all of them (see :mod:`workers.engine.decode_run`)."""
+        running = self.running
+        if self._run is not None or not running or self.num_waiting:
+            return self._run
+        if len(running) <= self.config.max_batch_tokens and all(
+            seq.output_ids and seq.remaining == 1 for seq in running  # its first token sampled
+        ):
+            length = min(map(self.tokens_left, running))
+            stop_ids = frozenset().union(*map(self.stop_ids, running))
+            self._run = DecodeRun(list(running), self.config.block_size, length, stop_ids)
+        return self._run
+
     def schedule(self, now: float) -> Schedule:
+        run = self.decode_run()
+        if run is not None:
+            growing = run.growing()
+            if not growing or len(growing) <= self.blocks.num_free:  # else the step below preempts
+                for seq in growing:
+                    self.blocks.grow(seq, 1)
+                return Schedule(run.seqs, run.ones, [], run)
+        self._run = None
         budget, seqs, counts, preempted = self.config.max_batch_tokens, [], [], []
         decodes = sum(1 for seq in self.running if seq.remaining == 1)
         bs, i = self.config.block_size, 0
@@ -167,6 +194,8 @@ class Scheduler:
 
     def postprocess(self, schedule: Schedule, tokens: list[int | None], now: float) -> dict[int, int]:
         """Record what the step computed and sampled; returns each sequence's new token by rid."""
+        if schedule.run is not None:
+            return self._decoded(schedule.run, tokens, now)  # type: ignore[arg-type]
         new: dict[int, int] = {}
         ended = False
         for seq, n, token in zip(schedule.seqs, schedule.num_tokens, tokens, strict=True):
@@ -186,16 +215,44 @@ class Scheduler:
             self.running = [seq for seq in self.running if not seq.finished]
         return new
 
+    def _decoded(self, run: DecodeRun, tokens: list[int], now: float) -> dict[int, int]:
+        """:meth:`postprocess` of a pure decode step: one token for each of the run's sequences."""
+        for seq, token in zip(run.seqs, tokens, strict=True):
+            seq.num_computed += 1
+            seq.output_ids.append(token)
+        for seq in run.growing(1):  # the token filled its block (the next step needs a new one)
+            self.blocks.filled(seq)
+        run.step += 1
+        run.context += len(run.seqs)
+        if run.ends(tokens):
+            for seq in run.seqs:
+                reason = self.stop_reason(seq, seq.output_ids[-1])
+                if reason is not None:
+                    self.finish(seq, reason, now)
+            if self._run is None:  # a sequence ended
+                self.running = [seq for seq in self.running if not seq.finished]
+        return dict(zip(run.rids, tokens, strict=True))
+
     def stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         """Why ``seq`` ends with ``token`` just appended, or None if it goes on."""
         reason = self.token_stop(seq, token)
         if reason is not None:
             return reason
-        if len(seq.output_ids) >= seq.sampling.max_tokens or (
-            self.max_model_len is not None and seq.num_tokens >= self.max_model_len
-        ):
-            return FinishReason.MAX_TOKENS
-        return None
+        return FinishReason.MAX_TOKENS if self.tokens_left(seq) <= 0 else None
+
+    def tokens_left(self, seq: Sequence) -> int:
+        """How many more tokens ``seq`` may make before its length ends it: its ``max_tokens``,
+        or the model's context, whichever is nearer."""
+        left = seq.sampling.max_tokens - len(seq.output_ids)
+        if self.max_model_len is not None and self.max_model_len - seq.num_tokens < left:
+            return self.max_model_len - seq.num_tokens
+        return left
+
+    def stop_ids(self, seq: Sequence) -> frozenset[int]:
+        """The ids that end ``seq`` when sampled (:meth:`token_stop`)."""
+        sampling = seq.sampling
+        eos = frozenset() if sampling.ignore_eos else self.eos_token_ids
+        return eos.union(sampling.stop_token_ids) if sampling.stop_token_ids else eos
 
     def token_stop(self, seq: Sequence, token: int) -> FinishReason | None:
         """Whether ``token`` itself ends ``seq``: an end-of-sequence id, or one of its stop ids."""
@@ -208,6 +265,7 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: FinishReason, now: float, detail: str = "") -> None:
         """Mark ``seq`` finished and free its blocks; the caller takes it out of its queue."""
         self.blocks.free_blocks(seq)
+        self._run = None
         seq.status, seq.finish_reason, seq.finished_at = Status.FINISHED, reason, now
         del self.sequences[seq.rid]
         self.finished.append(seq)

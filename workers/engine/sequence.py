@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
+
+from workers.protocol import Sampling
 
 
 class Status(enum.Enum):
@@ -37,42 +38,13 @@ class FinishReason(enum.Enum):
     TOO_LONG = "too_long"  # cannot fit the KV cache alone, or its prompt fills the context
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How a sequence picks its tokens. ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p``
-    1 switch those filters off; a ``seed`` makes a sampled answer reproducible whatever else
-    shares its batch."""
-
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens: expected >= 1, got {self.max_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature: expected a number >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k: expected >= 0 (0: off), got {self.top_k}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
 @dataclasses.dataclass(slots=True, eq=False)
 class Sequence:
     """One request inside the engine. Times are readings of the engine's clock (seconds)."""
 
     rid: int
     prompt_ids: list[int]
-    sampling: SamplingParams = SamplingParams()
+    sampling: Sampling = Sampling()
     tier: int = 0  # 0 is served first
     tenant: str = ""  # salts the prefix cache: two tenants never share a block
     arrival: float = 0.0

@@ -1,17 +1,14 @@
 """``python -m workers engine``: the continuous engine behind the framed pipe (workers/protocol.py).
 
-The loop. While the engine has work, each turn takes whatever frames have already arrived
-(``poll`` with timeout 0, at most 1 MiB, so a flood of ``add`` frames cannot stall running
-decodes), runs one step, and writes that step's ``tokens`` and ``finished`` frames, plus
-``stats`` when 200 ms have passed, in one write. While idle it blocks on the pipe, waking only
-to send ``stats``. EOF on the pipe ends it (exit 0); the parent watchdog of
-``workers/__main__.py`` ends it when the gateway dies.
+The process shell of the serving loop (:mod:`workers.engine.loop`). While the engine has work,
+each turn takes whatever frames have already arrived (``poll`` with timeout 0, at most 1 MiB,
+so a flood of ``add`` frames cannot stall running decodes), runs one step, and writes that
+step's ``tokens`` and ``finished`` frames, plus ``stats`` when 200 ms have passed, in one write.
+While idle it blocks on the pipe, waking only to send ``stats``. EOF on the pipe ends it (exit
+0); the parent watchdog of ``workers/__main__.py`` ends it when the gateway dies.
 
-A frame that breaks the protocol exits 2: one that does not decode, a kind the engine does not
-take, an ``add`` the engine refuses (a rid already live, sampling out of range, an empty
-prompt; the gateway validates requests, so these are the pool's bugs). The pool treats that like
-a crash and restarts the worker. An ``abort`` of a rid the engine does not hold (it has just
-finished) is ignored.
+A frame that breaks the protocol (see the loop) exits 2: the gateway validates requests, so
+these are the pool's bugs, and the pool treats that like a crash and restarts the worker.
 """
 
 from __future__ import annotations
@@ -27,24 +24,12 @@ from typing import BinaryIO
 from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS
-from workers.engine.engine import Engine, SequenceEnd, StepOutput
-from workers.engine.sequence import FinishReason, SamplingParams
+from workers.engine.engine import Engine
+from workers.engine.interface import EngineCore, StepOutput
+from workers.engine.loop import EngineLoop, step_messages
 from workers.engine.simulated import SimulatedRunner
-from workers.protocol import (
-    Abort,
-    Add,
-    FrameDecoder,
-    Message,
-    ProtocolError,
-    Ready,
-    SequenceFinished,
-    Tokens,
-    Usage,
-    encode,
-)
+from workers.protocol import FrameDecoder, ProtocolError, Ready, encode
 
-STATS_INTERVAL = 0.2
-STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)  # ended by a stop token: its id is not sent
 READ_LIMIT = 1 << 20
 BAD_START, PROTOCOL_FAULT = 2, 2
 
@@ -97,76 +82,36 @@ def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -
     return 0
 
 
-def run(engine: Engine, protocol_in: int, out: BinaryIO, clock: Callable[[], float] = time.monotonic) -> None:
+def run(
+    engine: EngineCore, protocol_in: int, out: BinaryIO, clock: Callable[[], float] = time.monotonic
+) -> None:
     """Serve frames from ``protocol_in`` until EOF (see the module's docstring)."""
     decoder = FrameDecoder()
     poller = select.poll()
     poller.register(protocol_in, select.POLLIN)
-    next_stats = clock()
+    loop = EngineLoop(engine, clock())
     while True:
-        timeout = 0.0 if engine.has_work else max(0.0, next_stats - clock()) * 1000
+        timeout = 0.0 if engine.has_work else max(0.0, loop.next_stats - clock()) * 1000
         taken = 0
         while taken < READ_LIMIT and poller.poll(timeout):
             data = os.read(protocol_in, 1 << 16)
             if not data:
                 return
             taken, timeout = taken + len(data), 0.0
-            for message in decoder.feed(data):
-                handle(engine, message)
-        frames = step_frames(engine.step()) if engine.has_work else []
-        if clock() >= next_stats:
-            frames.append(encode(engine.stats()))
-            next_stats = clock() + STATS_INTERVAL
+            loop.take(decoder.feed(data))
+        output = loop.step()
+        frames = [] if output is None else step_frames(output)
+        stats = loop.stats(clock())
+        if stats is not None:
+            frames.append(encode(stats))
         if frames:
             out.write(b"".join(frames))
             out.flush()
 
 
-def handle(engine: Engine, message: Message) -> None:
-    if isinstance(message, Abort):
-        engine.abort(message.rid)
-        return
-    if not isinstance(message, Add):
-        raise ProtocolError(f"unexpected {message.kind} frame")
-    try:
-        sampling = SamplingParams(
-            max_tokens=message.max_tokens,
-            temperature=message.temperature,
-            top_p=message.top_p,
-            top_k=message.top_k,
-            seed=message.seed,
-            stop_token_ids=tuple(message.stop_token_ids),
-            ignore_eos=message.ignore_eos,
-        )
-        engine.add(message.prompt_tokens, sampling, tier=message.tier, tenant=message.tenant, rid=message.rid)
-    except ValueError as exc:
-        raise ProtocolError(f"add {message.rid} refused: {exc}") from None
-
-
-def step_messages(output: StepOutput) -> list[Tokens | SequenceFinished]:
-    """A step's frames: every new token, then every sequence that ended (its last token first).
-
-    A stop token (end-of-sequence, or one of the request's stop ids) is not sent: it is not text,
-    and ``finished`` counts it in the usage. Leaving it out here, where the step is known, keeps
-    the pool from having to tell a stop id from text by where a frame falls in what it read. The
-    simulated engine process of ``batcher.sim`` hands these same messages to the pool unencoded.
-    """
-    stopped = {done.rid for done in output.finished if done.reason in STOPS}
-    messages: list[Tokens | SequenceFinished] = [
-        Tokens(rid=rid, ids=[token]) for rid, token in output.tokens.items() if rid not in stopped
-    ]
-    messages += map(finished_message, output.finished)
-    return messages
-
-
-def finished_message(done: SequenceEnd) -> SequenceFinished:
-    """The ``finished`` frame of a sequence that ended, with its usage."""
-    usage = Usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
-    return SequenceFinished(rid=done.rid, reason=done.reason.value, usage=usage)
-
-
 def step_frames(output: StepOutput) -> list[bytes]:
-    """:func:`step_messages` encoded; a sequence too long for the cache is explained on stderr."""
+    """:func:`~workers.engine.loop.step_messages` encoded; a sequence too long for the cache is
+    explained on stderr."""
     for done in output.finished:
         if done.detail:
             print(f"engine worker: rid {done.rid} {done.reason.value}: {done.detail}", file=sys.stderr)

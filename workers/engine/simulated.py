@@ -1,7 +1,7 @@
 """A runner with no model: tokens from a seeded hash, the step's time from the cost model. Pure.
 
 The engine cannot tell it from the torch runner: same :class:`~workers.engine.batch.Runner`
-protocol, same cache geometry, a token for every sequence whose ``samples[i]`` is set. Each
+protocol, same cache geometry, a token for every sequence whose chunk ends at its last token. Each
 token is a hash of the runner's seed, the request's seed, the output index and the last token
 and position of the sequence's chunk, so a sequence's answer depends on nothing else in its
 batch and comes out the same after a preemption and recompute (like greedy decoding, two
@@ -21,15 +21,16 @@ import math
 import struct
 from collections.abc import Callable
 
-from workers.engine.batch import ForwardBatch
+from workers.engine.batch import BatchRunner, ForwardBatch
 from workers.engine.cost_model import CostModel
 from workers.engine.scheduler import Schedule
 
 _KEY = struct.Struct(">5Q")
 
 
-class SimulatedRunner:
-    keeps_kv = False  # the engine hands it schedules (execute_schedule), not batches
+class SimulatedRunner(BatchRunner):
+    """Prices each step (see the module doc); it reads a step's schedule rather than lay out its
+    batch, whose positions, slots and block tables it has no use for."""
 
     def __init__(
         self,
@@ -85,9 +86,13 @@ class SimulatedRunner:
         self._price(batch.query_lens, batch.context_lens)
         return tokens
 
-    def execute_schedule(self, schedule: Schedule) -> list[int | None]:
-        """What ``execute`` returns for the batch of ``schedule``, read from its sequences (before
-        their ``num_computed`` moves on) without laying the batch out."""
+    def run(self, schedule: Schedule) -> list[int | None]:
+        """What :meth:`execute` returns for the batch of ``schedule``, read from its sequences
+        without laying the batch out (a pure decode's price from its run's context)."""
+        if schedule.run is not None:
+            draw, seqs = self.token, schedule.run.seqs
+            self._charge(self.cost.decode_seconds(len(seqs), schedule.run.context))
+            return [draw(s.sampling.seed, len(s.output_ids), s.output_ids[-1], s.num_computed) for s in seqs]
         tokens: list[int | None] = []
         context_lens = []
         for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=True):
@@ -103,15 +108,17 @@ class SimulatedRunner:
         return tokens
 
     def _price(self, query_lens: list[int], context_lens: list[int]) -> None:
-        self.last_step_seconds = self.cost.step(query_lens, context_lens).seconds
-        self.total_seconds += self.last_step_seconds
+        self._charge(self.cost.step(query_lens, context_lens).seconds)
+
+    def _charge(self, seconds: float) -> None:
+        self.last_step_seconds = seconds
+        self.total_seconds += seconds
         if self._wait is not None:
             self._wait(self.last_step_seconds)
 
     def token(self, seed: int | None, index: int, last: int, position: int) -> int:
-        """The token ``execute`` samples for a sequence of sampling ``seed`` whose chunk ends with
-        ``last`` at ``position``, as its ``index``-th output (a replay that jumps decode steps
-        draws them here)."""
+        """The token a step samples for a sequence of sampling ``seed`` whose chunk ends with
+        ``last`` at ``position``, as its ``index``-th output."""
         key = _KEY.pack(self._seed64, (seed or 0) % 2**64, index, last, position)
         digest = hashlib.blake2b(key, digest_size=16).digest()
         if self._eos_below and int.from_bytes(digest[:8]) < self._eos_below:

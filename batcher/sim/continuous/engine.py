@@ -1,47 +1,14 @@
-"""An engine worker that lives in the gateway's trio run: the real engine over a priced runner.
+"""An engine worker inside the gateway's trio run: the real engine and loop over a priced runner.
 
-:class:`SimulatedEngine` is what the :class:`~batcher.continuous.pool.EnginePool` gets from its spawn
-in place of an :class:`~batcher.continuous.engine_process.EngineProcess`, behind the same surface: ``start``
-(``ready``, then the first ``stats``), ``send`` (encoded ``add`` and ``abort`` frames),
-``receive`` (the frames of one read), ``wait_exit`` and ``stop``. Inside it is the production
-:class:`~workers.engine.engine.Engine` (scheduler, block manager, prefix cache) over a
-:class:`~workers.engine.simulated.SimulatedRunner`, so every scheduling decision is the real
-engine's, and only the forward pass is priced instead of run.
-
-The engine's loop is the worker process's (``workers/engine/serve.py``), turn for turn: take the
-frames that have arrived, run one step, let the step's time pass
-(``await trio.sleep_until(...)`` of the runner's ``last_step_seconds``), hand out its frames and a
-``stats`` frame every :data:`~workers.engine.serve.STATS_INTERVAL`; while idle, wait for a frame or
-the next ``stats``. The loop runs inside :meth:`SimulatedEngine.receive`: the pool reads an
-engine without pause while it is up (``batcher/continuous/replica.py``), so the engine steps exactly while a
-process would, and needs no task of its own. A step whose time has not yet passed when a read is
-cancelled stays pending, and the next read waits out the rest of it.
-
-Faults from outside, as a test or a chaos run causes them: :meth:`kill` is a SIGKILL (the next
-read and every send raise ``WorkerLost``, ``wait_exit`` returns), :meth:`freeze` a SIGSTOP (alive
-and silent: no step, no frame, until the pool's stats timeout kills it), :meth:`hold_output`
-a gateway too busy to read (frames pile up, and one read brings many steps).
-
-Under ``trio.testing.MockClock(autojump_threshold=0)`` a step costs no real time: the pool, the
-router and admission are tested and replayed over hours of LLM traffic with exact times.
-
-With ``jump`` (the replay's default), two things make a long replay cheap, each leaving every
-time and token the pool's callers see as a step-by-step engine would make them:
-
-- A turn whose step is a pure decode plans the run of identical steps from it
-  (:mod:`batcher.sim.continuous.jump`) and waits for its end, or for anything that reaches the engine first:
-  a frame from the pool (:meth:`send`), or a look at its blocks (:meth:`catch_up`). Then it
-  commits the steps ended by then and the one under way, as a worker would have run them, and
-  takes the new work after that one, as a worker would.
-- A sequence's tokens are handed out when the pool needs them: its first token at once (its
-  time is the request's first token, and it frees the pool's prefill room), the rest with its
-  end; meanwhile :meth:`unread` counts what the pool has not seen, and the pool's router takes
-  it off the replica's load, which then reads as if every step's frames had been read. A
-  stream's text arrives as two deltas, the first token and the rest. A whole answer's stop
-  sequences are seen only at its end: the replay streams every request.
-
-Without it (the pool's logic tests) every step is its own turn and its own frames; the faults
-above are for that engine (a jumping one killed would take its unsent tokens with it).
+:class:`SimulatedEngine` is what the :class:`~batcher.continuous.pool.EnginePool`'s spawn gives in
+place of an :class:`~batcher.continuous.engine_process.EngineProcess`, with its surface. Inside,
+the production :class:`~workers.engine.loop.EngineLoop` drives the production
+:class:`~workers.engine.engine.Engine` over a :class:`~workers.engine.simulated.SimulatedRunner`
+under trio's clock: a step's price passes as a ``trio.sleep_until``, while the pool reads (the
+loop runs inside :meth:`receive`). Faults: :meth:`kill`, :meth:`freeze`, :meth:`hold_output`.
+With ``jump`` (the replay's) a run of decode steps is waited out at once
+(:mod:`batcher.sim.continuous.plan`), then taken as real steps, and a sequence's tokens go out
+at its first token and its end; :meth:`unread` counts the rest for :class:`ReadAhead`.
 """
 
 from __future__ import annotations
@@ -49,16 +16,18 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
 
 import trio
-import trio.testing
 
 from batcher.continuous.config import ContinuousModelConfig
-from batcher.sim.continuous.jump import Leap
+from batcher.continuous.router import Route, Router
+from batcher.sim.continuous.plan import Plan, plan
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS, CostModel
-from workers.engine.engine import Engine, StepOutput
-from workers.engine.serve import STATS_INTERVAL, STOPS, finished_message, handle, step_messages
+from workers.engine.engine import Engine
+from workers.engine.interface import StepOutput
+from workers.engine.loop import STOPS, EngineLoop, finished_message, step_messages
 from workers.engine.simulated import SimulatedRunner
 from workers.protocol import (
     EngineStats,
@@ -116,12 +85,12 @@ class EngineSpec:
 
 @dataclasses.dataclass(slots=True)
 class _Taken:
-    """Steps the engine has run whose time has not yet passed: one ``Engine.step`` (its output),
-    or a committed run of decode steps."""
+    """Steps the engine has taken whose time has not yet passed: their outputs, and the part of
+    a planned run they are."""
 
     end: float
-    output: StepOutput | None = None
-    run: Leap | None = None
+    outputs: list[StepOutput]
+    plan: Plan | None = None
 
 
 class SimulatedEngine:
@@ -136,18 +105,19 @@ class SimulatedEngine:
         self.leapt = 0  # steps taken inside runs of decode steps beyond the first of each
         self.cut = 0  # runs that work or a look reached before their planned end
         self.runner = spec.runner()
-        self.engine = Engine(self.runner, spec.engine, clock=trio.current_time)
+        self._begun: float | None = None  # when the step of a run being taken began
+        self.engine = Engine(self.runner, spec.engine, clock=self._clock)
+        self.loop = EngineLoop(self.engine, trio.current_time())
         self.first_stats: EngineStats
         self.frozen = False
         self._decoder = FrameDecoder()
         self._inbox: list[Message] = []
         self._arrived = trio.Event()
         self._outbox: list[Message] = []
-        self._step: _Taken | None = None  # steps run, their time not yet passed
-        self._plan: Leap | None = None  # a run planned, none of it committed yet
+        self._step: _Taken | None = None  # steps taken, their time not yet passed
+        self._plan: Plan | None = None  # a run planned, none of it taken yet
         self._unsent: dict[int, list[int]] = {}  # rid -> ids not handed out, once its first is
         self._unread = 0  # ids in _unsent
-        self._next_stats = 0.0
         self.reported_at = 0.0  # when it last sent stats (the pool kills an engine silent too long)
         self._held_until = -math.inf
         self._exited = trio.Event()
@@ -155,9 +125,10 @@ class SimulatedEngine:
 
     async def start(self) -> None:
         await trio.lowlevel.checkpoint()
-        self.first_stats = self._stats()
         self.reported_at = trio.current_time()
-        self._next_stats = self.reported_at + STATS_INTERVAL
+        first = self.loop.stats(self.reported_at)
+        assert first is not None, "the loop reports at once"
+        self.first_stats = first
 
     async def send(self, data: bytes) -> None:
         """Frames for the engine's next turn; raises WorkerLost once it has exited."""
@@ -204,25 +175,34 @@ class SimulatedEngine:
 
     def catch_up(self) -> None:
         """Bring a planned run to now, where a step-by-step engine would be: the steps ended by
-        now and the one under way committed, the rest never taken. Whatever acts on the engine
-        or reads its state from outside calls this first."""
-        run, self._plan = self._plan, None
-        if run is None:
+        now and the one under way taken, the rest never. Whatever acts on the engine or reads
+        its state from outside calls this first."""
+        planned, self._plan = self._plan, None
+        if planned is None:
             return
-        steps = min(len(run.ends), bisect.bisect_right(run.ends, trio.current_time()) + 1)
-        self.cut += steps < len(run.ends)
-        run.take(steps)
+        ends = planned.ends
+        steps = min(len(ends), bisect.bisect_right(ends, trio.current_time()) + 1)
+        self.cut += steps < len(ends)
         self.leapt += steps - 1
-        self._step = _Taken(run.end, run=run)
+        outputs = []
+        for begun in (planned.start, *ends[: steps - 1]):
+            self._begun = begun  # the engine's clock reads when each step began
+            outputs.append(self.engine.step())
+        self._begun = None
+        self._step = _Taken(ends[steps - 1], outputs, Plan(planned.start, ends[:steps], planned.seqs))
         self._arrived.set()  # the loop waits out the run's new end
+
+    def _clock(self) -> float:
+        """The engine's clock: now, or the time the step of a run being taken began."""
+        return trio.current_time() if self._begun is None else self._begun
 
     def unread(self) -> int:
         """Tokens its steps have made by now that the pool has not been handed (see the module
         doc): what the pool's view of this replica's load lacks."""
-        run = self._plan or (self._step.run if self._step is not None else None)
-        if run is None:
+        planned = self._plan or (self._step.plan if self._step is not None else None)
+        if planned is None:
             return self._unread
-        return self._unread + len(run.seqs) * bisect.bisect_right(run.ends, trio.current_time())
+        return self._unread + planned.seqs * bisect.bisect_right(planned.ends, trio.current_time())
 
     async def _run(self) -> list[Message]:
         while True:
@@ -233,56 +213,53 @@ class SimulatedEngine:
                 return frames
 
     async def _turn(self) -> None:
-        """One turn of the worker's loop: frames in, a step (and its time), stats when due."""
-        engine = self.engine
+        """One turn of the serving loop: frames in, a step (and its time), stats when due."""
+        engine, loop = self.engine, self.loop
         self.catch_up()  # a run a cancelled read left planned
-        for message in self._inbox:
-            handle(engine, message)
-        self._inbox.clear()
+        inbox, self._inbox = self._inbox, []
+        loop.take(inbox)
         self._arrived = trio.Event()
-        if self._step is None and engine.has_work and self.jump:
-            self._plan = Leap.plan(engine, self.runner, trio.current_time(), self._next_stats)
+        if self._step is None and self.jump:
+            self._plan = plan(engine, self.runner, trio.current_time(), loop.next_stats)
             if self._plan is not None:
-                with trio.move_on_at(self._plan.end):
+                with trio.move_on_at(self._plan.ends[-1]):
                     await self._arrived.wait()
                 self.catch_up()
-        if self._step is None and engine.has_work:
+        if self._step is None:
             steps = engine.steps
-            output = engine.step()
+            output = loop.step()
             seconds = self.runner.last_step_seconds if engine.steps > steps else 0.0
-            if output.tokens or output.finished or seconds:
-                self._step = _Taken(trio.current_time() + seconds, output)
+            if output is not None and (output.tokens or output.finished or seconds):
+                self._step = _Taken(trio.current_time() + seconds, [output])
         if self._step is not None:
             await trio.sleep_until(self._step.end)
-            self._hand_out(self._step)
+            self._hand_out(self._step.outputs)
             self._step = None
         else:
-            wake = self._next_stats if not self._outbox else min(self._next_stats, self._held_until)
+            wake = loop.next_stats if not self._outbox else min(loop.next_stats, self._held_until)
             with trio.move_on_at(wake):
                 await self._arrived.wait()
             self._arrived = trio.Event()
         now = trio.current_time()
-        if now >= self._next_stats:
-            self._outbox.append(self._stats())
-            self.reported_at, self._next_stats = now, now + STATS_INTERVAL
+        stats = loop.stats(now)
+        if stats is not None:
+            self._outbox.append(stats)
+            self.reported_at = now
 
-    def _hand_out(self, taken: _Taken) -> None:
+    def _hand_out(self, outputs: list[StepOutput]) -> None:
         """The frames of steps whose time has passed: all of them, or with ``jump`` only the
         first tokens and the ends (a sequence's other tokens wait for its end)."""
-        output, run = taken.output, taken.run
-        if run is not None:
-            made = {seq.rid: ids for seq, ids in zip(run.seqs, run.ids, strict=True)}
-            ended = run.ended
-        else:
-            assert output is not None
-            if not self.jump:
+        if not self.jump:
+            for output in outputs:
                 self._outbox += step_messages(output)
-                return
-            made = {rid: [token] for rid, token in output.tokens.items()}
-            ended = output.finished
-        for done in ended:
-            ids = made.pop(done.rid, [])
-            self._end(done.rid, ids[:-1] if done.reason in STOPS else ids, finished_message(done))
+            return
+        # the steps of a run make a token for the same sequences, in the same order
+        columns = zip(*(output.tokens.values() for output in outputs), strict=True)
+        made = dict(zip(outputs[0].tokens, map(list, columns), strict=True))
+        for output in outputs:
+            for done in output.finished:
+                ids = made.pop(done.rid, [])
+                self._end(done.rid, ids[:-1] if done.reason in STOPS else ids, finished_message(done))
         for rid, ids in made.items():
             unsent = self._unsent.get(rid)
             if unsent is None:  # its first token: the request's first, out at once
@@ -299,9 +276,6 @@ class SimulatedEngine:
         if ids or last:
             self._outbox.append(Tokens(rid=rid, ids=ids + last))
         self._outbox.append(finished)
-
-    def _stats(self) -> EngineStats:
-        return self.engine.stats()
 
 
 class SimulatedEngines:
@@ -325,6 +299,18 @@ class SimulatedEngines:
         return self.spawned[slot][-1]
 
     def unread(self, slot: int) -> int:
-        """The tokens the engine of ``slot`` has made and not handed out by now: the pool's
-        ``unread`` (see :class:`~batcher.continuous.pool.EnginePool`)."""
+        """The tokens the engine of ``slot`` has made and not handed out by now."""
         return self.current(slot).unread()
+
+
+class ReadAhead(Router):
+    """The pool's router for jumping engines: each replica's load as if its engine had handed out
+    every token its steps have made by now (``unread``), as a step-by-step engine would have."""
+
+    def __init__(self, router: Router, unread: Callable[[int], int]) -> None:
+        super().__init__(router.capacity, router.bound)
+        self._unread = unread
+
+    def choose(self, loads: Sequence[float | None], hashes: Sequence[bytes]) -> Route:
+        read = [None if load is None else load - self._unread(i) for i, load in enumerate(loads)]
+        return super().choose(read, hashes)

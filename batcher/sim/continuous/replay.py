@@ -13,21 +13,20 @@ turn's answer has ended (its user reads it first); its prompt carries the earlie
 prompts and the answers' very ids (:class:`IdText` makes an id one character, so they come back
 from the text), which is what lets the replica that served the conversation hit its prefix cache.
 
-With ``jump`` (the default of ``ferry simulate --mode continuous``) the engines advance runs of
+With ``jump`` (the default of ``ferry simulate --mode continuous``) the engines wait out runs of
 pure decode steps at once and hand each sequence's tokens out at its first token and at its end
-(:mod:`batcher.sim.continuous.engine`), and the pool's router counts the tokens not yet handed out
-(its ``unread``), so that every routing decision sees the loads a step-by-step replay would; a
-KV sample first brings every engine's run to the sample's time. A stream's deltas come merged,
+(:mod:`batcher.sim.continuous.engine`), and the pool's router is a
+:class:`~batcher.sim.continuous.engine.ReadAhead`, which counts the tokens not yet handed out,
+so that every routing decision sees the loads a step-by-step replay would; a KV sample first
+brings every engine's run to the sample's time. A stream's deltas come merged,
 its first token and end at the same times. What it can change (``docs/simulation-continuous.md``
 says more): the pool makes a dispatch pass after every engine read, and the tier queues'
 aged-work credit grows at each pass, so with fewer reads a free request queued past the age
 limit may be taken ahead of paid work at another moment. With one tier, or with nothing queued
-past the age limit, the replay is the step-by-step one (``tests/pure/test_llm_jump.py``).
+past the age limit, the replay is the step-by-step one (``tests/pure/test_decode_run.py``).
 
-A seed fixes the workload, never quite the run: trio runs the tasks woken at one virtual instant
-(two replicas ending a step together) in an order of its own, so two runs of one seed differ a
-little where such ties decide (the order of two arrivals at the router, which sequence a full
-cache preempts), as two seeds would.
+A seed fixes the workload and the run: trio's order of the tasks woken at one virtual instant
+(a replica's read and the next turn it lets in) is drawn from it too (:mod:`batcher.sim.virtual`).
 """
 
 from __future__ import annotations
@@ -40,16 +39,16 @@ from collections.abc import Callable
 
 import numpy as np
 import trio
-import trio.testing
 
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.pool import EnginePool, open_engine_pool
-from batcher.core.backend import Delta, Failed, Finished, Job
+from batcher.core.backend import Delta, Failed, Finished, Job, Sampling
 from batcher.core.config import QueueConfig
 from batcher.core.types import Expired, Overloaded, Shed
-from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
+from batcher.sim.continuous.engine import EngineSpec, ReadAhead, SimulatedEngines
 from batcher.sim.continuous.workload import Workload
 from batcher.sim.progress import Progress
+from batcher.sim.virtual import run_virtual
 
 FIRST_ID = 0x10000  # ids as characters from here: past the surrogates for any vocabulary below 1 M
 OUTCOMES = ("pending", "finished", "shed", "expired", "failed")
@@ -190,7 +189,7 @@ async def drive(
         answers[index] = []
         outcomes.sent[index] = trio.current_time()
         tier, tenant = workload.tiers[workload.tier[index]], "" if prefix_cache else str(index)
-        job = Job("", prompts.prompt(index), int(workload.answer[index]), tier, tenant, stream=True)
+        job = Job("", prompts.prompt(index), Sampling(int(workload.answer[index])), tier, tenant, stream=True)
         pool.submit(job, lambda event: on_event(index, event))
 
     def on_event(index: int, event: object) -> None:
@@ -300,7 +299,9 @@ def replay(
     async def run() -> tuple[float, int]:
         done = trio.Event()
         prompts = Prompts(workload, spec.vocab or spec.cost.shape.vocab, seed)
-        async with open_engine_pool(model, queue, spawn, IdText(), spawn.unread if jump else None) as pool:
+        async with open_engine_pool(model, queue, spawn, IdText()) as pool:
+            if jump:  # its engines hand a sequence's tokens out at its end: its router counts them
+                pool.router = ReadAhead(pool.router, spawn.unread)
             start = trio.current_time()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
@@ -317,7 +318,7 @@ def replay(
                 nursery.cancel_scope.cancel()
             return trio.current_time() - start, sum(pool.snapshot().stats.shed.values())
 
-    virtual, shed = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
+    virtual, shed = run_virtual(run, seed=seed)
     if outcomes.ended < len(workload):
         raise RuntimeError(
             f"replay: {len(workload) - outcomes.ended} requests had not ended {drain:g} virtual s "

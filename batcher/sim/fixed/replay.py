@@ -1,12 +1,12 @@
 """Replaying a trace in virtual time without stopping the clock at every arrival.
 
-A :class:`ReplayBatcher` is the production :class:`~batcher.fixed.batcher.Batcher` with its two
-extension points filled in: at each wake-up its flush loop admits the trace's arrivals that are
-due, each with its exact arrival time, and it also wakes at the first future arrival that would
-have woken it (the one that fills the next batch, or one whose deadline comes first). Every
-decision sees exactly the requests that have arrived, as with on-time enqueueing
-(``tests/pure/test_simulate.py`` checks the two timelines are equal), but virtual time stops only
-where the scheduler has something to decide: the speed of ``ferry simulate``.
+A :class:`Replay` is the trace as the production :class:`~batcher.fixed.batcher.Batcher`'s
+:class:`~batcher.fixed.batcher.Arrivals` (``batcher.feed(replay)``): at each wake-up the flush
+loop admits the arrivals that are due, each with its exact arrival time, and it also wakes at the
+first future arrival that would have woken it (the one that fills the next batch, or one whose
+deadline comes first). Every decision sees exactly the requests that have arrived, as with
+on-time enqueueing (``tests/pure/test_simulate.py`` checks the two timelines are equal), but
+virtual time stops only where the scheduler has something to decide: the speed of ``ferry simulate``.
 """
 
 from __future__ import annotations
@@ -20,34 +20,8 @@ from batcher.core.types import Request
 from batcher.fixed.batcher import Batcher
 
 
-class ReplayBatcher(Batcher):
-    """A batcher that also admits a :class:`Replay`'s arrivals
-    (``open_batcher(..., batcher=ReplayBatcher)``)."""
-
-    _replay: Replay | None = None
-
-    def feed(self, replay: Replay) -> None:
-        """Admit arrivals from ``replay`` from now on, each when it is due."""
-        self._replay = replay
-        self._wakeup.set()
-
-    def _intake(self, now: float) -> list[Request]:
-        return [] if self._replay is None else self._replay.due(now)
-
-    def _next_wake(self, more: int, wake: float) -> float:
-        if self._replay is None:
-            return wake
-        if self.admission is not None:
-            more = 1  # every arrival is judged by admission on time
-        return min(wake, self._replay.next_wake(more, wake, self._drop_before))
-
-    def _worker_idle(self) -> None:
-        if self.queue.count or self._replay is not None:
-            self._wakeup.set()
-
-
 class Replay:
-    """A trace, fed to a :class:`ReplayBatcher`: requests made when due, with their exact arrival.
+    """A trace fed to ``batcher``: requests made when due, with their exact arrival.
 
     ``times`` and ``deadlines`` are trio clock readings (``deadlines`` already filled in for
     every arrival); ``tier`` holds each arrival's index into ``names``. ``batcher.feed(replay)``

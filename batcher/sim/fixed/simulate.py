@@ -6,9 +6,10 @@ time model and fault rates, and the queue settings. :func:`simulate` runs it und
 ``trio.testing.MockClock(autojump_threshold=0)`` through the very ``Batcher`` and ``WorkerPool``
 that serve real traffic, with in-process :class:`~batcher.sim.fixed.workers.SimulatedWorker` s in place
 of GPU processes: an hour of traffic takes a minute of CPU, and the same seed gives the same
-answer in a fresh process. (Not always twice in one process: trio breaks ties between timers
-that expire at the very same virtual instant by object identity, so a later run may order two
-such wake-ups the other way; the numbers then differ a little, as between two seeds.)
+answer in a fresh process (:mod:`batcher.sim.virtual`). (Not always twice in one process: trio
+breaks ties between timers that expire at the very same virtual instant by object identity, so a
+later run may order two such wake-ups the other way; the numbers then differ a little, as
+between two seeds.)
 
 The trace is handed to the batcher as a :class:`~batcher.sim.fixed.replay.Replay` feed and every outcome is
 recorded into arrays (:class:`~batcher.sim.fixed.report.Recorder`), so neither the clock nor the memory
@@ -30,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import trio
-import trio.testing
 
 from batcher.core.config import PoolConfig, QueueConfig
 from batcher.core.stats import Stats
@@ -38,10 +38,11 @@ from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import POLICIES, make_policy
 from batcher.sim.arrivals import Trace, bursty, poisson
 from batcher.sim.continuous import simulate as llm_simulate
-from batcher.sim.fixed.replay import Replay, ReplayBatcher
+from batcher.sim.fixed.replay import Replay
 from batcher.sim.fixed.report import Recorder, Report, Samples
 from batcher.sim.fixed.workers import SimulatedWorker, linear
 from batcher.sim.progress import Progress, print_progress
+from batcher.sim.virtual import run_virtual
 from workers.faults import FaultPlan
 
 
@@ -140,8 +141,7 @@ def simulate(
     pool_log.setLevel(logging.ERROR)  # faults by the thousand: the report counts them
     cpu, wall = time.process_time(), time.perf_counter()
     try:
-        clock = trio.testing.MockClock(autojump_threshold=0)
-        stats, virtual = trio.run(_run, scenario, recorder, progress, every, clock=clock)
+        stats, virtual = run_virtual(_run, scenario, recorder, progress, every, seed=scenario.seed)
     finally:
         pool_log.setLevel(level)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -166,7 +166,7 @@ async def _run(
     pool = PoolConfig(workers=scenario.workers, hang_timeout=scenario.hang_timeout)
     policy = make_policy(scenario.policy, **scenario.params)
     spawn = _SeededSpawner(scenario)
-    async with open_batcher(spawn, pool, policy, scenario.queue, batcher=ReplayBatcher) as batcher:
+    async with open_batcher(spawn, pool, policy, scenario.queue) as batcher:
         batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, deadlines, ended))
         async with trio.open_nursery() as nursery:
             if progress is not None:

@@ -32,7 +32,7 @@ class ToyBackend:
         self.stats.answers += 1
         on_event(Started(0.0))
         on_event(Delta(text, self.tokenizer.count(text)))
-        on_event(Finished("end_turn", Usage(len(job.prompt_tokens), self.tokenizer.count(text))))
+        on_event(Finished("end_turn", Usage(len(job.prompt_tokens), 0, self.tokenizer.count(text))))
         return None
 
     def cancel(self, ticket: object) -> None:

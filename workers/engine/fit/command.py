@@ -22,14 +22,15 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from workers.engine.batch import ForwardBatch, Runner
+from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import SMOLLM2_135M, UNBOUNDED, CostModel, Hardware
 from workers.engine.engine import Engine
 from workers.engine.fit.cost_fit import Fit, Measured, fit, measured, save
-from workers.engine.sequence import SamplingParams
+from workers.engine.scheduler import Schedule
+from workers.protocol import Sampling
 
-ENDLESS = SamplingParams(max_tokens=1 << 16, ignore_eos=True)  # greedy, as long as the run needs
+ENDLESS = Sampling(max_tokens=1 << 16, ignore_eos=True)  # greedy, as long as the run needs
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ class Design:
 
 
 class _Recording:
-    """A runner that remembers the lengths of the last batch it ran."""
+    """A runner that remembers the lengths of the last step it ran."""
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
@@ -62,9 +63,10 @@ class _Recording:
         self.eos_token_ids, self.max_model_len = runner.eos_token_ids, runner.max_model_len
         self.last: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
-    def execute(self, batch: ForwardBatch) -> list[int | None]:
-        self.last = (tuple(batch.query_lens), tuple(batch.context_lens))
-        return self.runner.execute(batch)
+    def run(self, schedule: Schedule) -> list[int | None]:
+        contexts = (seq.num_computed + n for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=True))
+        self.last = (tuple(schedule.num_tokens), tuple(contexts))
+        return self.runner.run(schedule)
 
 
 def measure(

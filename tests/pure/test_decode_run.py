@@ -1,6 +1,9 @@
-"""The jumping replay against the step-by-step one: the same answers, times, routes and KV state.
+"""Runs of decode steps: the scheduler's own against its general rules, and the jumping replay,
+which waits them out at once, against the step-by-step one.
 
-Small cases with preemptions (a cache too small for the load), prefix hits (shared system
+An engine whose pure-decode steps go through the scheduler's DecodeRun makes the same tokens,
+ends, prices and block state as one that schedules every step by the general rules. The replays:
+small cases with preemptions (a cache too small for the load), prefix hits (shared system
 prompts, conversations), conversations over several replicas, and long answers on three
 replicas, where arrivals land inside runs: every request's token ids and outcome are the same,
 its sent, first token and end times equal to float tolerance, the router saw the same loads at
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import trio
 
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.router import Router
@@ -23,7 +25,12 @@ from batcher.sim.arrivals import poisson
 from batcher.sim.continuous import replay as llm_replay
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from batcher.sim.continuous.workload import Lengths, Workload
+from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS
+from workers.engine.engine import Engine
+from workers.engine.scheduler import Scheduler
+from workers.engine.simulated import SimulatedRunner
+from workers.protocol import Sampling
 
 ANSWERED, CHOOSE = llm_replay.Prompts.answered, Router.choose
 
@@ -75,7 +82,6 @@ def _run(monkeypatch, workload: Workload, model: ContinuousModelConfig, jump: bo
     monkeypatch.setattr(llm_replay.Prompts, "answered", record)
     monkeypatch.setattr(Router, "choose", route)
     monkeypatch.setattr(llm_replay, "SimulatedEngines", Kept)
-    trio._core._run._r.seed(0)  # trio's order of tasks woken together, the same for both replays
     spec = EngineSpec.of(model, PRESETS["llama-70b"], eos_prob=eos)
     run = llm_replay.replay(workload, model, QueueConfig(wait_budgets=(30.0, 30.0)), spec, seed=3, jump=jump)
     return run, answers, spawns[0], routes
@@ -130,3 +136,50 @@ def test_a_decode_steps_price_from_its_context_sum_is_the_cost_models_own():
     for cost in PRESETS.values():
         contexts = [2000, 17, 4096, 1]
         assert cost.decode_seconds(4, sum(contexts)) == cost.step([1] * 4, contexts).seconds
+
+
+class GeneralRules(Scheduler):
+    """A scheduler that takes every step by its general rules, pure decodes too."""
+
+    def decode_run(self):
+        return None
+
+
+def _engine(general: bool, blocks: int, eos: float) -> Engine:
+    runner = SimulatedRunner(PRESETS["smollm2-135m"], num_blocks=blocks, eos_prob=eos, max_model_len=300)
+    engine = Engine(runner, EngineConfig(num_blocks=blocks, max_batch_tokens=64, max_seqs=12, watermark=0.0))
+    if general:
+        engine.scheduler = GeneralRules(engine.config, runner.eos_token_ids, runner.max_model_len)
+    return engine
+
+
+@pytest.mark.parametrize(("blocks", "eos", "rate"), [(40, 0.0, 0.03), (40, 0.03, 0.1), (400, 0.0, 0.1)])
+def test_the_schedulers_decode_runs_take_the_steps_its_general_rules_take(blocks, eos, rate):
+    """Preemptions (40 blocks), ends by end-of-sequence, stop ids, the model's context and
+    aborts land inside runs; the two engines agree step for step."""
+    engines = [_engine(general, blocks, eos) for general in (False, True)]
+    rng = np.random.default_rng(blocks + int(eos * 100))
+    runs = 0
+    for step in range(1500):
+        arrivals = rng.poisson(rate)
+        prompts = [rng.integers(3, 400, rng.integers(5, 120)).tolist() for _ in range(arrivals)]
+        lengths = rng.integers(1, 250, arrivals).tolist()
+        samplings = [Sampling(n, seed=i, stop_token_ids=(7,) * (i % 3 == 0)) for i, n in enumerate(lengths)]
+        aborts = rng.integers(0, 200, 1).tolist() if step % 97 == 0 else []
+        outputs = []
+        for engine in engines:
+            for prompt, sampling in zip(prompts, samplings, strict=True):
+                engine.add(prompt, sampling, tier=len(prompt) % 2)
+            for rid in aborts:
+                engine.abort(rid)
+            runs += engine.scheduler.decode_run() is not None
+            outputs.append(engine.step())
+        assert outputs[0] == outputs[1]
+    fast, general = engines
+    assert fast.stats() == general.stats() and fast.runner.total_seconds == general.runner.total_seconds
+    blocks_of = [(e.scheduler.blocks.ref, list(e.scheduler.blocks.free), e.scheduler.blocks.block_hash)
+                 for e in engines]
+    assert blocks_of[0] == blocks_of[1]
+    assert runs > 100 and fast.stats().generated_tokens > 1000
+    if blocks == 40:
+        assert fast.stats().preemptions > 0

@@ -1,0 +1,65 @@
+"""What the serving loop needs of an engine, and what every engine's step returns: pure values.
+
+:class:`EngineCore` (vLLM names its own the same) is the whole of it: ``add`` and ``abort``
+sequences, ``step`` once, report ``stats``, and say whether it ``has_work``. ferry's
+:class:`~workers.engine.engine.Engine`, vLLM's adapter (``workers/vllm_engine.py``) and the
+simulated engine of ``batcher.sim`` implement it, and one loop (:mod:`workers.engine.loop`)
+serves them all. Torch-free and numpy-free: vLLM's interpreter imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple, Protocol
+
+from workers.engine.sequence import FinishReason
+from workers.protocol import EngineStats, Sampling, Usage
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SequenceEnd:
+    """A sequence that ended: why, and the tokens it used (``detail`` says more for TOO_LONG)."""
+
+    rid: int
+    reason: FinishReason
+    usage: Usage
+    detail: str = ""
+
+
+class StepOutput(NamedTuple):
+    """What one step produced: each sequence's new token, the sequences that ended, those it
+    preempted, and how many tokens it computed (a named tuple: immutable, and cheap to make)."""
+
+    tokens: dict[int, int]
+    finished: list[SequenceEnd]
+    preempted: list[int]
+    scheduled_tokens: int
+
+
+class EngineCore(Protocol):
+    """An engine as the serving loop drives it, one call at a time."""
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a step would do anything: a sequence runs or waits, or one ended unreported."""
+
+    def add(
+        self,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        *,
+        tier: int = 0,
+        tenant: str = "",
+        rid: int | None = None,
+    ) -> int:
+        """Queue a sequence (as ``rid``, or a free number); returns its rid. ValueError for one it
+        refuses outright; one too long for it ends at the next step."""
+
+    def abort(self, rid: int) -> bool:
+        """End ``rid`` at the next step (False if it holds no such sequence)."""
+
+    def step(self) -> StepOutput:
+        """Run one step."""
+
+    def stats(self) -> EngineStats:
+        """Its load now, and its counters since it started."""

@@ -1,0 +1,79 @@
+"""The serving loop of every engine, without I/O: frames in, a step when there is work, frames out.
+
+Each turn takes the ``add`` and ``abort`` frames that have arrived, runs one step while the
+engine has work, and hands out that step's frames (:func:`step_messages`) and, once
+:data:`STATS_INTERVAL` has passed, ``stats``; while idle it waits for a frame or the next
+``stats``. Two shells drive it: the worker process (``workers/engine/serve.py``: the pipe and
+the wall clock) and the simulated engine of ``batcher.sim`` (trio's virtual clock).
+
+A frame the loop cannot take breaks the protocol (:class:`~workers.protocol.ProtocolError`): a
+kind an engine does not take, an ``add`` the engine refuses (a rid already live, sampling out of
+range, an empty prompt). An ``abort`` of a rid the engine does not hold (it has just finished)
+is ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from workers.engine.interface import EngineCore, SequenceEnd, StepOutput
+from workers.engine.sequence import FinishReason
+from workers.protocol import Abort, Add, EngineStats, Message, ProtocolError, SequenceFinished, Tokens
+
+STATS_INTERVAL = 0.2
+STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)  # ended by a stop token: its id is not sent
+
+
+class EngineLoop:
+    """One engine's loop (see the module doc); ``now`` is when it starts, its first ``stats`` due."""
+
+    def __init__(self, engine: EngineCore, now: float) -> None:
+        self.engine = engine
+        self.next_stats = now
+
+    def take(self, messages: Iterable[Message]) -> None:
+        """The frames that have arrived, in order, before the next step."""
+        for message in messages:
+            if isinstance(message, Abort):
+                self.engine.abort(message.rid)
+                continue
+            if not isinstance(message, Add):
+                raise ProtocolError(f"unexpected {message.kind} frame")
+            try:
+                self.engine.add(
+                    message.prompt_tokens, message.sampling, tier=message.tier, tenant=message.tenant,
+                    rid=message.rid,
+                )
+            except ValueError as exc:
+                raise ProtocolError(f"add {message.rid} refused: {exc}") from None
+
+    def step(self) -> StepOutput | None:
+        """One step, or None while the engine has no work (the loop waits for a frame or stats)."""
+        return self.engine.step() if self.engine.has_work else None
+
+    def stats(self, now: float) -> EngineStats | None:
+        """The ``stats`` frame, if one is due at ``now``."""
+        if now < self.next_stats:
+            return None
+        self.next_stats = now + STATS_INTERVAL
+        return self.engine.stats()
+
+
+def step_messages(output: StepOutput) -> list[Tokens | SequenceFinished]:
+    """A step's frames: every new token, then every sequence that ended (its last token first).
+
+    A stop token (end-of-sequence, or one of the request's stop ids) is not sent: it is not text,
+    and ``finished`` counts it in the usage. Leaving it out here, where the step is known, keeps
+    the pool from having to tell a stop id from text by where a frame falls in what it read.
+    """
+    stopped = {done.rid for done in output.finished if done.reason in STOPS}
+    messages: list[Tokens | SequenceFinished] = [
+        Tokens(rid=rid, ids=[token]) for rid, token in output.tokens.items() if rid not in stopped
+    ]
+    messages += map(finished_message, output.finished)
+    return messages
+
+
+def finished_message(done: SequenceEnd) -> SequenceFinished:
+    """The ``finished`` frame of a sequence that ended, with its usage."""
+    return SequenceFinished(rid=done.rid, reason=done.reason.value, usage=done.usage)
