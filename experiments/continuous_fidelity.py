@@ -128,7 +128,7 @@ async def serve_real(workload: Workload, seed: int, limit: float) -> tuple[Outco
     async with open_engine_pool(REAL, QUEUE, spawn, IdText()) as pool:
         await warm_up(pool)
         await trio.sleep(0.3)  # a stats frame after the warm-up
-        before = pool.snapshot().stats.replicas[0].engine
+        before = pool.snapshot().counters.replicas[0].engine
         pid = pool.snapshot().status.workers[0].pid
         cpu = cpu_seconds(pid)
         done = trio.Event()
@@ -141,7 +141,7 @@ async def serve_real(workload: Workload, seed: int, limit: float) -> tuple[Outco
         span = trio.current_time() - start
         cpu = cpu_seconds(pid) - cpu
         await trio.sleep(0.3)
-        after = pool.snapshot().stats.replicas[0].engine
+        after = pool.snapshot().counters.replicas[0].engine
     names = {"steps": "step", **{n: n for n in ("preemptions", "prefix_queries", "prefix_hits",
                                                "computed_tokens", "generated_tokens")}}
     counters = {name: getattr(after, field) - getattr(before, field) for name, field in names.items()}

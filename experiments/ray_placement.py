@@ -122,7 +122,7 @@ async def fixed_sweep(rates: list[float], duration: float) -> None:
                 cpu = time.process_time() + sum(map(tree_cpu, pids))
                 requests, lag = await drive(batcher, times, tiers)
                 cpu = time.process_time() + sum(map(tree_cpu, pids)) - cpu
-            report = summarize(requests, ("paid", "free"), batcher.stats, lag, 8)
+            report = summarize(requests, ("paid", "free"), batcher.counters, lag, 8)
             latency = report.latency
             print(f"   {placement:<9}{rate:8.0f}{report.achieved_rate:10.0f}{sum(report.errors.values()):8d}"
                   f"{latency.p50 * 1e3:9.1f}{latency.p95 * 1e3:9.1f}{latency.p99 * 1e3:9.1f}"

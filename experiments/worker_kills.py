@@ -79,7 +79,7 @@ async def run(args: argparse.Namespace) -> int:
             with trio.move_on_after(args.duration + 30):  # whatever is not answered by then is lost
                 await drive(batcher, times, tiers, requests)
             nursery.cancel_scope.cancel()
-        stats = batcher.stats
+        counters = batcher.counters
         for request in requests:
             if not request.done:
                 print(f"lost: request {request.id} ({request.state.value}) arrived {request.arrival:.3f} "
@@ -94,8 +94,8 @@ async def run(args: argparse.Namespace) -> int:
         p50, p99, worst = np.percentile(latency, [50, 99, 100]) * 1000
         print(f"  {name:>4}: p50 {p50:.0f} ms  p99 {p99:.0f} ms  max {worst:.0f} ms")
     busy = sum(state == "busy" for _, _, state in kills)
-    print(f"kills {len(kills)} ({busy} busy, {len(kills) - busy} idle)  restarts {stats.restarts}  "
-          f"retries {stats.retries}  bisections {stats.bisections}  calls {stats.calls}")
+    print(f"kills {len(kills)} ({busy} busy, {len(kills) - busy} idle)  restarts {counters.restarts}  "
+          f"retries {counters.retries}  bisections {counters.bisections}  calls {counters.calls}")
     return 0 if not failed and not lost else 1
 
 

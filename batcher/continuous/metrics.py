@@ -3,7 +3,7 @@ scheduler controls (KV blocks, preemptions, prefix-cache hits), named after vLLM
 
 The engines report their load in ``stats`` frames; the pool keeps each replica's last report,
 adds the counters of the engines that died before it (a restart never sends a counter
-backwards), and copies it all into a :class:`ContinuousStats` at each snapshot, which
+backwards), and copies it all into a :class:`ContinuousCounters` at each snapshot, which
 :func:`engine_families` turns into the ``ferry_engine_*`` families at scrape time (each with
 its vLLM counterpart: docs/continuous.md, "Metrics"). The families every mode shares
 (latencies, queue wait, restarts, ``ferry_queued_tokens``) are :mod:`batcher.core.metrics`';
@@ -17,8 +17,8 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from batcher.core.counters import Counters, Histogram
 from batcher.core.mode import Exported
-from batcher.core.stats import CoreStats, Histogram
 from workers.protocol import EngineStats
 
 STEP_TOKEN_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -36,7 +36,7 @@ class ReplicaStats:
 
 
 @dataclasses.dataclass(slots=True)
-class ContinuousStats(CoreStats):
+class ContinuousCounters(Counters):
     """The pool's counters: the ones every mode keeps (queue wait, restarts, expired, cancelled,
     shed, unanswered) and the engines'."""
 
@@ -61,7 +61,7 @@ _COUNTERS = (
 
 
 def engine_families(backends: Sequence[Exported]) -> Iterator:
-    """The continuous families of every continuous backend, from its :class:`ContinuousStats`."""
+    """The continuous families of every continuous backend, from its :class:`ContinuousCounters`."""
     by_replica = ["model", "replica"]
     gauges = [(GaugeMetricFamily(name, text, labels=by_replica), field) for name, text, field in _GAUGES]
     counters = [
@@ -77,14 +77,14 @@ def engine_families(backends: Sequence[Exported]) -> Iterator:
     interrupted = CounterMetricFamily("ferry_engine_interrupted_streams",
                                       "Streams ended by an error after sending text.", labels=["model"])
     for model, _, snapshot in backends:
-        stats: ContinuousStats = snapshot.stats
-        for replica in stats.replicas:
+        counted: ContinuousCounters = snapshot.counters
+        for replica in counted.replicas:
             labels = [model, str(replica.replica)]
             for family, field in (*gauges, *counters):
                 family.add_metric(labels, getattr(replica.engine, field))
             rate.add_metric(labels, replica.generation_rate)
-        steps.add_metric([model], stats.step_tokens.cumulative(), stats.step_tokens.total)
-        reruns.add_metric([model], stats.reruns)
-        interrupted.add_metric([model], stats.interrupted)
+        steps.add_metric([model], counted.step_tokens.cumulative(), counted.step_tokens.total)
+        reruns.add_metric([model], counted.reruns)
+        interrupted.add_metric([model], counted.interrupted)
     yield from (family for family, _ in (*gauges, *counters))
     yield from (rate, steps, reruns, interrupted)

@@ -9,7 +9,7 @@ One replica per GPU, each an engine worker (``python -m workers engine``) kept a
     dispatch loop: expire queued jobs past their deadline (529, no prefill spent)
                    hand a replica the next job while it can start it soon ─> add frame
     a replica's frames, a step at a time: tokens ─> Output (detokenize; stream or hold)
-                   finished ─> the rest and Finished; stats ─> load, rate, liveness
+                   finished ─> the rest and Finished; counters ─> load, rate, liveness
 
 **Queues on the gateway side.** Each replica has tier queues in the pool (paid first, FIFO, with
 the fixed mode's aging); its engine gets a job only while it has room for it now: fewer than
@@ -47,7 +47,7 @@ import trio
 
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_process import EngineProcess
-from batcher.continuous.metrics import ContinuousStats
+from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
 from batcher.continuous.token_load import TokenLoad
@@ -82,10 +82,10 @@ class EnginePool:
         tokenizer: Tokenizer,
     ) -> None:
         self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
-        self.stats = ContinuousStats()
+        self.counters = ContinuousCounters()
         self._readiness = Readiness(config.workers)
         self._replicas = [
-            Replica(i, queue, self.stats, self._changed, self._readiness.answered)
+            Replica(i, queue, self.counters, self._changed, self._readiness.answered)
             for i in range(config.workers)
         ]
         timeout, pool = config.stats_timeout_ms / 1000, config.pool()
@@ -94,7 +94,7 @@ class EnginePool:
                 r.index,
                 spawn,
                 pool,
-                self.stats,
+                self.counters,
                 functools.partial(self._serve, r, timeout),
                 on_down=functools.partial(self._lost, r),
             )
@@ -121,7 +121,7 @@ class EnginePool:
             if self.admission is not None:
                 error = self.admission.shed(self.load(), tier, now, ticket.cost)
                 if error is not None:
-                    self.stats.shed[tier] += 1
+                    self.counters.shed[tier] += 1
         if error is not None:
             ticket.state = Stage.ENDED
             ticket.out.fail(error, retryable=not isinstance(error, TooLarge))
@@ -134,7 +134,7 @@ class EnginePool:
         state = ticket.state
         if state is Stage.ENDED:
             return
-        self.stats.cancelled += 1
+        self.counters.cancelled += 1
         r = self._replicas[ticket.replica]
         if state is Stage.QUEUED or state is Stage.RERUN:
             r.leave(ticket)
@@ -163,17 +163,17 @@ class EnginePool:
 
     def snapshot(self) -> Snapshot:
         """Each replica's engine as last reported, the pool's counters, the load in tokens."""
-        stats = self.stats.copy()
-        stats.replicas = tuple(r.replica_stats() for r in self._replicas)
+        counters = self.counters.copy()
+        counters.replicas = tuple(r.replica_stats() for r in self._replicas)
         load = self.load()
         up = sum(r.up for r in self._replicas)
         reason = not_ready_reason(up, self._readiness.proven)
         status = Status(
             self.ready, reason, tuple(r.status() for r in self._replicas), self.queued, "tokens",
-            {"token_rate": load.rate, "cancelled": stats.cancelled, "expired": stats.expired,
-             "reruns": stats.reruns, "interrupted": stats.interrupted},
+            {"token_rate": load.rate, "cancelled": counters.cancelled, "expired": counters.expired,
+             "reruns": counters.reruns, "interrupted": counters.interrupted},
         )
-        return Snapshot(self.config.mode, status, stats, load)
+        return Snapshot(self.config.mode, status, counters, load)
 
     @property
     def ready(self) -> bool:
@@ -261,11 +261,11 @@ class EnginePool:
         for ticket in expired:
             retry_after = self.admission.retry_after(load, ticket.tier, now) if self.admission else 1.0
             self._count(ticket, -1)
-            self.stats.expired += 1
+            self.counters.expired += 1
             error = Expired(f"not started within {now - ticket.arrival:.3f}s of arrival", retry_after)
             ticket.out.fail(error, retryable=True)
         for ticket in timed_out:
-            self.stats.timed_out += 1
+            self.counters.timed_out += 1
             ticket.out.fail(WorkersFailed("its engine was lost and no other took the request in time"), False)
         return r.next_deadline()
 
@@ -280,7 +280,7 @@ class EnginePool:
                 self._count(ticket, -1)
             job, sampling = ticket.job, ticket.job.sampling
             if not ticket.attempts:
-                self.stats.queue_wait[ticket.tier].observe(now - ticket.arrival)
+                self.counters.queue_wait[ticket.tier].observe(now - ticket.arrival)
             self.router.sent(r.index, ticket.hashes)
             if sampling.temperature is None:
                 sampling = sampling.replace(temperature=config.temperature)  # the model's default
@@ -309,7 +309,7 @@ class EnginePool:
             ticket.attempts += 1
             if ticket.out.sent:
                 ticket.state = Stage.ENDED
-                self.stats.interrupted += 1
+                self.counters.interrupted += 1
                 ticket.out.fail(ReplicaLost(
                     f"the engine serving this stream was lost after {ticket.out.sent} output tokens; "
                     "send the request again for a whole answer"), retryable=True)
@@ -319,7 +319,7 @@ class EnginePool:
                     RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False
                 )
             else:
-                self.stats.reruns += 1
+                self.counters.reruns += 1
                 ticket.out.restart()
                 ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
                 self._rerun(ticket)

@@ -40,7 +40,7 @@ from collections.abc import Callable
 import trio
 
 from batcher.continuous.engine_process import EngineProcess
-from batcher.continuous.metrics import ContinuousStats, ReplicaStats
+from batcher.continuous.metrics import ContinuousCounters, ReplicaStats
 from batcher.continuous.token_load import TokenRate
 from batcher.continuous.token_stream import Output
 from batcher.core.backend import Job, Usage, WorkerStatus
@@ -124,8 +124,8 @@ class Ticket:
 class Replica:
     """One engine worker slot and the tickets the pool gave it (see the module doc)."""
 
-    def __init__(self, index: int, queue: QueueConfig, stats: ContinuousStats, on_change: Callable[[], None],
-                 on_answer: Callable[[], None]) -> None:
+    def __init__(self, index: int, queue: QueueConfig, counters: ContinuousCounters,
+                 on_change: Callable[[], None], on_answer: Callable[[], None]) -> None:
         self.index = index
         self.supervisor: Supervisor[EngineProcess]
         self.up = False
@@ -143,7 +143,7 @@ class Replica:
         self.computed, self.generated = TokenRate(), TokenRate()
         self.carried = NO_ENGINE_STATS  # the counters of its engines that died
         self.served = False
-        self._pool_stats, self._on_change, self._on_answer = stats, on_change, on_answer
+        self._pool_counters, self._on_change, self._on_answer = counters, on_change, on_answer
         self._outbox: list[bytes] = []
         self._outbox_ready = trio.Event()
 
@@ -338,7 +338,7 @@ class Replica:
         last = self.stats
         if last is not None and stats.step > last.step:
             steps = stats.step - last.step
-            self._pool_stats.step_tokens.observe(
+            self._pool_counters.step_tokens.observe(
                 (stats.computed_tokens - last.computed_tokens) / steps, steps
             )
         busy = stats.waiting > 0 or self.queue.count + len(self.reruns) > 0  # backlogged: saturated

@@ -157,7 +157,7 @@ class Snapshot:
 
     mode: str
     status: Status
-    stats: Any
+    counters: Any
     load: Any
 
     @property

@@ -54,7 +54,7 @@ class CoreCollector(Collector):
         self.backends = [backend for backend in self.backends if backend.model != model]
 
     def collect(self) -> Iterator:
-        counters = [(CounterMetricFamily(name, text, labels=["model"]), field)
+        families = [(CounterMetricFamily(name, text, labels=["model"]), field)
                     for name, text, field in _SHARED_COUNTERS]
         wait = HistogramMetricFamily(
             "ferry_queue_wait_seconds", "Arrival to dispatch.", labels=["model", "tier"]
@@ -73,11 +73,12 @@ class CoreCollector(Collector):
             snapshot = self.snapshots.get(backend.model)
             if snapshot is None:
                 continue
-            model, stats, load, unit = backend.model, snapshot.stats, snapshot.load, snapshot.status.unit
+            model, counters, load = backend.model, snapshot.counters, snapshot.load
+            unit = snapshot.status.unit
             by_mode.setdefault(snapshot.mode, []).append(Exported(model, backend.tiers, snapshot))
-            for family, field in counters:
-                family.add_metric([model], getattr(stats, field))
-            for index, histogram in sorted(stats.queue_wait.items()):
+            for family, field in families:
+                family.add_metric([model], getattr(counters, field))
+            for index, histogram in sorted(counters.queue_wait.items()):
                 wait.add_metric([model, backend.tiers[index]], histogram.cumulative(), histogram.total)
             if unit not in queued:
                 text = f"{unit.capitalize()} waiting in the queues."
@@ -87,7 +88,7 @@ class CoreCollector(Collector):
                 estimate.add_metric([model, tier], load.wait(index))
             for worker in snapshot.status.workers:
                 placement.add_metric([model, str(worker.slot), worker.placement], 1)
-        yield from (family for family, _ in counters)
+        yield from (family for family, _ in families)
         yield from (wait, *queued.values(), estimate, placement)
         for mode, exported in by_mode.items():
             yield from serving(mode).families(exported)

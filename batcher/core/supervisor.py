@@ -20,7 +20,7 @@ from typing import Generic, Protocol, TypeVar
 import trio
 
 from batcher.core.config import PoolConfig
-from batcher.core.stats import CoreStats
+from batcher.core.counters import Counters
 from workers.protocol import ProtocolError, WorkerLost
 
 log = logging.getLogger("ferry.pool")
@@ -71,7 +71,7 @@ class Supervisor(Generic[W]):
         index: int,
         spawn: Callable[[int], W],
         config: PoolConfig,
-        stats: CoreStats,
+        counters: Counters,
         serve: Callable[[W], Awaitable[bool]],
         on_exit: Callable[[], None] = _nothing,
         on_down: Callable[[], None] = _nothing,
@@ -83,7 +83,7 @@ class Supervisor(Generic[W]):
         self.restarts = 0
         self._spawn = spawn
         self._config = config
-        self._stats = stats
+        self._counters = counters
         self._serve = serve
         self._on_exit = on_exit
         self._on_down = on_down
@@ -116,7 +116,7 @@ class Supervisor(Generic[W]):
                 if await self._live(worker):
                     backoff = self._config.restart_backoff
             self.restarts += 1
-            self._stats.restarts += 1
+            self._counters.restarts += 1
             await trio.sleep(backoff)
             backoff = min(max(2 * backoff, 0.01), self._config.max_restart_backoff)
 

@@ -45,9 +45,9 @@ from batcher.core.backend import (
     not_ready_reason,
 )
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.stats import Stats
 from batcher.core.tier_queue import TierQueues
 from batcher.core.types import Expired, Overloaded, Request, State
+from batcher.fixed.counters import BatchCounters
 from batcher.fixed.policy import Flush, Policy, QueueState, SizeOrTimeout
 from batcher.fixed.pool import WorkerPool
 from batcher.fixed.slot import SlotState, Spawn
@@ -86,7 +86,7 @@ class Batcher:
         self.pool = pool
         self.policy = policy
         self.config = queue
-        self.stats = pool.stats
+        self.counters = pool.counters
         self.queue = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share)
         self._tokens = tokens  # counts an output's tokens for its events: the model's tokenizer
         self._ids = itertools.count(1)
@@ -126,7 +126,7 @@ class Batcher:
         """The pool's workers and the batcher's counters, copied for /readyz and /metrics."""
         workers = tuple(WorkerStatus(w.slot, w.pid, w.state.value, w.restarts, placement=w.placement)
                         for w in self.pool.workers())
-        stats, ready = self.stats, self.pool.ready
+        counters, ready = self.counters, self.pool.ready
         up = [w for w in workers if w.up]
         if ready:
             reason = ""
@@ -135,11 +135,12 @@ class Batcher:
         else:
             reason = not_ready_reason(len(up), ready)
         status = Status(ready, reason, workers, self.queue.count, "requests", {
-            "flushed": stats.flushed_requests, "cancelled": stats.cancelled, "expired": stats.expired,
-            "calls": stats.calls, "retries": stats.retries,
+            "flushed": counters.flushed_requests, "cancelled": counters.cancelled,
+            "expired": counters.expired,
+            "calls": counters.calls, "retries": counters.retries,
             "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
         })
-        return Snapshot("fixed", status, stats.copy(), self.load())
+        return Snapshot("fixed", status, counters.copy(), self.load())
 
     def retune(self, queue: QueueConfig) -> None:
         """The tiers' new wait budgets, for arrivals from now on: admission judges by them and
@@ -192,7 +193,7 @@ class Batcher:
         error = self.admission.shed(self.load(), request.tier, request.arrival)
         if error is None:
             return True
-        self.stats.shed[request.tier] += 1
+        self.counters.shed[request.tier] += 1
         request.fail(error, request.arrival)
         return False
 
@@ -202,7 +203,7 @@ class Batcher:
             return
         queued = request.state is State.QUEUED
         request.cancel(trio.current_time())
-        self.stats.cancelled += 1
+        self.counters.cancelled += 1
         if queued:
             self.queue.discard(request)
 
@@ -245,8 +246,8 @@ class Batcher:
             )
             if isinstance(decision, Flush):
                 batch = queue.take(decision.size, now)
-                self.stats.flushes[decision.reason] += 1
-                self.stats.flushed_requests += len(batch)
+                self.counters.flushes[decision.reason] += 1
+                self.counters.flushed_requests += len(batch)
                 pool.dispatch(batch, decision.reason, now)
                 continue
             self._wake_at_count = decision.queued
@@ -281,7 +282,7 @@ class Batcher:
         expired = self.queue.expire(now + self._drop_before)
         load = self.load() if expired else None
         for request in expired:
-            self.stats.expired += 1
+            self.counters.expired += 1
             waited = now - request.arrival
             retry_after = self._retry_after(load, request.tier, now)
             if self._drop_before:
@@ -303,7 +304,7 @@ async def open_batcher(
     pool: PoolConfig = PoolConfig(),
     policy: Policy = SizeOrTimeout(),
     queue: QueueConfig = QueueConfig(),
-    stats: Stats | None = None,
+    counters: BatchCounters | None = None,
     tokens: Callable[[str], int] = utf8_tokens,
 ) -> AsyncIterator[Batcher]:
     """Start a pool of workers and a batcher in front of it; stop both on exit.
@@ -316,7 +317,7 @@ async def open_batcher(
     'olleh'
     """
     async with trio.open_nursery() as nursery:
-        workers = WorkerPool(pool, spawn, stats)
+        workers = WorkerPool(pool, spawn, counters)
         observe = getattr(policy, "observe", None)
         if observe is not None:  # a policy that learns from calls (AIMD) hears every answer
             workers.on_answer = observe

@@ -43,17 +43,17 @@ def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokeni
 def batch_families(backends: Sequence[Exported]) -> Iterator:
     """The batch families of every fixed-mode backend (see the module doc)."""
     flushes = CounterMetricFamily("ferry_flushes", "Batches flushed, by reason.", labels=["model", "reason"])
-    counters = [(CounterMetricFamily(name, text, labels=["model"]), field) for name, text, field in _COUNTERS]
+    families = [(CounterMetricFamily(name, text, labels=["model"]), field) for name, text, field in _COUNTERS]
     sizes = HistogramMetricFamily("ferry_batch_size", "Requests per flushed batch.", labels=["model"])
     for model, _, snapshot in backends:
-        stats = snapshot.stats
-        for reason, count in sorted(stats.flushes.items()):
+        counters = snapshot.counters
+        for reason, count in sorted(counters.flushes.items()):
             flushes.add_metric([model, reason], count)
-        for family, field in counters:
-            family.add_metric([model], getattr(stats, field))
-        sizes.add_metric([model], stats.batch_sizes.cumulative(), stats.batch_sizes.total)
+        for family, field in families:
+            family.add_metric([model], getattr(counters, field))
+        sizes.add_metric([model], counters.batch_sizes.cumulative(), counters.batch_sizes.total)
     yield flushes
-    yield from (family for family, _ in counters)
+    yield from (family for family, _ in families)
     yield sizes
 
 

@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator
 import trio
 
 from batcher.core.config import PoolConfig
-from batcher.core.stats import Stats
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
 from batcher.core.types import Batch, Request, RequestFailed, State, WorkersFailed
+from batcher.fixed.counters import BatchCounters
 from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
 from workers.protocol import Error, NotDelivered, ProtocolError, RunBatch, WorkerLost
 
@@ -39,9 +39,9 @@ MAX_STRETCH = 8.0
 
 
 class WorkerPool:
-    def __init__(self, config: PoolConfig, spawn: Spawn, stats: Stats | None = None) -> None:
+    def __init__(self, config: PoolConfig, spawn: Spawn, counters: BatchCounters | None = None) -> None:
         self.config = config
-        self.stats = stats if stats is not None else Stats()
+        self.counters = counters if counters is not None else BatchCounters()
         self.on_idle: Callable[[], None] = lambda: None
         """Called when a worker frees up with no retry to take: the batcher's wake-up."""
         self.on_answer: Callable[[int, float], None] = lambda size, seconds: None
@@ -51,7 +51,7 @@ class WorkerPool:
         self._slots = [Slot(index) for index in range(config.workers)]
         for slot in self._slots:
             slot.supervisor = Supervisor(
-                slot.index, spawn, config, self.stats, functools.partial(self._serve, slot),
+                slot.index, spawn, config, self.counters, functools.partial(self._serve, slot),
                 on_exit=functools.partial(self._exited, slot), on_down=functools.partial(self._down, slot),
             )
         self._idle: list[Slot] = []  # by slot index: the lowest idle GPU takes the next batch
@@ -112,11 +112,11 @@ class WorkerPool:
         (a loop busy failing expired requests may read the clock again milliseconds later)."""
         if not self._idle:
             raise RuntimeError("dispatch needs an idle worker")
-        waits = self.stats.queue_wait
+        waits = self.counters.queue_wait
         for request in requests:
             request.dispatched_at = now
             waits[request.tier].observe(now - request.arrival)
-        self.stats.batch_sizes.observe(len(requests))
+        self.counters.batch_sizes.observe(len(requests))
         batch = Batch(next(self._batch_ids), requests, reason)
         self._send(self._idle.pop(0), batch)
         return batch
@@ -167,8 +167,8 @@ class WorkerPool:
                 fault, detail = "broke the protocol", str(exc)
             finally:
                 slot.call = None
-            self.stats.calls += 1
-            self.stats.busy_seconds += trio.current_time() - started
+            self.counters.calls += 1
+            self.counters.busy_seconds += trio.current_time() - started
             if fault is not None:
                 log.warning("worker %d (pid %s) %s on batch %d of %d inputs (%s); restarting it",
                             slot.index, worker.pid, fault, batch.id, len(requests), detail)
@@ -222,12 +222,12 @@ class WorkerPool:
         if not live:
             return
         if len(live) == 1 and batch.failures >= self.config.max_attempts:
-            self.stats.failed_inputs += 1
+            self.counters.failed_inputs += 1
             message = f"the input failed on {batch.failures} attempts; last: {error}"
             live[0].fail(RequestFailed(message), trio.current_time())
             return
         if len(live) > 1 and (batch.suspect or batch.failures >= min(2, self.config.max_attempts)):
-            self.stats.bisections += 1
+            self.counters.bisections += 1
             half = len(live) // 2
             for part in (live[:half], live[half:]):
                 piece = Batch(
@@ -241,7 +241,7 @@ class WorkerPool:
                 )
                 self._retry.append(piece)
         else:
-            self.stats.retries += 1
+            self.counters.retries += 1
             batch.reason = "retry"
             self._retry.append(batch)
         self._overdue_changed.set()
@@ -291,7 +291,7 @@ class WorkerPool:
         send to a gateway that says it is not ready."""
         now = trio.current_time()
         probe = self._probe = Request(0, "", 0, now, math.inf, self._probed, State.DISPATCHED)
-        self.stats.probes += 1
+        self.counters.probes += 1
         return Batch(next(self._batch_ids), [probe], "probe")
 
     def _probed(self, probe: Request) -> None:
@@ -352,7 +352,7 @@ class WorkerPool:
         hang = self.config.hang_timeout if batch.worker_faults else math.inf
         for request in batch.prune():
             if request.deadline + hang <= now:
-                self.stats.timed_out += 1
+                self.counters.timed_out += 1
                 last = f"last: {batch.last_error}" if batch.last_error else "its call was still running"
                 after = request.deadline + hang - request.arrival
                 request.fail(

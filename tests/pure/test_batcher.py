@@ -33,7 +33,7 @@ async def test_fifty_arrivals_flush_at_once(autojump_clock):
     assert fleet.calls() == [texts("r", 50)]
     assert {(r.dispatched_at, r.finished_at) for r in requests} == {(0.0, SERVICE)}
     assert [r.result() for r in requests] == [t[::-1] for t in texts("r", 50)]
-    assert batcher.stats.flushes == {"size": 1}
+    assert batcher.counters.flushes == {"size": 1}
 
 
 async def test_forty_nine_arrivals_flush_at_exactly_t(autojump_clock):
@@ -42,7 +42,7 @@ async def test_forty_nine_arrivals_flush_at_exactly_t(autojump_clock):
     assert fleet.calls() == [texts("r", 49)]
     assert [r.dispatched_at for r in requests] == [pytest.approx(T, abs=1e-12)] * 49
     assert [r.finished_at for r in requests] == [pytest.approx(T + SERVICE, abs=1e-12)] * 49
-    assert batcher.stats.flushes == {"timeout": 1}
+    assert batcher.counters.flushes == {"timeout": 1}
 
 
 async def test_a_late_arrival_completing_the_batch_flushes_it_by_size(autojump_clock):
@@ -54,7 +54,7 @@ async def test_a_late_arrival_completing_the_batch_flushes_it_by_size(autojump_c
         late = outcomes.add(["late"])
         await outcomes.wait(50)
     assert late[0].dispatched_at == pytest.approx(0.1)
-    assert batcher.stats.flushes == {"size": 1}
+    assert batcher.counters.flushes == {"size": 1}
 
 
 async def forty_free_then_forty_paid(fleet: Spawner):
@@ -95,7 +95,7 @@ async def test_a_crash_mid_batch_is_retried_and_completes_on_another_worker(auto
     assert [r.state for r in requests] == [State.DONE] * 50
     # the crash comes halfway through the call; the retry starts at once on worker 1
     assert [r.finished_at for r in requests] == [pytest.approx(SERVICE / 2 + SERVICE)] * 50
-    assert (batcher.stats.retries, batcher.stats.restarts, restarted) == (1, 1, [0])
+    assert (batcher.counters.retries, batcher.counters.restarts, restarted) == (1, 1, [0])
 
 
 async def test_a_hang_is_detected_at_hang_timeout_and_completes_elsewhere(autojump_clock):
@@ -123,8 +123,8 @@ async def test_one_poison_input_among_fifty_fails_alone(autojump_clock):
     assert str(failed[0].error) == "the input failed on 3 attempts; last: the model raised ValueError"
     assert [r.result() for r in requests if r is not failed[0]] == [t[::-1] for t in inputs if "☠" not in t]
     # 2 whole tries, then the half holding r37 is split: 50 -> 25 -> 13 -> 6 -> 3 -> 1
-    assert batcher.stats.bisections == 5
-    assert batcher.stats.restarts == 0  # a model error is the call's fault, not the worker's
+    assert batcher.counters.bisections == 5
+    assert batcher.counters.restarts == 0  # a model error is the call's fault, not the worker's
     assert len(fleet.calls()) == 2 + 2 * 5 + 2  # both halves of each split + r37's 2nd, 3rd tries
     assert fleet.calls()[-1] == ["r37 ☠"]
 
@@ -133,7 +133,7 @@ async def test_a_wrong_number_of_outputs_fails_the_call_and_the_batch_is_retried
     fleet = Spawner(plans={0: FaultPlan(wrong_count_on_call=1)})
     batcher, requests = await serve_at_once(fleet, texts("r", 10))
     assert [r.result() for r in requests] == [t[::-1] for t in texts("r", 10)]
-    assert (batcher.stats.retries, batcher.stats.restarts) == (1, 0)
+    assert (batcher.counters.retries, batcher.counters.restarts) == (1, 0)
     assert len(fleet.calls(1)) == 1
 
 
@@ -159,7 +159,7 @@ async def test_cancelled_requests_leave_the_queue_at_once_and_never_reach_a_work
     gone = {"w0", "w3", "w6", "w9"}
     assert not gone & set(fleet.inputs_seen())
     assert results == {f"w{i}": f"w{i}"[::-1] for i in range(10) if f"w{i}" not in gone}
-    assert batcher.stats.cancelled == 4
+    assert batcher.counters.cancelled == 4
 
 
 async def test_a_request_cancelled_after_dispatch_has_its_output_dropped(autojump_clock):
@@ -185,7 +185,7 @@ async def test_a_request_that_cannot_be_dispatched_by_its_deadline_is_overloaded
             await batcher.answer("late", "paid", timeout=1.0)
         assert trio.current_time() == pytest.approx(1.01)
     assert "late" not in fleet.inputs_seen()
-    assert batcher.stats.expired == 1
+    assert batcher.counters.expired == 1
 
 
 async def test_each_request_ends_exactly_once(autojump_clock):
@@ -210,11 +210,11 @@ async def test_unknown_tier_is_refused_by_name(autojump_clock):
 
 
 async def test_batch_sizes_and_queue_waits_by_tier_are_counted_for_metrics(autojump_clock):
-    stats = (await forty_free_then_forty_paid(Spawner())).stats
-    assert dict(stats.batch_sizes.cumulative())["32"] == 1 and stats.batch_sizes.count == 2  # 50 and 30
-    assert stats.batch_sizes.total == 80
-    assert (stats.queue_wait[0].count, stats.queue_wait[1].count) == (40, 40)
-    assert stats.queue_wait[1].total == pytest.approx(10 * 0.0 + 30 * SERVICE)  # 30 free waited a call
+    counters = (await forty_free_then_forty_paid(Spawner())).counters
+    assert dict(counters.batch_sizes.cumulative())["32"] == 1 and counters.batch_sizes.count == 2  # 50 and 30
+    assert counters.batch_sizes.total == 80
+    assert (counters.queue_wait[0].count, counters.queue_wait[1].count) == (40, 40)
+    assert counters.queue_wait[1].total == pytest.approx(10 * 0.0 + 30 * SERVICE)  # 30 free waited a call
 
 
 async def test_the_pool_reports_every_answered_call_and_its_recent_duration(autojump_clock):
@@ -250,7 +250,7 @@ async def test_over_budget_arrivals_are_shed_free_first_with_the_real_drain_time
     drained = max(r.dispatched_at for r in paid) - start  # the 100 paid ahead of the free ones...
     assert drained == pytest.approx(0.39)  # ...left in the batches at 0.19 and 0.39 s
     assert [r.error.retry_after for r in free] == pytest.approx([drained] * 100)  # as the 529s said
-    assert batcher.stats.shed == {1: 100}
+    assert batcher.counters.shed == {1: 100}
     assert all(r.finished_at == pytest.approx(start) for r in free)  # shed at once
 
 

@@ -90,7 +90,7 @@ async def test_no_request_of_a_burst_fails_after_waiting_its_whole_budget(max_ba
                 else:
                     assert isinstance(last, Finished) and client.first(Started) >= arrival
                     assert sum(e.tokens for _, e in client.events if isinstance(e, Delta)) == 128
-            assert pool.snapshot().stats.expired == 0
+            assert pool.snapshot().counters.expired == 0
 
 
 async def test_a_warm_burst_beyond_the_budget_is_shed_at_arrival_and_the_admitted_start_in_it(autojump_clock):

@@ -66,7 +66,7 @@ async def test_a_job_whose_deadline_passes_in_the_queue_gets_529_at_its_deadline
         pool.cancel(running)
         stats = spawn.current(0).engine.stats()
         assert stats.prefix_queries == 10  # the first job's prompt alone: the late one never arrived
-        assert pool.snapshot().stats.expired == 1
+        assert pool.snapshot().counters.expired == 1
 
 
 async def test_a_job_cancelled_in_each_state_gets_no_further_event_and_leaves_nothing_behind(autojump_clock):
@@ -96,7 +96,7 @@ async def test_a_job_cancelled_in_each_state_gets_no_further_event_and_leaves_no
         assert spawn.current(0).engine.stats().prefix_queries == 40 + 60  # neither queued job was sent
         assert [w.details["load_tokens"] for w in pool.snapshot().status.workers] == [0, 0]
         assert pool.snapshot().status.queued == 0
-        assert pool.snapshot().stats.cancelled == 4
+        assert pool.snapshot().counters.cancelled == 4
     assert not any(c.done.is_set() for c in clients.values())
 
 
@@ -144,7 +144,7 @@ async def test_a_silent_engine_is_killed_at_the_stats_timeout_and_its_whole_answ
         for client in clients:
             await client.done.wait()
         assert all(isinstance(c.events[-1], Finished) and len(c.text) == 300 for c in clients)
-        assert pool.snapshot().stats.restarts == 1
+        assert pool.snapshot().counters.restarts == 1
 
 
 async def test_with_every_engine_down_a_lost_answer_waits_for_the_restart_and_completes(autojump_clock):
@@ -157,7 +157,7 @@ async def test_with_every_engine_down_a_lost_answer_waits_for_the_restart_and_co
         await client.done.wait()
         assert isinstance(client.events[-1], Finished) and len(client.text) == 200
         assert client.ended == pytest.approx(alone(killed_at + BACKOFF, 10, 200)[-1], abs=EXACT)
-        assert pool.snapshot().stats.reruns == 1 and pool.ready
+        assert pool.snapshot().counters.reruns == 1 and pool.ready
 
 
 async def test_a_lost_answer_that_no_engine_takes_within_its_budget_fails(autojump_clock):
@@ -222,7 +222,7 @@ async def test_with_paid_work_backlogged_a_free_job_is_shed_at_once_with_a_retry
         pool.submit(Job("f", tuple(b"free question"), Sampling(50), "free", "acme", stream=True), free)
         [shed] = free.events
         assert isinstance(shed.error, Shed) and shed.retryable and shed.error.retry_after > 0.05
-        assert "budget of 0.0" in str(shed.error) and pool.snapshot().stats.shed[1] == 1
+        assert "budget of 0.0" in str(shed.error) and pool.snapshot().counters.shed[1] == 1
         assert not any(c.done.is_set() for c in paid)  # paid is untouched
         for ticket in tickets:
             pool.cancel(ticket)

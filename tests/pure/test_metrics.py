@@ -4,7 +4,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batcher.core.admission import BatchLoad
 from batcher.core.backend import Snapshot, Status
-from batcher.core.stats import Stats
+from batcher.fixed.counters import BatchCounters
 from gateway.metrics import Metrics
 
 
@@ -12,20 +12,20 @@ def families(metrics: Metrics, snapshots: dict | None = None) -> dict:
     return {f.name: f for f in text_string_to_metric_families(metrics.exposition(snapshots or {}).decode())}
 
 
-def snapshot(stats: Stats, load: BatchLoad) -> Snapshot:
-    return Snapshot("fixed", Status(True, "", (), sum(load.queued), "requests"), stats.copy(), load)
+def snapshot(counters: BatchCounters, load: BatchLoad) -> Snapshot:
+    return Snapshot("fixed", Status(True, "", (), sum(load.queued), "requests"), counters.copy(), load)
 
 
 def test_core_counters_are_read_from_the_snapshot_taken_at_scrape_time():
-    stats = Stats()
+    counters = BatchCounters()
     metrics = Metrics()
     metrics.track("m@1", ["paid", "free"])
-    stats.flushes["size"] += 3
-    stats.restarts += 2
-    stats.timed_out += 4
-    stats.batch_sizes.observe(50)
-    stats.queue_wait[1].observe(0.12)
-    found = families(metrics, {"m@1": snapshot(stats, BatchLoad((120, 30), (0.0,), 50, 0.25))})
+    counters.flushes["size"] += 3
+    counters.restarts += 2
+    counters.timed_out += 4
+    counters.batch_sizes.observe(50)
+    counters.queue_wait[1].observe(0.12)
+    found = families(metrics, {"m@1": snapshot(counters, BatchLoad((120, 30), (0.0,), 50, 0.25))})
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in found.values() for s in f.samples}
     assert samples[("ferry_flushes_total", (("model", "m@1"), ("reason", "size")))] == 3
     assert samples[("ferry_worker_restarts_total", (("model", "m@1"),))] == 2
@@ -52,10 +52,10 @@ def test_several_backends_share_each_family_with_a_sample_per_model():
     metrics = Metrics()
     snapshots = {}
     for model in ("a@1", "b@1"):
-        stats = Stats()
-        stats.retries = 3 if model == "a@1" else 4
+        counters = BatchCounters()
+        counters.retries = 3 if model == "a@1" else 4
         metrics.track(model, ["paid"])
-        snapshots[model] = snapshot(stats, BatchLoad((0,), (), 1, 0.0))
+        snapshots[model] = snapshot(counters, BatchLoad((0,), (), 1, 0.0))
     retries = families(metrics, snapshots)["ferry_batch_retries"]
     assert {s.labels["model"]: s.value for s in retries.samples if s.name.endswith("_total")} == {
         "a@1": 3,

@@ -63,7 +63,7 @@ async def test_a_batch_sent_to_a_worker_already_gone_costs_it_no_attempt(autojum
     # B crashed slot 1 at 0.15; slot 1's replacement (up at 0.25) serves it whole
     assert [r.finished_at for r in b] == [pytest.approx(0.25 + SERVICE)] * 50
     assert [r.result() for r in b] == [t[::-1] for t in texts("b", 50)]
-    assert (batcher.stats.retries, batcher.stats.bisections, batcher.stats.calls) == (1, 0, 3)
+    assert (batcher.counters.retries, batcher.counters.bisections, batcher.counters.calls) == (1, 0, 3)
     assert first.calls == [texts("a", 50)]  # the gone worker received nothing more
 
 
@@ -108,7 +108,7 @@ async def test_a_fleet_that_crashes_on_every_call_fails_each_request_by_its_budg
         "no worker could serve it by its deadline (2.000s after arrival); last: a worker crashed"
     }
     assert all(isinstance(r.error, WorkersFailed) for r in paid + free)
-    assert (batcher.stats.timed_out, batcher.stats.restarts) == (40, 4)
+    assert (batcher.counters.timed_out, batcher.counters.restarts) == (40, 4)
     # not ready from the first crash until a worker serves again, though one is up in between
     assert (before, during, fixed, served) == (True, (False, 1), (False, 1), True)
 
@@ -141,7 +141,7 @@ async def test_a_fleet_slower_than_hang_timeout_loses_one_worker_then_serves_at_
     assert [r.finished_at for r in first] == [pytest.approx(1.0 + 1.1)] * 50
     assert [r.finished_at for r in second] == [pytest.approx(3.0 + 1.1)] * 50
     assert [r.result() for r in second] == [t[::-1] for t in texts("b", 50)]
-    assert (batcher.stats.restarts, batcher.pool.call_seconds) == (1, pytest.approx(1.1))
+    assert (batcher.counters.restarts, batcher.pool.call_seconds) == (1, pytest.approx(1.1))
     assert fleet.calls(0)[-1] == texts("b", 50)
 
 
@@ -157,7 +157,7 @@ async def test_a_hang_among_slowed_calls_is_detected_at_three_recent_call_times(
     # ...but the calls are now judged against 3 x 0.4 s: the third call, sent at 1.0, is hung at
     # 2.2 (not 2.0); the replacement is up at 2.3 and answers its retry at 2.7
     assert [r.finished_at for r in batch] == [pytest.approx(1.0 + 1.2 + 0.1 + 0.4)] * 50
-    assert batcher.stats.restarts == 1
+    assert batcher.counters.restarts == 1
 
 
 async def test_a_poisoned_batch_under_tier_budgets_still_serves_its_batch_mates(autojump_clock):
@@ -177,7 +177,7 @@ async def test_a_poisoned_batch_under_tier_budgets_still_serves_its_batch_mates(
     assert [r.input for r in failed] == ["r37 ☠"] and isinstance(failed[0].error, RequestFailed)
     assert [r.result() for r in requests if r is not failed[0]] == [t[::-1] for t in inputs if "☠" not in t]
     assert max(r.finished_at for r in requests) > 0.3 + HANG  # past the deadline a worker fault would have
-    assert batcher.stats.timed_out == 0
+    assert batcher.counters.timed_out == 0
 
 
 async def test_a_fleet_that_lost_every_worker_proves_itself_with_a_probe_call_without_traffic(autojump_clock):
@@ -187,9 +187,9 @@ async def test_a_fleet_that_lost_every_worker_proves_itself_with_a_probe_call_wi
         for slot in range(2):
             fleet.worker(slot).kill()
         await trio.sleep(0.2)  # virtual time: the restart backoff (0.1 s), then the probe call is on its way
-        during = batcher.pool.ready, batcher.stats.probes
+        during = batcher.pool.ready, batcher.counters.probes
         await trio.sleep(0.2)  # virtual time: one call later
-        after = batcher.pool.ready, batcher.stats.probes, batcher.stats.flushed_requests
+        after = batcher.pool.ready, batcher.counters.probes, batcher.counters.flushed_requests
     assert during == (False, 1)  # one probe at a time
     assert after == (True, 1, 0)  # ready again, and no request was ever sent
     assert [call for call in fleet.calls() if call == [""]] == [[""]]

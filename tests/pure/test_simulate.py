@@ -78,7 +78,7 @@ async def test_slack_driven_holds_until_the_deadline_allows_no_more_and_drops_th
     assert [r.dispatched_at for r in requests] == [pytest.approx(0.28)] * 2
     assert [r.finished_at for r in requests] == [pytest.approx(0.48)] * 2
     assert fleet.inputs_seen() == ["x", "y"]
-    assert batcher.stats.flushes == {"slack": 1} and batcher.stats.expired == 1
+    assert batcher.counters.flushes == {"slack": 1} and batcher.counters.expired == 1
 
 
 async def test_aimd_learns_the_batch_size_from_the_calls_it_sees(autojump_clock):
@@ -90,7 +90,7 @@ async def test_aimd_learns_the_batch_size_from_the_calls_it_sees(autojump_clock)
     async with open_batcher(spawn, PoolConfig(workers=1), policy) as batcher:
         await _ended(batcher, [str(i) for i in range(200)])
     assert policy.limit == 20
-    assert batcher.stats.flushes["size"] >= 5
+    assert batcher.counters.flushes["size"] >= 5
 
 
 def _trace(rate: float, seconds: float, seed: int = 3, budget: float | None = None) -> Trace:
@@ -182,7 +182,7 @@ def test_conservation_holds_request_by_request_under_faults():
             await until_trio(lambda: len(ended) >= len(trace), "every request of the trace ended",
                              within=60.0, every=1.0)
             await trio.sleep(5.0)  # virtual time: 5 s more, in which nothing may end twice, even late
-            return batcher.stats.restarts
+            return batcher.counters.restarts
 
     restarts = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert len(ended) == len(trace) and set(ended.values()) == {1}

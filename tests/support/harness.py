@@ -28,8 +28,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from batcher.core.admission import BatchLoad
 from batcher.core.backend import Delta, Failed, Finished, Job, Snapshot, Started, Status, Usage
-from batcher.core.stats import Stats
 from batcher.core.types import RequestFailed
+from batcher.fixed.counters import BatchCounters
 from gateway.bridge import Bridge
 from gateway.config import parse_config
 from gateway.http.app import make_app
@@ -90,7 +90,7 @@ class ScriptedBackend:
 
     def snapshot(self) -> Snapshot:
         status = Status(True, "", (), len(self.playing), "requests")
-        return Snapshot("fixed", status, Stats(), BatchLoad((0,), (), 1, 0.0))
+        return Snapshot("fixed", status, BatchCounters(), BatchLoad((0,), (), 1, 0.0))
 
     async def run(self) -> None:
         while True:

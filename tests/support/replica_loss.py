@@ -38,5 +38,5 @@ async def check_replica_0_lost(pool, streams: list[Client], wholes: list[Client]
         pool.submit(job(10 + index, 120, stream=False), solo)
         await solo.done.wait()
         assert whole.text == solo.text and len(whole.text) == 120
-    stats = pool.snapshot().stats
-    assert (stats.reruns, stats.interrupted, stats.restarts) == (2, 2, 1)
+    counters = pool.snapshot().counters
+    assert (counters.reruns, counters.interrupted, counters.restarts) == (2, 2, 1)

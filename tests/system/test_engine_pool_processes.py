@@ -97,11 +97,11 @@ def test_the_tokens_of_one_engine_step_cross_to_the_http_side_in_one_hop(tmp_pat
 
             async def reported():
                 snapshot = (await bridge.snapshots())["sim@1"]
-                engine = snapshot.stats.replicas[0].engine
+                engine = snapshot.counters.replicas[0].engine
                 return snapshot if engine.running == 0 and engine.generated_tokens >= 16 * 30 else None
 
             snapshot = await until_asyncio(reported, "the engine's report of its last steps", within=10)
-            return streams, hops, snapshot.stats.step_tokens.count
+            return streams, hops, snapshot.counters.step_tokens.count
 
     streams, hops, steps = run(body)
     texts = [

@@ -93,7 +93,7 @@ def test_a_cancelled_handle_leaves_the_queue_before_any_worker_sees_it():
 
         async def taken_back():
             snapshot = (await bridge.snapshots())["m"]
-            return snapshot if snapshot.stats.cancelled else None
+            return snapshot if snapshot.counters.cancelled else None
 
         handle = bridge.submit("m", job("never"))
         await until_asyncio(queued, "the job queued in the core", every=0.001)
@@ -102,7 +102,7 @@ def test_a_cancelled_handle_leaves_the_queue_before_any_worker_sees_it():
         # A job the core refuses at once, submitted after the cancel: every event emitted before
         # its end (any the left job got) has crossed with it, so nothing more can arrive.
         await until_ended(bridge.submit("m", job("after", "no-such-tier")))
-        return handle, snapshot.status.queued, snapshot.stats.calls
+        return handle, snapshot.status.queued, snapshot.counters.calls
 
     handle, queued, calls = run(core, leave)
     assert handle.left and handle.events == []

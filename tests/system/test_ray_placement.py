@@ -82,7 +82,7 @@ async def test_fixed_mode_workers_in_ray_actors_answer_and_say_on_which_node_the
         assert placements(batcher) == [head, head]
         status = batcher.snapshot().status.workers
         assert [w.placement for w in status] == [head, head] and all(w.pid for w in status)
-        assert batcher.stats.restarts == 0
+        assert batcher.counters.restarts == 0
 
 
 async def test_an_actor_sigkilled_mid_batch_loses_no_request_and_is_replaced_by_a_new_actor():
@@ -105,7 +105,7 @@ async def test_an_actor_sigkilled_mid_batch_loses_no_request_and_is_replaced_by_
                          "a new actor in the killed one's slot, idle")
         replaced = batcher.pool.workers()[busy.slot]
     assert outcome == {text: text[::-1] for text in inputs}
-    assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
+    assert (batcher.counters.restarts, batcher.counters.retries) == (1, 1)
     assert replaced.pid != busy.pid and replaced.restarts == 1 and replaced.placement.startswith("ray:")
 
 
@@ -124,7 +124,7 @@ async def test_a_frozen_actor_is_killed_after_the_hang_timeout_and_its_batch_ans
             for pid in tree:  # the worker program, orphaned by ray.kill, wakes to see it and exits
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
-        assert batcher.pool.workers()[0].pid != frozen.pid and batcher.stats.restarts == 1
+        assert batcher.pool.workers()[0].pid != frozen.pid and batcher.counters.restarts == 1
 
 
 async def test_a_node_removed_under_load_costs_no_request_and_its_workers_move_to_another_node(ray_cluster):
@@ -146,13 +146,13 @@ async def test_a_node_removed_under_load_costs_no_request_and_its_workers_move_t
                         await trio.sleep(0.1)  # the load's pace: a wave of 20 every 0.1 s
 
                 nursery.start_soon(arrive)
-                await until_trio(lambda: batcher.stats.calls >= 2, "two calls answered on the doomed node")
+                await until_trio(lambda: batcher.counters.calls >= 2, "two calls answered on the doomed node")
                 await remove(ray_cluster, doomed)
                 doomed = None
             await until_trio(lambda: placements(batcher) == [on(spare)] * 2,
                              "both workers moved to the spare node", within=60)
         assert outcome == {text: text[::-1] for text in inputs}  # each answered, once, correctly
-        assert batcher.stats.restarts >= 2
+        assert batcher.counters.restarts >= 2
     finally:
         for node in (doomed, spare):
             if node is not None:
@@ -188,8 +188,8 @@ async def test_an_engine_actor_sigkilled_mid_stream_ends_its_streams_with_an_err
         assert all(isinstance(kept.events[-1], Finished) and kept.delivered == 600 for kept in streams[1::2])
         assert all([type(e) for e in w.events] == [Started, Delta, Finished] and len(w.text) == 120
                    for w in wholes)
-        stats = pool.snapshot().stats
-        assert (stats.reruns, stats.interrupted, stats.restarts) == (2, 2, 1)
+        counters = pool.snapshot().counters
+        assert (counters.reruns, counters.interrupted, counters.restarts) == (2, 2, 1)
 
 
 async def test_a_model_asking_for_what_no_node_has_is_a_start_up_error_naming_the_model():

@@ -70,7 +70,7 @@ async def test_sigkill_of_a_worker_mid_batch_loses_no_request():
             os.kill(busy.pid, signal.SIGKILL)  # inside the 1 s call
         replaced = batcher.pool.workers()[busy.slot]
     assert outcome == {text: text[::-1] for text in inputs}
-    assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
+    assert (batcher.counters.restarts, batcher.counters.retries) == (1, 1)
     assert replaced.pid != busy.pid and replaced.restarts == 1
 
 
@@ -85,7 +85,7 @@ async def test_a_hung_worker_is_killed_and_replaced():
         assert not alive(hung_pid)
         assert replacement.pid != hung_pid and alive(replacement.pid)
     assert results == {"a": "a", "b": "b", "c": "c"}
-    assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
+    assert (batcher.counters.restarts, batcher.counters.retries) == (1, 1)
 
 
 async def test_a_fleet_whose_every_worker_up_is_hung_is_not_ready_before_supervision_kills_it():
@@ -101,7 +101,7 @@ async def test_a_fleet_whose_every_worker_up_is_hung_is_not_ready_before_supervi
             states = [(info.state, info.pid) for info in batcher.pool.workers()]
             nursery.cancel_scope.cancel()
     assert states == [(SlotState.STARTING, states[0][1]), (SlotState.HUNG, retried_on.pid)]  # not yet killed
-    assert batcher.stats.retries == 1
+    assert batcher.counters.retries == 1
 
 
 async def test_a_worker_that_prints_to_stdout_does_not_corrupt_the_protocol(capfd):
@@ -111,7 +111,7 @@ async def test_a_worker_that_prints_to_stdout_does_not_corrupt_the_protocol(capf
         first = await submit_all(batcher, inputs[:10])
         second = await submit_all(batcher, inputs[10:])
     assert {**first, **second} == {text: text[::-1] for text in inputs}
-    assert batcher.stats.restarts == 0
+    assert batcher.counters.restarts == 0
     assert "chatter: call 2 with 10 inputs" in capfd.readouterr().err
 
 
@@ -123,7 +123,7 @@ async def test_one_poison_input_fails_alone_across_real_processes():
         results = await submit_all(batcher, inputs)
     assert isinstance(results.pop("request 13 ☠"), RequestFailed)
     assert results == {text: text[::-1] for text in inputs if "☠" not in text}
-    assert batcher.stats.restarts == 0
+    assert batcher.counters.restarts == 0
 
 
 async def test_a_worker_that_exits_on_a_call_has_its_batch_retried_elsewhere():
@@ -131,7 +131,7 @@ async def test_a_worker_that_exits_on_a_call_has_its_batch_retried_elsewhere():
     async with pool_of(spawn) as batcher:
         results = await submit_all(batcher, ["x", "y"])
     assert results == {"x": "x", "y": "y"}
-    assert (batcher.stats.restarts, batcher.stats.retries) == (1, 1)
+    assert (batcher.counters.restarts, batcher.counters.retries) == (1, 1)
 
 
 BAD = ["no-such-kind"]
@@ -206,12 +206,12 @@ async def test_workers_killed_while_idle_are_replaced_before_any_traffic():
                                      for info in batcher.pool.workers()),
                          "every killed worker replaced", within=10)
         replacements = [info.pid for info in batcher.pool.workers()]
-        assert batcher.stats.flushed_requests == 0  # noticed by watching the processes, not by a call
+        assert batcher.counters.flushed_requests == 0  # noticed by watching the processes, not by a call
         assert not set(replacements) & set(killed) and all(alive(pid) for pid in replacements)
         # every slot lost its worker: not ready until one serves, and a probe call proves one
         # does, without traffic (a load balancer sends none to a gateway that is not ready)
         await until_trio(lambda: batcher.pool.ready, "the pool ready again after its probe call", within=10)
-        assert batcher.stats.probes == 1 and batcher.stats.calls == 1
+        assert batcher.counters.probes == 1 and batcher.counters.calls == 1
         assert await batcher.answer("hello", "paid") == "olleh"
 
 
@@ -223,7 +223,7 @@ async def test_a_request_after_the_lowest_idle_workers_were_killed_is_served_fir
             os.kill(info.pid, signal.SIGKILL)
         with trio.fail_after(10):
             assert await batcher.answer("hello", "paid") == "olleh"
-    assert (batcher.stats.retries, batcher.stats.failed_inputs) == (0, 0)
+    assert (batcher.counters.retries, batcher.counters.failed_inputs) == (0, 0)
 
 
 async def test_a_call_to_a_worker_already_dead_is_not_delivered():
@@ -245,7 +245,7 @@ async def test_a_garbage_frame_is_a_protocol_fault_and_only_the_named_slot_misbe
     spawn = process_workers(["echo", "--garbage-on-call", "1", "--only-slot", "0"], 2, kind=ProcessWorker)
     async with open_batcher(spawn, PoolConfig(workers=2), SizeOrTimeout(1, 0.0)) as batcher:
         answers = [await batcher.answer(f"r{i}", "paid") for i in range(4)]
-        retries = batcher.stats.retries
+        retries = batcher.counters.retries
         restarts = {worker.slot: worker.restarts for worker in batcher.pool.workers()}
     assert answers == [f"r{i}" for i in range(4)]
     assert retries >= 1  # slot 0's first call broke the protocol: its batch went to slot 1

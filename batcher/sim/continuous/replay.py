@@ -316,7 +316,7 @@ def replay(
                 with trio.move_on_at(start + span + drain):
                     await done.wait()
                 nursery.cancel_scope.cancel()
-            return trio.current_time() - start, sum(pool.snapshot().stats.shed.values())
+            return trio.current_time() - start, sum(pool.snapshot().counters.shed.values())
 
     virtual, shed = run_virtual(run, seed=seed)
     if outcomes.ended < len(workload):

@@ -73,4 +73,4 @@ async def open_loop(
     tiers = tier_mix(len(times), shares, seed)
     async with open_batcher(spawn, pool, policy, queue) as batcher:
         requests, lag = await drive(batcher, times, tiers)
-    return summarize(requests, queue.tiers, batcher.stats, lag, pool.workers)
+    return summarize(requests, queue.tiers, batcher.counters, lag, pool.workers)

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from batcher.core.stats import Stats
 from batcher.core.types import Request, State
+from batcher.fixed.counters import BatchCounters
 
 PERCENTILES = (50, 95, 99)
 
@@ -144,7 +144,8 @@ class Recorder:
         return Samples(self._arrival[:n], self._tier[:n], self._latency[:n], self._served[:n])
 
     def report(
-        self, tiers: Sequence[str], stats: Stats, workers: int | None = None, driver_lag: float = 0.0
+        self, tiers: Sequence[str], counters: BatchCounters, workers: int | None = None,
+        driver_lag: float = 0.0,
     ) -> Report:
         """Summarise the requests recorded so far (all of a run, once every one has ended)."""
         if not self.ended:
@@ -162,21 +163,21 @@ class Recorder:
             latency=Latency.of(latency[served]),
             by_tier={name: Latency.of(latency[served & (tier == i)]) for i, name in present},
             errors=dict(self.errors),
-            mean_batch=stats.mean_batch,
-            flushes=dict(stats.flushes),
-            calls=stats.calls,
-            restarts=stats.restarts,
-            retries=stats.retries,
+            mean_batch=counters.mean_batch,
+            flushes=dict(counters.flushes),
+            calls=counters.calls,
+            restarts=counters.restarts,
+            retries=counters.retries,
             driver_lag=driver_lag,
             dropped_by_tier={name: int((~served & (tier == i)).sum()) for i, name in present},
-            busy_fraction=stats.busy_seconds / (workers * span) if workers and span > 0 else float("nan"),
+            busy_fraction=counters.busy_seconds / (workers * span) if workers and span > 0 else float("nan"),
         )
 
 
 def summarize(
     requests: Sequence[Request],
     tiers: Sequence[str],
-    stats: Stats,
+    counters: BatchCounters,
     driver_lag: float = 0.0,
     workers: int | None = None,
 ) -> Report:
@@ -184,4 +185,4 @@ def summarize(
     recorder = Recorder(len(requests))
     for request in requests:
         recorder(request)
-    return recorder.report(tiers, stats, workers, driver_lag)
+    return recorder.report(tiers, counters, workers, driver_lag)

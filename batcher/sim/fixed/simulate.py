@@ -33,8 +33,8 @@ import numpy as np
 import trio
 
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.stats import Stats
 from batcher.fixed.batcher import open_batcher
+from batcher.fixed.counters import BatchCounters
 from batcher.fixed.policy import POLICIES, make_policy
 from batcher.sim.arrivals import Trace, bursty, poisson
 from batcher.sim.continuous import simulate as llm_simulate
@@ -141,17 +141,17 @@ def simulate(
     pool_log.setLevel(logging.ERROR)  # faults by the thousand: the report counts them
     cpu, wall = time.process_time(), time.perf_counter()
     try:
-        stats, virtual = run_virtual(_run, scenario, recorder, progress, every, seed=scenario.seed)
+        counters, virtual = run_virtual(_run, scenario, recorder, progress, every, seed=scenario.seed)
     finally:
         pool_log.setLevel(level)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    report = recorder.report(scenario.queue.tiers, stats, scenario.workers)
+    report = recorder.report(scenario.queue.tiers, counters, scenario.workers)
     return Simulation(scenario, report, virtual, cpu, wall, recorder.samples())
 
 
 async def _run(
     scenario: Scenario, recorder: Recorder, progress: Callable[[Progress], None] | None, every: float
-) -> tuple[Stats, float]:
+) -> tuple[BatchCounters, float]:
     trace, total = scenario.trace, len(scenario.trace)
     start = trio.current_time()
     budget = scenario.queue.queue_timeout if scenario.timeout is None else scenario.timeout
@@ -173,7 +173,7 @@ async def _run(
                 nursery.start_soon(_tell_progress, progress, every, recorder, total, float(trace.times[-1]))
             await all_ended.wait()
             nursery.cancel_scope.cancel()
-    return batcher.stats, trio.current_time() - start
+    return batcher.counters, trio.current_time() - start
 
 
 async def _tell_progress(

@@ -10,8 +10,8 @@ from prometheus_client.core import CounterMetricFamily
 
 from batcher.core.admission import BatchLoad
 from batcher.core.backend import Delta, Finished, Snapshot, Started, Status, Usage
+from batcher.core.counters import Counters
 from batcher.core.mode import Mode
-from batcher.core.stats import CoreStats
 from tests.support.toy_mode.config import ToyModelConfig
 
 PREPARED: list[tuple[str, bool]] = []
@@ -19,17 +19,17 @@ PREPARED: list[tuple[str, bool]] = []
 
 
 @dataclasses.dataclass(slots=True)
-class ToyStats(CoreStats):
+class ToyCounters(Counters):
     answers: int = 0
 
 
 class ToyBackend:
     def __init__(self, model: ToyModelConfig, tokenizer) -> None:
-        self.model, self.tokenizer, self.stats = model, tokenizer, ToyStats()
+        self.model, self.tokenizer, self.counters = model, tokenizer, ToyCounters()
 
     def submit(self, job, on_event) -> object:
         text = job.prompt.rsplit("User: ", 1)[-1].upper() + self.model.suffix
-        self.stats.answers += 1
+        self.counters.answers += 1
         on_event(Started(0.0))
         on_event(Delta(text, self.tokenizer.count(text)))
         on_event(Finished("end_turn", Usage(len(job.prompt_tokens), 0, self.tokenizer.count(text))))
@@ -42,8 +42,8 @@ class ToyBackend:
         return BatchLoad((0,), (0.0,), 1, 0.0)
 
     def snapshot(self) -> Snapshot:
-        status = Status(True, "", (), 0, "shouts", {"answers": self.stats.answers})
-        return Snapshot("toy", status, self.stats.copy(), self.load())
+        status = Status(True, "", (), 0, "shouts", {"answers": self.counters.answers})
+        return Snapshot("toy", status, self.counters.copy(), self.load())
 
     def retune(self, queue) -> None:
         pass
@@ -67,7 +67,7 @@ async def open_toy(model: ToyModelConfig, queue, spawn, tokenizer):
 def families(backends):
     answers = CounterMetricFamily("ferry_toy_answers", "Answers the toy shouted.", labels=["model"])
     for model, _, snapshot in backends:
-        answers.add_metric([model], snapshot.stats.answers)
+        answers.add_metric([model], snapshot.counters.answers)
     yield answers
 
 

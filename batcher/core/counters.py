@@ -1,7 +1,6 @@
-"""Counters the batcher and the pool keep as they work: plain numbers, cheap to bump.
-
-Experiments print them, tests assert on them, and the metrics registry exports them.
-"""
+"""What every backend counts as it works, whatever its mode: plain numbers, cheap to bump, and the
+histogram they are observed into. Experiments print them, tests assert on them, and the metrics
+registry exports them; each mode adds its own (the fixed mode's ``BatchCounters``)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import copy
 import dataclasses
 from typing import Self
 
-BATCH_SIZE_BOUNDS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 50, 64, 128, 256, 512, 1024)
 WAIT_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -49,7 +47,7 @@ class Histogram:
 
 
 @dataclasses.dataclass(slots=True)
-class CoreStats:
+class Counters:
     """What every backend counts, whatever its mode: the shared ``/metrics`` families."""
 
     expired: int = 0  # queued past their deadline: Overloaded
@@ -64,24 +62,3 @@ class CoreStats:
     def copy(self) -> Self:
         """A deep copy: what a snapshot hands the asyncio thread, which must not read live counters."""
         return copy.deepcopy(self)
-
-
-@dataclasses.dataclass(slots=True)
-class Stats(CoreStats):
-    """The fixed mode's counters: batches, calls, retries and bisections on top of the shared ones."""
-
-    flushes: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
-    flushed_requests: int = 0  # sum of the sizes of new batches (retries not counted again)
-    calls: int = 0  # run_batch calls sent to workers, retries and probes included
-    probes: int = 0  # calls of one empty input, sent to prove a fleet that lost every worker serves again
-    busy_seconds: float = 0.0  # summed over workers: time spent inside calls
-    retries: int = 0  # batches re-dispatched whole after a failed call
-    bisections: int = 0  # batches split in two to isolate a failing input
-    failed_inputs: int = 0  # requests failed because their input failed alone
-    batch_sizes: Histogram = dataclasses.field(default_factory=lambda: Histogram(BATCH_SIZE_BOUNDS))
-
-    @property
-    def mean_batch(self) -> float:
-        """Mean size of the batches flushed from the queues."""
-        flushes = sum(self.flushes.values())
-        return self.flushed_requests / flushes if flushes else 0.0
