@@ -43,8 +43,9 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from batcher.core.types import Overloaded, Request, State
+from batcher.core.errors import Overloaded
 from batcher.fixed.batcher import open_batcher
+from batcher.fixed.request import Request, RequestState
 from batcher.sim.arrivals import poisson, tier_mix
 from batcher.sim.fixed.replay import Replay
 from batcher.sim.fixed.workers import SimulatedWorker, constant
@@ -218,7 +219,7 @@ def virtual(args: argparse.Namespace) -> dict:
         shot = by_arrival[request.arrival]
         shot.scheduled = shot.sent = request.arrival
         shot.answered = request.finished_at
-        shot.status = 200 if request.state is State.DONE else 529
+        shot.status = 200 if request.state is RequestState.DONE else 529
         if isinstance(request.error, Overloaded):
             shot.retry_after = request.error.retry_after
             shot.expired = request.dispatched_at is None and request.finished_at > request.arrival

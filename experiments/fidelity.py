@@ -17,9 +17,9 @@ import numpy as np
 import trio
 
 from batcher.core.config import PoolConfig
-from batcher.core.types import State
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import make_policy
+from batcher.fixed.request import RequestState
 from batcher.fixed.worker import ProcessWorker
 from batcher.placement.local import process_workers
 from batcher.sim.arrivals import Trace, poisson
@@ -41,7 +41,7 @@ async def real_latencies(trace: Trace, policy: str, workers: int) -> np.ndarray:
         requests, lag = await drive(batcher, trace.times, tiers)
     if lag > 0.01:
         print(f"  warning: the driver fell {lag * 1000:.0f} ms behind its schedule")
-    return np.array([r.finished_at - r.arrival for r in requests if r.state is State.DONE])
+    return np.array([r.finished_at - r.arrival for r in requests if r.state is RequestState.DONE])
 
 
 def main() -> None:

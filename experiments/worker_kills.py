@@ -22,9 +22,9 @@ import numpy as np
 import trio
 
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import Request, State
 from batcher.fixed.batcher import Batcher, open_batcher
 from batcher.fixed.policy import SizeOrTimeout
+from batcher.fixed.request import Request, RequestState
 from batcher.fixed.slot import SlotState
 from batcher.fixed.worker import ProcessWorker
 from batcher.placement.local import process_workers
@@ -84,8 +84,8 @@ async def run(args: argparse.Namespace) -> int:
             if not request.done:
                 print(f"lost: request {request.id} ({request.state.value}) arrived {request.arrival:.3f} "
                       f"dispatched {request.dispatched_at}")
-    done = [r for r in requests if r.state is State.DONE]
-    failed = collections.Counter(type(r.error).__name__ for r in requests if r.state is State.FAILED)
+    done = [r for r in requests if r.state is RequestState.DONE]
+    failed = collections.Counter(type(r.error).__name__ for r in requests if r.state is RequestState.FAILED)
     lost = len(times) - len(done) - sum(failed.values())
     print(f"offered {len(times):,} at {args.rate:g}/s for {args.duration:g}s")
     print(f"answered {len(done):,}  failed {sum(failed.values())} {dict(failed)}  lost {lost}")

@@ -18,7 +18,7 @@ prefilled, and free KV blocks by its last report. So a job waits in the pool. **
 fast**: the tier's wait budget is judged at arrival, where a job the estimate says cannot start
 within it gets 529 with its Retry-After at once; an admitted job then waits until it starts,
 never failing for having waited its budget (only a job's own deadline, or the queue's 30 s
-backstop, can pass in the queue: 529 :class:`~batcher.core.types.Expired` before it has cost a
+backstop, can pass in the queue: 529 :class:`~batcher.core.errors.Expired` before it has cost a
 prefill). Once sent, a job runs to its end.
 
 **Routing** happens at arrival (:mod:`batcher.continuous.router`): the load of a replica is the tokens it
@@ -30,7 +30,7 @@ What a replica holds and how its engine's frames become events is :mod:`batcher.
 answer, or a stream with no delta yet) is re-run on another replica, ahead of that replica's
 queue, and its client never learns of it; one that was lost ``max_attempts`` times fails (500),
 as does one that no replica takes within its tier's budget of the loss (every engine down). A
-stream that has sent deltas ends with :class:`~batcher.core.types.ReplicaLost` (an SSE ``error`` of
+stream that has sent deltas ends with :class:`~batcher.core.errors.ReplicaLost` (an SSE ``error`` of
 type ``api_error``, retryable): never a silent restart, never a duplicate token, and the usage
 bills what was delivered. Jobs only queued for the dead replica go to the others.
 """
@@ -55,9 +55,9 @@ from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
 from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
 from batcher.core.config import QueueConfig
+from batcher.core.errors import Expired, ReplicaLost, RequestFailed, TooLarge, WorkersFailed
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
 from batcher.core.tokenizer import Tokenizer
-from batcher.core.types import Expired, ReplicaLost, RequestFailed, TooLarge, WorkersFailed
 from workers.prefix_hash import prefix_hashes
 from workers.protocol import Add
 

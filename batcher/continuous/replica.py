@@ -45,9 +45,9 @@ from batcher.continuous.token_load import TokenRate
 from batcher.continuous.token_stream import Output
 from batcher.core.backend import Job, Usage, WorkerStatus
 from batcher.core.config import QueueConfig
+from batcher.core.errors import RequestFailed, TooLarge
 from batcher.core.supervisor import Supervisor
 from batcher.core.tier_queue import TierQueues
-from batcher.core.types import RequestFailed, TooLarge
 from workers.protocol import (
     NO_ENGINE_STATS,
     Abort,

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from batcher.core.types import Shed
+from batcher.core.errors import Shed
 
 MARGIN = 2.0
 """Standard deviations of higher tiers' Poisson arrivals a lower tier's estimate allows for.
@@ -196,7 +196,7 @@ class AdmissionControl:
 
     def shed(self, load: Load, tier: int, now: float, cost: float = 1.0) -> Shed | None:
         """The one shedding rule every backend calls: None to admit the job, else the
-        :class:`~batcher.core.types.Shed` error to fail it with (its ``retry_after`` set)."""
+        :class:`~batcher.core.errors.Shed` error to fail it with (its ``retry_after`` set)."""
         verdict = self.judge(load, tier, now, cost)
         if verdict.admitted:
             return None

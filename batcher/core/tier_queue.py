@@ -19,8 +19,6 @@ import math
 from collections import deque
 from typing import Generic, Protocol, TypeVar
 
-from batcher.core.types import State
-
 
 class Queued(Protocol):
     """What the queues hold: its tier (0 is served first), when it arrived, the latest time it
@@ -39,8 +37,8 @@ class TierQueues(Generic[T]):
     """The queues of every tier (see the module doc); ``waiting`` and ``taken`` are the states
     of an item in the queue and of one taken out of it."""
 
-    def __init__(self, tiers: int, age_limit: float = math.inf, aged_share: float = 0.0,
-                 waiting: enum.Enum = State.QUEUED, taken: enum.Enum = State.DISPATCHED) -> None:
+    def __init__(self, tiers: int, age_limit: float = math.inf, aged_share: float = 0.0, *,
+                 waiting: enum.Enum, taken: enum.Enum) -> None:
         if tiers < 1:
             raise ValueError(f"tiers: expected at least one, got {tiers}")
         if not 0.0 <= aged_share <= 1.0:

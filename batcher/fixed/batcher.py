@@ -3,7 +3,7 @@
 Four ways in. ``submit(job, on_event)``/``cancel`` are the :class:`~batcher.core.backend.Backend`
 protocol the HTTP bridge speaks: a finished request emits ``Started``, one ``Delta`` with its
 whole output and ``Finished``; a failed one emits ``Failed``. ``request``/``enqueue`` are the
-same synchronous door for code on the trio thread that wants the :class:`~batcher.core.types.Request`
+same synchronous door for code on the trio thread that wants the :class:`~batcher.core.errors.Request`
 itself; ``answer`` is the awaitable a library user wants; ``feed`` takes :class:`Arrivals`,
 requests known before they arrive (a trace), admitted at each wake-up with their own arrival
 times, the loop waking early only for one that would have woken it, so that the clock stops only
@@ -45,11 +45,12 @@ from batcher.core.backend import (
     not_ready_reason,
 )
 from batcher.core.config import PoolConfig, QueueConfig
+from batcher.core.errors import Expired, Overloaded
 from batcher.core.tier_queue import TierQueues
-from batcher.core.types import Expired, Overloaded, Request, State
 from batcher.fixed.counters import BatchCounters
 from batcher.fixed.policy import Flush, Policy, QueueState, SizeOrTimeout
 from batcher.fixed.pool import WorkerPool
+from batcher.fixed.request import Request, RequestState
 from batcher.fixed.slot import SlotState, Spawn
 
 
@@ -87,7 +88,8 @@ class Batcher:
         self.policy = policy
         self.config = queue
         self.counters = pool.counters
-        self.queue = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share)
+        self.queue = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share,
+                                waiting=RequestState.QUEUED, taken=RequestState.DISPATCHED)
         self._tokens = tokens  # counts an output's tokens for its events: the model's tokenizer
         self._ids = itertools.count(1)
         self._wakeup = trio.Event()
@@ -110,7 +112,7 @@ class Batcher:
 
     def _emit(self, on_event: OnEvent, input_tokens: int, request: Request) -> None:
         """A request's end as events: a finished one's whole output is one delta."""
-        if request.state is State.DONE:
+        if request.state is RequestState.DONE:
             output = request.output or ""
             tokens = self._tokens(output)
             on_event(Started(request.dispatched_at - request.arrival))  # type: ignore[operator]
@@ -118,7 +120,7 @@ class Batcher:
                 on_event(Delta(output, tokens))
             on_event(Finished("end_turn", Usage(prompt_tokens=input_tokens, cached_tokens=0,
                                                 output_tokens=tokens)))
-        elif request.state is State.FAILED:
+        elif request.state is RequestState.FAILED:
             error = request.error
             on_event(Failed(error, retryable=isinstance(error, Overloaded)))  # type: ignore[arg-type]
 
@@ -175,7 +177,7 @@ class Batcher:
         """Queue a request (trio thread, no await); its outcome arrives through ``on_done``.
 
         With wait budgets configured, a request whose estimated wait exceeds its tier's budget
-        is shed at once (:class:`~batcher.core.types.Overloaded`, with ``retry_after``).
+        is shed at once (:class:`~batcher.core.errors.Overloaded`, with ``retry_after``).
         """
         if not self._admitted(request):
             return
@@ -201,7 +203,7 @@ class Batcher:
         """The caller has gone: leave the queue at once, or drop the output if already running."""
         if request.done:
             return
-        queued = request.state is State.QUEUED
+        queued = request.state is RequestState.QUEUED
         request.cancel(trio.current_time())
         self.counters.cancelled += 1
         if queued:
@@ -215,8 +217,8 @@ class Batcher:
     async def answer(self, input: str, tier: str | None = None, timeout: float | None = None) -> str:
         """Run one input through a batch and return its output.
 
-        Raises :class:`~batcher.core.types.Overloaded` if no worker took it before ``timeout``
-        (default: the queue config's), :class:`~batcher.core.types.RequestFailed` if its input failed
+        Raises :class:`~batcher.core.errors.Overloaded` if no worker took it before ``timeout``
+        (default: the queue config's), :class:`~batcher.core.errors.RequestFailed` if its input failed
         on every worker that tried it alone. Cancelling the caller takes the request out of the
         queue at once, or drops its output if a worker already has it.
         """

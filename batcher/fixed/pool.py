@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterator
 import trio
 
 from batcher.core.config import PoolConfig
+from batcher.core.errors import RequestFailed, WorkersFailed
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
-from batcher.core.types import Batch, Request, RequestFailed, State, WorkersFailed
 from batcher.fixed.counters import BatchCounters
+from batcher.fixed.request import Batch, Request, RequestState
 from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
 from workers.protocol import Error, NotDelivered, ProtocolError, RunBatch, WorkerLost
 
@@ -290,7 +291,7 @@ class WorkerPool:
         answer makes the fleet ready without waiting for traffic that a load balancer would not
         send to a gateway that says it is not ready."""
         now = trio.current_time()
-        probe = self._probe = Request(0, "", 0, now, math.inf, self._probed, State.DISPATCHED)
+        probe = self._probe = Request(0, "", 0, now, math.inf, self._probed, RequestState.DISPATCHED)
         self.counters.probes += 1
         return Batch(next(self._batch_ids), [probe], "probe")
 

@@ -11,7 +11,7 @@ from typing import Protocol
 import trio
 
 from batcher.core.supervisor import Process, Supervisor
-from batcher.core.types import Batch
+from batcher.fixed.request import Batch
 from workers.protocol import Error, Result, RunBatch
 
 

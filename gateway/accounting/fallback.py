@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from batcher.core.types import Shed
+from batcher.core.errors import Shed
 from gateway.accounting.ratelimit import Limiter, Limits, Verdict
 from gateway.logs import Throttle
 

@@ -17,7 +17,7 @@ import dataclasses
 import enum
 import time
 
-from batcher.core.types import Overloaded, Shed
+from batcher.core.errors import Overloaded, Shed
 from gateway.accounting.limiter import Limiter
 from gateway.accounting.ratelimit import Limits
 from gateway.accounting.usage import UsageLog, UsageRecord

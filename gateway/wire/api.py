@@ -18,7 +18,7 @@ import json
 import math
 from typing import Any
 
-from batcher.core.types import Overloaded, RequestFailed, TooLarge
+from batcher.core.errors import Overloaded, RequestFailed, TooLarge
 
 
 class ApiError(Exception):

@@ -4,7 +4,7 @@ tokens each written piece delivers. Pure: no loop, no server."""
 from __future__ import annotations
 
 from batcher.core.backend import Delta, Failed, Finished, Started, Usage
-from batcher.core.types import RequestFailed
+from batcher.core.errors import RequestFailed
 from gateway.text.answer import Answer
 from gateway.text.safety import Blocklist
 from gateway.text.tokenizer import ByteTokenizer

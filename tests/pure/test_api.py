@@ -9,7 +9,7 @@ import json
 import pytest
 
 from batcher.core.backend import Delta, Finished, Started, Usage
-from batcher.core.types import Overloaded, RequestFailed
+from batcher.core.errors import Overloaded, RequestFailed
 from batcher.fixed.config import FixedModelConfig
 from gateway.accounting.auth import KeyRing
 from gateway.config import KeyConfig

@@ -10,9 +10,10 @@ import pytest
 import trio
 
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import Overloaded, RequestFailed, State
+from batcher.core.errors import Overloaded, RequestFailed
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import SizeOrTimeout
+from batcher.fixed.request import RequestState
 from tests.support.fixed_batcher import HANG, SERVICE, Outcomes, T, running, texts
 from tests.support.spawner import Spawner
 from workers.faults import FaultPlan
@@ -92,7 +93,7 @@ async def test_a_crash_mid_batch_is_retried_and_completes_on_another_worker(auto
         await outcomes.wait(50)
         restarted = [info.slot for info in batcher.pool.workers() if info.restarts]
     assert fleet.calls(0)[0] == fleet.calls(1)[0] == texts("r", 50)
-    assert [r.state for r in requests] == [State.DONE] * 50
+    assert [r.state for r in requests] == [RequestState.DONE] * 50
     # the crash comes halfway through the call; the retry starts at once on worker 1
     assert [r.finished_at for r in requests] == [pytest.approx(SERVICE / 2 + SERVICE)] * 50
     assert (batcher.counters.retries, batcher.counters.restarts, restarted) == (1, 1, [0])
@@ -117,7 +118,7 @@ async def test_one_poison_input_among_fifty_fails_alone(autojump_clock):
     inputs = texts("r", 50)
     inputs[37] = "r37 ☠"
     batcher, requests = await serve_at_once(fleet, inputs)
-    failed = [r for r in requests if r.state is State.FAILED]
+    failed = [r for r in requests if r.state is RequestState.FAILED]
     assert [r.input for r in failed] == ["r37 ☠"]
     assert isinstance(failed[0].error, RequestFailed)
     assert str(failed[0].error) == "the input failed on 3 attempts; last: the model raised ValueError"
@@ -171,7 +172,8 @@ async def test_a_request_cancelled_after_dispatch_has_its_output_dropped(autojum
         batcher.cancel(requests[2])
         await outcomes.wait(5)
     assert "r2" in fleet.inputs_seen()
-    assert [r.state for r in requests] == [State.DONE] * 2 + [State.CANCELLED] + [State.DONE] * 2
+    done, cancelled = RequestState.DONE, RequestState.CANCELLED
+    assert [r.state for r in requests] == [done, done, cancelled, done, done]
     assert requests[2].output is None
 
 
@@ -245,8 +247,8 @@ async def test_over_budget_arrivals_are_shed_free_first_with_the_real_drain_time
         paid = outcomes.add(texts("paid", 100), tier="paid")  # waits up to 0.4 s of a 1 s budget
         free = outcomes.add(texts("free", 100), tier="free")  # free's budget shrinks to 0.18 s
         await outcomes.wait(250)
-    assert [r.state for r in paid] == [State.DONE] * 100
-    assert [r.state for r in free] == [State.FAILED] * 100
+    assert [r.state for r in paid] == [RequestState.DONE] * 100
+    assert [r.state for r in free] == [RequestState.FAILED] * 100
     drained = max(r.dispatched_at for r in paid) - start  # the 100 paid ahead of the free ones...
     assert drained == pytest.approx(0.39)  # ...left in the batches at 0.19 and 0.39 s
     assert [r.error.retry_after for r in free] == pytest.approx([drained] * 100)  # as the 529s said

@@ -14,7 +14,7 @@ from workers.engine import block_manager
 from workers.engine.block_manager import BlockManager, FreeBlockQueue, cdiv
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
-from workers.engine.sequence import FinishReason, Sequence, Status
+from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
 from workers.protocol import Sampling
 
 
@@ -220,7 +220,7 @@ class EngineWorkload(RuleBasedStateMachine):
         assert bm.num_free + sum(1 for ref in bm.ref if ref > 0) == bm.num_blocks
         holders = [0] * bm.num_blocks
         for seq in scheduler.sequences.values():
-            if seq.status is Status.WAITING:
+            if seq.status is SequenceStatus.WAITING:
                 assert seq.block_table == [] and seq.num_computed == 0
             else:
                 assert len(seq.block_table) == cdiv(seq.num_computed, self.BLOCK)

@@ -20,7 +20,7 @@ from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.pool import open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
 from batcher.core.config import QueueConfig
-from batcher.core.types import Expired, Shed
+from batcher.core.errors import Expired, Shed
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from gateway.text.tokenizer import ByteTokenizer
 from workers.engine.cost_model import PRESETS, CostModel, Hardware

@@ -16,7 +16,7 @@ import trio.testing
 from batcher.continuous.replica import Stage
 from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import Expired, RequestFailed, Shed, TooLarge
+from batcher.core.errors import Expired, RequestFailed, Shed, TooLarge
 from tests.support.engine_pool import Client, engines, job
 from tests.support.replica_loss import check_replica_0_lost, place_streams_and_wholes
 from tests.support.waiting import until_trio

@@ -10,7 +10,7 @@ import pytest
 from openai._streaming import SSEDecoder
 
 from batcher.core.backend import Sampling
-from batcher.core.types import Overloaded, RequestFailed
+from batcher.core.errors import Overloaded, RequestFailed
 from gateway.wire import anthropic, api, openai
 from gateway.wire.anthropic import Messages
 from gateway.wire.codec import Call, Head

@@ -14,9 +14,10 @@ import pytest
 import trio
 
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import RequestFailed, State, WorkersFailed
+from batcher.core.errors import RequestFailed, WorkersFailed
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import SizeOrTimeout
+from batcher.fixed.request import RequestState
 from tests.support.fixed_batcher import HANG, SERVICE, Outcomes, T, running, texts
 from tests.support.spawner import Spawner
 from workers.faults import FaultPlan
@@ -173,7 +174,7 @@ async def test_a_poisoned_batch_under_tier_budgets_still_serves_its_batch_mates(
         inputs[37] = "r37 ☠"
         requests = outcomes.add(inputs, tier="free")
         await outcomes.wait(50)
-    failed = [r for r in requests if r.state is State.FAILED]
+    failed = [r for r in requests if r.state is RequestState.FAILED]
     assert [r.input for r in failed] == ["r37 ☠"] and isinstance(failed[0].error, RequestFailed)
     assert [r.result() for r in requests if r is not failed[0]] == [t[::-1] for t in inputs if "☠" not in t]
     assert max(r.finished_at for r in requests) > 0.3 + HANG  # past the deadline a worker fault would have

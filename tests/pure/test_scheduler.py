@@ -7,7 +7,7 @@ import pytest
 
 from workers.engine.config import EngineConfig
 from workers.engine.scheduler import Schedule, Scheduler
-from workers.engine.sequence import FinishReason, Sequence, Status
+from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
 from workers.protocol import Sampling
 
 EOS = 2
@@ -86,7 +86,7 @@ def test_when_blocks_run_out_the_lowest_tier_newest_sequence_is_preempted():
     plan = step(s, now=2.0)  # each decode needs a second block; 2 are free
     assert planned(plan) == [(0, 1), (3, 1), (1, 1)]
     assert [seq.rid for seq in plan.preempted] == [2]
-    assert free1.status is Status.WAITING and free1.num_computed == 0 and free1.block_table == []
+    assert free1.status is SequenceStatus.WAITING and free1.num_computed == 0 and free1.block_table == []
     assert free1.output_ids == [7] and free1.preemptions == [2.0]
     assert list(s.waiting[1]) == [free1, late]  # back at the head of its tier; nothing admitted
     assert [seq.rid for seq in s.running] == [0, 3, 1] and s.preemptions == 1
@@ -162,7 +162,7 @@ def test_a_prefill_chunk_shrinks_to_the_room_left_when_there_is_nobody_to_preemp
     assert planned(step(s)) == [(0, 4), (1, 4)]
     assert planned(step(s)) == [(0, 1), (1, 4)]  # 7 tokens would need 2 more blocks; 1 is free
     assert planned(step(s)) == [(0, 1)]  # no room at all: it preempts itself
-    assert long.status is Status.WAITING and long.num_computed == 0 and s.preemptions == 1
+    assert long.status is SequenceStatus.WAITING and long.num_computed == 0 and s.preemptions == 1
 
 
 def test_abort_frees_a_sequence_s_blocks_at_once_whether_running_or_waiting():

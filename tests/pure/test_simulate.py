@@ -12,9 +12,10 @@ import trio
 import trio.lowlevel
 
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import Overloaded, Request, State
+from batcher.core.errors import Overloaded
 from batcher.fixed.batcher import DeadlineUnreachable, open_batcher
 from batcher.fixed.policy import AIMD, IdleAware, SizeOrTimeout, SlackDriven
+from batcher.fixed.request import Request, RequestState
 from batcher.sim.arrivals import Trace, poisson
 from batcher.sim.fixed.load import drive
 from batcher.sim.fixed.replay import Replay
@@ -131,7 +132,7 @@ def test_a_replayed_trace_is_scheduled_exactly_as_on_time_arrivals_are(policy, q
 
     expected = timeline(on_time)
     assert timeline(replayed) == expected
-    assert {outcome[0] for outcome in expected} == {State.DONE, State.FAILED}
+    assert {outcome[0] for outcome in expected} == {RequestState.DONE, RequestState.FAILED}
 
 
 def test_every_request_is_answered_or_dropped_with_a_reason_exactly_once():
@@ -158,7 +159,7 @@ def test_conservation_holds_request_by_request_under_faults():
     """The same run at the level of single requests: ids end once each, never twice."""
     trace = _trace(1500.0, 5.0, budget=0.4)
     ended: collections.Counter[int] = collections.Counter()
-    states: dict[int, State] = {}
+    states: dict[int, RequestState] = {}
 
     async def main() -> int:
         def spawn(slot: int) -> SimulatedWorker:
@@ -169,7 +170,7 @@ def test_conservation_holds_request_by_request_under_faults():
         def on_done(request: Request) -> None:
             ended[request.id] += 1
             states[request.id] = request.state
-            assert request.state is State.DONE or request.error is not None
+            assert request.state is RequestState.DONE or request.error is not None
 
         start = trio.current_time()
         pool = PoolConfig(workers=6, hang_timeout=0.6)
@@ -186,7 +187,7 @@ def test_conservation_holds_request_by_request_under_faults():
 
     restarts = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert len(ended) == len(trace) and set(ended.values()) == {1}
-    assert restarts > 0 and State.FAILED in states.values() and State.DONE in states.values()
+    assert restarts > 0 and RequestState.FAILED in states.values() and RequestState.DONE in states.values()
 
 
 def test_a_simulation_is_a_function_of_its_seed():

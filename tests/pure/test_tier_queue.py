@@ -7,9 +7,14 @@ import math
 import pytest
 
 from batcher.core.tier_queue import TierQueues
-from batcher.core.types import Request, State
+from batcher.fixed.request import Request, RequestState
 
 PAID, FREE = 0, 1
+
+
+def request_queues(tiers, **settings):
+    """Queues of the fixed mode's requests."""
+    return TierQueues(tiers, waiting=RequestState.QUEUED, taken=RequestState.DISPATCHED, **settings)
 
 
 def make(ident, tier, arrival=0.0, deadline=math.inf):
@@ -28,7 +33,7 @@ def ids(batch):
 
 
 def test_paid_goes_first_and_free_fills_the_spare_slots_in_arrival_order():
-    queues = TierQueues(2)
+    queues = request_queues(2)
     fill(queues, (1, FREE), (2, PAID), (3, FREE), (4, PAID), (5, FREE))
     assert ids(queues.take(4, now=0.0)) == [2, 4, 1, 3]
     assert ids(queues.take(4, now=0.0)) == [5]
@@ -36,16 +41,16 @@ def test_paid_goes_first_and_free_fills_the_spare_slots_in_arrival_order():
 
 
 def test_taken_requests_are_dispatched_and_leave_the_count():
-    queues = TierQueues(2)
+    queues = request_queues(2)
     requests = fill(queues, (1, PAID), (2, FREE))
     queues.take(1, now=0.0)
-    assert requests[0].state is State.DISPATCHED
-    assert requests[1].state is State.QUEUED
+    assert requests[0].state is RequestState.DISPATCHED
+    assert requests[1].state is RequestState.QUEUED
     assert (len(queues), queues.queued(PAID), queues.queued(FREE)) == (1, 0, 1)
 
 
 def test_a_cancelled_request_leaves_the_count_at_once_and_is_never_taken():
-    queues = TierQueues(2)
+    queues = request_queues(2)
     first, _second, _third = fill(queues, (1, PAID, 0.0), (2, PAID, 0.1), (3, FREE, 0.2))
     first.cancel(now=0.3)
     queues.discard(first)
@@ -55,21 +60,21 @@ def test_a_cancelled_request_leaves_the_count_at_once_and_is_never_taken():
 
 
 def test_discarding_a_queued_request_is_refused():
-    queues = TierQueues(1)
+    queues = request_queues(1)
     (request,) = fill(queues, (1, PAID))
     with pytest.raises(ValueError, match="must leave the QUEUED state"):
         queues.discard(request)
 
 
 def test_oldest_arrival_looks_across_tiers():
-    queues = TierQueues(2)
+    queues = request_queues(2)
     assert queues.oldest_arrival() is None
     fill(queues, (1, PAID, 5.0), (2, FREE, 3.0))
     assert queues.oldest_arrival() == 3.0
 
 
 def test_expired_requests_come_out_in_deadline_order_and_leave_the_count():
-    queues = TierQueues(2)
+    queues = request_queues(2)
     fill(queues, (1, PAID, 0.0, 9.0), (2, FREE, 0.0, 4.0), (3, PAID, 0.0, 6.0), (4, FREE, 0.0))
     assert queues.next_deadline() == 4.0
     assert queues.expire(now=3.9) == []
@@ -79,14 +84,14 @@ def test_expired_requests_come_out_in_deadline_order_and_leave_the_count():
 
 
 def test_next_deadline_skips_requests_that_already_left():
-    queues = TierQueues(1)
+    queues = request_queues(1)
     fill(queues, (1, PAID, 0.0, 2.0), (2, PAID, 0.0, 5.0))
     queues.take(1, now=0.0)
     assert queues.next_deadline() == 5.0
 
 
 def test_aged_free_requests_get_their_share_of_slots_under_paid_overload():
-    queues = TierQueues(2, age_limit=1.0, aged_share=0.1)
+    queues = request_queues(2, age_limit=1.0, aged_share=0.1)
     fill(queues, *[(100 + i, FREE, 0.0) for i in range(10)])
     fill(queues, *[(i, PAID, 0.5) for i in range(100)])
     # at t=0.9 the free requests are not aged yet: paid takes everything
@@ -96,7 +101,7 @@ def test_aged_free_requests_get_their_share_of_slots_under_paid_overload():
 
 
 def test_aged_share_accrues_over_batches_of_one():
-    queues = TierQueues(2, age_limit=1.0, aged_share=0.25)
+    queues = request_queues(2, age_limit=1.0, aged_share=0.25)
     fill(queues, (100, FREE, 0.0), (101, FREE, 0.0))
     fill(queues, *[(i, PAID, 0.0) for i in range(8)])
     taken = [ids(queues.take(1, now=2.0))[0] for _ in range(8)]
@@ -104,7 +109,7 @@ def test_aged_share_accrues_over_batches_of_one():
 
 
 def test_without_aging_paid_overload_starves_free():
-    queues = TierQueues(2)
+    queues = request_queues(2)
     fill(queues, (100, FREE, 0.0))
     fill(queues, *[(i, PAID, 0.0) for i in range(20)])
     assert 100 not in ids(queues.take(10, now=60.0)) + ids(queues.take(10, now=60.0))
@@ -115,7 +120,7 @@ def test_without_aging_paid_overload_starves_free():
 )
 def test_bad_settings_are_refused_with_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        TierQueues(**kwargs)
+        request_queues(**kwargs)
 
 
 class Stage(enum.Enum):

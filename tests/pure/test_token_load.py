@@ -9,7 +9,7 @@ import pytest
 
 from batcher.continuous.token_load import TokenLoad, TokenRate
 from batcher.core.admission import AdmissionControl
-from batcher.core.types import Shed
+from batcher.core.errors import Shed
 
 
 def test_the_wait_is_the_tokens_queued_in_the_tier_and_above_at_the_rate_left_by_higher_arrivals():

@@ -9,7 +9,7 @@ import pytest
 
 from batcher.continuous.token_stream import Output
 from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started, Usage
-from batcher.core.types import ReplicaLost
+from batcher.core.errors import ReplicaLost
 from gateway.text.tokenizer import ByteTokenizer
 
 BYTES = ByteTokenizer()

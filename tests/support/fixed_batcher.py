@@ -9,9 +9,10 @@ import contextlib
 import trio
 
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import Request, RequestFailed
+from batcher.core.errors import RequestFailed
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import SizeOrTimeout
+from batcher.fixed.request import Request
 from tests.support.spawner import Spawner
 
 SERVICE, T, HANG = 0.2, 0.15, 1.0

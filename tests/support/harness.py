@@ -28,7 +28,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from batcher.core.admission import BatchLoad
 from batcher.core.backend import Delta, Failed, Finished, Job, Snapshot, Started, Status, Usage
-from batcher.core.types import RequestFailed
+from batcher.core.errors import RequestFailed
 from batcher.fixed.counters import BatchCounters
 from gateway.bridge import Bridge
 from gateway.config import parse_config

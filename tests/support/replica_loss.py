@@ -6,7 +6,7 @@ real engine processes on the real clock."""
 from __future__ import annotations
 
 from batcher.core.backend import Delta, Failed, Finished, Started
-from batcher.core.types import ReplicaLost
+from batcher.core.errors import ReplicaLost
 from tests.support.engine_pool import Client, job
 
 

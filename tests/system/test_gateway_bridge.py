@@ -13,7 +13,7 @@ import pytest
 
 from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import Overloaded
+from batcher.core.errors import Overloaded
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.policy import SizeOrTimeout

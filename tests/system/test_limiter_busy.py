@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from batcher.core.types import Shed
+from batcher.core.errors import Shed
 from gateway.accounting.fallback import MIN_WAIT, REDIS_CONNECTIONS, FallbackLimiter
 from gateway.accounting.limiter import open_limiter
 from gateway.accounting.ratelimit import Limits

@@ -20,8 +20,8 @@ from batcher.continuous.engine_process import EngineProcess
 from batcher.continuous.pool import open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Started
 from batcher.core.config import PoolConfig
+from batcher.core.errors import ReplicaLost
 from batcher.core.supervisor import WorkerStartError
-from batcher.core.types import ReplicaLost
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.policy import SizeOrTimeout

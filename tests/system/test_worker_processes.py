@@ -20,8 +20,8 @@ import pytest
 import trio
 
 from batcher.core.config import PoolConfig
+from batcher.core.errors import RequestFailed
 from batcher.core.supervisor import WorkerStartError
-from batcher.core.types import RequestFailed
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.policy import SizeOrTimeout
 from batcher.fixed.slot import SlotState

@@ -29,7 +29,7 @@ from typing import NamedTuple
 from workers.engine.block_manager import BlockManager, cdiv
 from workers.engine.config import EngineConfig
 from workers.engine.decode_run import DecodeRun
-from workers.engine.sequence import FinishReason, Sequence, Status
+from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
 class Schedule(NamedTuple):
@@ -98,7 +98,7 @@ class Scheduler:
         seq = self.sequences.get(rid)
         if seq is None:
             return False
-        if seq.status is Status.RUNNING:
+        if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         else:
             self.waiting[seq.tier].remove(seq)
@@ -175,7 +175,7 @@ class Scheduler:
                 if not self.blocks.admit(seq, hits, n):
                     return  # strict priority: nothing behind it jumps the queue
                 queue.popleft()
-                seq.status = Status.RUNNING
+                seq.status = SequenceStatus.RUNNING
                 if seq.first_scheduled is None:
                     seq.first_scheduled = now
                 bisect.insort(self.running, seq, key=priority)
@@ -187,7 +187,7 @@ class Scheduler:
         """Send a running ``seq`` (already out of ``running``) back to the head of its tier."""
         self.blocks.free_blocks(seq)
         seq.num_computed = 0
-        seq.status = Status.WAITING
+        seq.status = SequenceStatus.WAITING
         seq.preemptions.append(now)
         self.waiting.setdefault(seq.tier, deque()).appendleft(seq)
         self.preemptions += 1
@@ -266,7 +266,7 @@ class Scheduler:
         """Mark ``seq`` finished and free its blocks; the caller takes it out of its queue."""
         self.blocks.free_blocks(seq)
         self._run = None
-        seq.status, seq.finish_reason, seq.finished_at = Status.FINISHED, reason, now
+        seq.status, seq.finish_reason, seq.finished_at = SequenceStatus.FINISHED, reason, now
         del self.sequences[seq.rid]
         self.finished.append(seq)
         if detail:

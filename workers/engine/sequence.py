@@ -22,7 +22,7 @@ import enum
 from workers.protocol import Sampling
 
 
-class Status(enum.Enum):
+class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -51,7 +51,7 @@ class Sequence:
     output_ids: list[int] = dataclasses.field(default_factory=list)
     num_computed: int = 0
     num_cached: int = 0  # tokens the prefix cache supplied at the first admission (billed as cached)
-    status: Status = Status.WAITING
+    status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     block_table: list[int] = dataclasses.field(default_factory=list)
     block_hashes: list[bytes] = dataclasses.field(default_factory=list)
@@ -91,4 +91,4 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        return self.status is Status.FINISHED
+        return self.status is SequenceStatus.FINISHED

@@ -44,7 +44,7 @@ from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.pool import EnginePool, open_engine_pool
 from batcher.core.backend import Delta, Failed, Finished, Job, Sampling
 from batcher.core.config import QueueConfig
-from batcher.core.types import Expired, Overloaded, Shed
+from batcher.core.errors import Expired, Overloaded, Shed
 from batcher.sim.continuous.engine import EngineSpec, ReadAhead, SimulatedEngines
 from batcher.sim.continuous.workload import Workload
 from batcher.sim.progress import Progress

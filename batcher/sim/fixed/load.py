@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import trio
 
 from batcher.core.config import PoolConfig, QueueConfig
-from batcher.core.types import Request
 from batcher.fixed.batcher import Batcher, open_batcher
 from batcher.fixed.policy import Policy, SizeOrTimeout
+from batcher.fixed.request import Request
 from batcher.fixed.slot import Spawn
 from batcher.sim.arrivals import poisson, tier_mix
 from batcher.sim.fixed.report import Report, summarize

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from batcher.core.types import Request
 from batcher.fixed.batcher import Batcher
+from batcher.fixed.request import Request
 
 
 class Replay:

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from batcher.core.types import Request, State
 from batcher.fixed.counters import BatchCounters
+from batcher.fixed.request import Request, RequestState
 
 PERCENTILES = (50, 95, 99)
 
@@ -130,7 +130,7 @@ class Recorder:
             self.first_arrival = arrival
         if not arrival <= self.last_arrival:
             self.last_arrival = arrival
-        if request.state is State.DONE:
+        if request.state is RequestState.DONE:
             self._served[index] = True
             self._latency[index] = request.finished_at - arrival
             if request.finished_at > self.last_output:

@@ -1,4 +1,4 @@
-"""Requests, batches and the errors a caller can see: the values every part of the core shares.
+"""A fixed-mode request and the batch it rides in.
 
 A :class:`Request` moves through one state machine and reaches exactly one terminal state::
 
@@ -9,9 +9,7 @@ A :class:`Request` moves through one state machine and reaches exactly one termi
        |--deadline passed before dispatch--> FAILED (Expired, an Overloaded)
        \\--caller went away--> CANCELLED (it leaves the queue at once)
 
-``on_done`` is called exactly once, on the trio thread, when the request reaches a terminal
-state, whichever it is: a caller (the async ``submit``, the HTTP bridge, a simulation) learns
-every outcome through that one door.
+``on_done`` is called exactly once, on the trio thread, when the request reaches a terminal state.
 """
 
 from __future__ import annotations
@@ -20,60 +18,10 @@ import dataclasses
 import enum
 from collections.abc import Callable
 
-
-class FerryError(Exception):
-    """A request did not get an output; the message says why, for the caller."""
+from batcher.core.errors import FerryError
 
 
-class Overloaded(FerryError):
-    """The request was shed at admission, or not dispatched before its deadline (HTTP 529).
-
-    ``retry_after`` is the backend's estimate, in seconds, of when the work now queued ahead
-    of such a request will have drained: the ``Retry-After`` a client is told.
-    """
-
-    def __init__(self, message: str, retry_after: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class Shed(Overloaded):
-    """Refused at admission: its estimated wait is over its tier's budget (it never queued)."""
-
-
-class Expired(Overloaded):
-    """Admitted, but not dispatched before its deadline: it left the queue without a GPU call."""
-
-
-class RequestFailed(FerryError):
-    """The request was dispatched but the workers could not answer it (HTTP 500): its own input
-    failed on every worker that tried it alone, or (:class:`WorkersFailed`) the fleet failed it."""
-
-
-class WorkersFailed(RequestFailed):
-    """No worker answered a dispatched request by its deadline plus one hang timeout: its calls
-    crashed or hung on every worker that took them (a crash loop, a fleet that hangs), and the
-    retries ran out of time.
-
-    A 500 like :class:`RequestFailed`, not a 529: the fleet failed, it is not overloaded. There
-    is no queue to drain that a ``Retry-After`` could promise, and a 529 would file an outage
-    under load shedding, where neither a client's retry policy nor an operator's alert on
-    server errors would see it. ``/readyz`` says the same thing to load balancers (503).
-    """
-
-
-class TooLarge(FerryError):
-    """The request could never run: its prompt plus ``max_tokens`` needs more KV cache than one
-    replica holds (HTTP 400; the message names the limit). Sending it again cannot help."""
-
-
-class ReplicaLost(RequestFailed):
-    """The engine serving a stream died after the stream had sent tokens (HTTP 500,
-    ``api_error``: retryable). It is not re-run elsewhere, which would repeat or contradict
-    text the client already has; the client retries the request if it wants a whole answer."""
-
-
-class State(enum.Enum):
+class RequestState(enum.Enum):
     QUEUED = "queued"
     DISPATCHED = "dispatched"
     DONE = "done"
@@ -81,7 +29,7 @@ class State(enum.Enum):
     CANCELLED = "cancelled"
 
 
-TERMINAL = frozenset({State.DONE, State.FAILED, State.CANCELLED})
+TERMINAL = frozenset({RequestState.DONE, RequestState.FAILED, RequestState.CANCELLED})
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -94,7 +42,7 @@ class Request:
     arrival: float
     deadline: float  # latest dispatch time (else Overloaded); plus one hang_timeout, latest answer
     on_done: Callable[[Request], None]
-    state: State = State.QUEUED
+    state: RequestState = RequestState.QUEUED
     output: str | None = None
     error: FerryError | None = None
     dispatched_at: float | None = None
@@ -106,28 +54,28 @@ class Request:
 
     def finish(self, output: str, now: float) -> None:
         """Deliver the output, unless the caller has already gone (then it is dropped)."""
-        if self.state is State.DISPATCHED:
+        if self.state is RequestState.DISPATCHED:
             self.output = output
-            self._end(State.DONE, now)
+            self._end(RequestState.DONE, now)
 
     def fail(self, error: FerryError, now: float) -> None:
         if not self.done:
             self.error = error
-            self._end(State.FAILED, now)
+            self._end(RequestState.FAILED, now)
 
     def cancel(self, now: float) -> None:
         if not self.done:
-            self._end(State.CANCELLED, now)
+            self._end(RequestState.CANCELLED, now)
 
     def result(self) -> str:
         """The output, or the request's error raised; only valid once the request is done."""
-        if self.state is State.DONE:
+        if self.state is RequestState.DONE:
             return self.output  # type: ignore[return-value]
         if self.error is not None:
             raise self.error
         raise RuntimeError(f"request {self.id} is {self.state.value}, it has no result")
 
-    def _end(self, state: State, now: float) -> None:
+    def _end(self, state: RequestState, now: float) -> None:
         self.state = state
         self.finished_at = now
         self.on_done(self)
@@ -162,5 +110,5 @@ class Batch:
 
     def prune(self) -> list[Request]:
         """Drop the requests whose callers have gone; return the ones still waiting."""
-        self.requests = [r for r in self.requests if r.state is State.DISPATCHED]
+        self.requests = [r for r in self.requests if r.state is RequestState.DISPATCHED]
         return self.requests
