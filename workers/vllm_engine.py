@@ -38,8 +38,8 @@ from typing import Any
 from workers.engine.interface import SequenceEnd, StepOutput
 from workers.engine.loop import STOPS
 from workers.engine.sequence import FinishReason
-from workers.engine.serve import BAD_START, PROTOCOL_FAULT, run
-from workers.protocol import EngineStats, ProtocolError, Ready, Sampling, Usage, encode
+from workers.engine.serve import BAD_START, serve
+from workers.protocol import EngineStats, Sampling, Usage
 
 ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process (see the module doc)
@@ -222,12 +222,5 @@ def vllm_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> 
     except (ValueError, RuntimeError) as exc:
         print(f"vllm engine worker: {exc}", file=sys.stderr)
         return BAD_START
-    with os.fdopen(protocol_out, "wb") as out:
-        out.write(encode(Ready(pid=os.getpid(), model=os.path.basename(os.path.normpath(args.model)))))
-        out.flush()
-        try:
-            run(engine, protocol_in, out)
-        except ProtocolError as exc:
-            print(f"vllm engine worker: protocol fault: {exc}", file=sys.stderr)
-            return PROTOCOL_FAULT
-    return 0
+    name = os.path.basename(os.path.normpath(args.model))
+    return serve(engine, name, protocol_in, protocol_out, "vllm engine worker")

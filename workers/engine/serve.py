@@ -70,14 +70,19 @@ def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -
     except ValueError as exc:
         print(f"engine worker: {exc}", file=sys.stderr)
         return BAD_START
-    engine = Engine(runner, config)
+    return serve(Engine(runner, config), name, protocol_in, protocol_out, "engine worker")
+
+
+def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, who: str) -> int:
+    """Say ``ready`` as model ``name``, then :func:`run` until EOF; the worker's exit code (a frame
+    that breaks the protocol is told on stderr, as ``who``)."""
     with os.fdopen(protocol_out, "wb") as out:
         out.write(encode(Ready(pid=os.getpid(), model=name)))
         out.flush()
         try:
             run(engine, protocol_in, out)
         except ProtocolError as exc:
-            print(f"engine worker: protocol fault: {exc}", file=sys.stderr)
+            print(f"{who}: protocol fault: {exc}", file=sys.stderr)
             return PROTOCOL_FAULT
     return 0
 
