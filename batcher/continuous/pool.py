@@ -175,6 +175,17 @@ class EnginePool:
         )
         return Snapshot(self.config.mode, status, counters, load)
 
+    def retune(self, queue: QueueConfig) -> None:
+        """The tiers' new wait budgets, for arrivals from now on: admission judges by them and
+        new jobs take them as deadlines (queued ones keep theirs). The tier names and order must
+        be the ones this pool was opened with: queued tickets are filed by position."""
+        opened = self.queue_config.tiers
+        if queue.tiers != opened:
+            raise ValueError(f"tiers: expected {list(opened)} as opened, got {list(queue.tiers)}")
+        self.queue_config = queue
+        if self.admission is not None and queue.wait_budgets is not None:
+            self.admission.budgets = queue.wait_budgets
+
     @property
     def ready(self) -> bool:
         """A replica is up, and one has finished a sequence since every replica last died."""
