@@ -317,7 +317,7 @@ class FrameDecoder:
         """Bytes received that do not yet make a whole frame."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[Message]:
+    def feed(self, data: bytes | bytearray) -> list[Message]:
         """Add ``data`` and return every message it completes (possibly none)."""
         buffer = self._buffer
         buffer += data

@@ -22,7 +22,7 @@ experiments/docs/constants.md).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from batcher.core.admission import Load
@@ -48,7 +48,7 @@ class Job:
     """
 
     prompt: str
-    prompt_tokens: tuple[int, ...]
+    prompt_tokens: Sequence[int]  # the gateway's tokenizer's list, never changed
     sampling: Sampling
     tier: str | None = None
     tenant: str = ""
