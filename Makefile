@@ -65,4 +65,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .mypy_cache build
