@@ -58,9 +58,11 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
-# ruff as pinned in the test extra; its rules are in pyproject.toml's [tool.ruff.lint].
+# ruff and mypy as pinned in the test extra; their rules are in pyproject.toml's [tool.ruff.lint]
+# and [tool.mypy] (the packages, strictly on the pure cores and the seams).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis build
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .mypy_cache build

@@ -18,13 +18,14 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
 
 from batcher.core.backend import TERMINAL_EVENTS, Event, Failed, Job, Snapshot
 from batcher.core.config import ModelConfig, QueueConfig
+from batcher.core.counters import Counters
 from batcher.core.fleet import Fleet, Launch
 from batcher.placement import launch
 from gateway.text.tokenizer import make_tokenizer
@@ -86,12 +87,12 @@ class Bridge:
         self._launch = launch
         self._models = tuple(models)  # opened at start
         self._queue = queue
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop  # the gateway's, from start() on
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
-        self._nursery: trio.Nursery | None = None
-        self._fleet: Fleet | None = None
+        self._nursery: trio.Nursery  # the core's, and its fleet, from _main on (before any op arrives)
+        self._fleet: Fleet
         self._ready: asyncio.Future[None] | None = None
         self.ended: asyncio.Future[BaseException | None] | None = None
         """Resolves (to the core's exception, or None) when the trio thread has finished."""
@@ -102,7 +103,7 @@ class Bridge:
         self._inflight: set[Handle] = set()
         # trio side
         self._dirty: list[Handle] = []  # handles with events in their outbox
-        self._events_ready: trio.Event | None = None
+        self._events_ready: trio.Event  # from _main on
         # hop counters: requests per hop is the batching the design promises
         self.hops_to_trio = 0
         self.hops_to_asyncio = 0
@@ -164,9 +165,10 @@ class Bridge:
         self._refusal = error
         self._fail_all(error)
 
-    async def snapshots(self) -> dict[str, Snapshot]:
+    async def snapshots(self) -> dict[str, Snapshot[Counters]]:
         """Every open backend's state, copied on the trio thread: what /readyz and /metrics show."""
-        return await self._ask("snapshot")
+        snapshots: dict[str, Snapshot[Counters]] = await self._ask("snapshot")
+        return snapshots
 
     async def open(self, model: ModelConfig) -> None:
         """Open a model version's backend in the running core; returns once it takes jobs
@@ -194,7 +196,7 @@ class Bridge:
         """An operation on the trio side, in order with submits and cancels; its result."""
         if not self.running:
             raise CoreStopped("the scheduling core is not running")
-        future: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
+        future: asyncio.Future[Any] = self._loop.create_future()
         self._send(op, (future, *args))
         return await future
 
@@ -202,13 +204,14 @@ class Bridge:
         self._outgoing.append((op, subject))
         if not self._flush_pending:
             self._flush_pending = True
-            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         ops, self._outgoing = self._outgoing, []
         self._flush_pending = False
+        assert self._token is not None, "ops are sent once the core runs"
         try:
-            self._token.run_sync_soon(self._on_trio, ops)  # type: ignore[union-attr]
+            self._token.run_sync_soon(self._on_trio, ops)
             self.hops_to_trio += 1
         except trio.RunFinishedError:
             self._fail_all(CoreStopped("the scheduling core has stopped"))
@@ -230,16 +233,18 @@ class Bridge:
             self._deliver([(handle, [Failed(error, retryable=True)])])
 
     def _core_ready(self) -> None:
-        if not self._ready.done():  # type: ignore[union-attr]
-            self._ready.set_result(None)  # type: ignore[union-attr]
+        assert self._ready is not None, "the core starts after start()"
+        if not self._ready.done():
+            self._ready.set_result(None)
 
     def _core_ended(self, error: BaseException | None) -> None:
         self._fail_all(CoreStopped("the scheduling core has stopped"))
-        if not self._ready.done():  # type: ignore[union-attr]
+        assert self._ready is not None and self.ended is not None, "the core ends after start()"
+        if not self._ready.done():
             stopped = error or CoreStopped("the scheduling core stopped while starting")
-            self._ready.set_exception(stopped)  # type: ignore[union-attr]
-        if not self.ended.done():  # type: ignore[union-attr]
-            self.ended.set_result(error)  # type: ignore[union-attr]
+            self._ready.set_exception(stopped)
+        if not self.ended.done():
+            self.ended.set_result(error)
 
     # --- trio side ---------------------------------------------------------------------
 
@@ -276,24 +281,27 @@ class Bridge:
             if op == "submit":
                 self._start(subject)
             elif op == "cancel":
-                if subject.ticket is not None and subject.model in fleet:  # type: ignore[operator]
-                    fleet[subject.model].cancel(subject.ticket)  # type: ignore[index]
+                if subject.ticket is not None and subject.model in fleet:
+                    fleet[subject.model].cancel(subject.ticket)
                 subject.ticket = None
             elif op == "snapshot":
-                backends = fleet.items()  # type: ignore[union-attr]
+                backends = fleet.items()
                 snapshots = {name: backend.snapshot() for name, backend in backends}
                 self._call_asyncio(_settle, subject[0], (snapshots, None))
             elif op == "retune":
                 future, queue = subject
-                self._call_asyncio(_settle, future, _outcome(fleet.retune, queue))  # type: ignore[union-attr]
+                self._call_asyncio(_settle, future, _outcome(fleet.retune, queue))
             else:
-                self._nursery.start_soon(self._change, op, *subject)  # type: ignore[union-attr]
+                self._nursery.start_soon(self._change, op, *subject)
 
-    async def _change(self, op: str, future: asyncio.Future, subject: Any) -> None:
+    async def _change(self, op: str, future: asyncio.Future[None], subject: Any) -> None:
         """Prepare, open or close a version; the asyncio side hears how it went (after the events
         its backend emitted before closing, so a finished job is never mistaken for a stopped one)."""
-        fleet: Fleet = self._fleet  # type: ignore[assignment]
-        change = {"prepare": launch.prepare, "open": fleet.open, "close": fleet.close}[op]
+        fleet = self._fleet
+        changes: dict[str, Callable[[Any], Awaitable[None]]] = {
+            "prepare": launch.prepare, "open": fleet.open, "close": fleet.close  # of a model, a model, a name
+        }
+        change = changes[op]
         try:
             await change(subject)
         except Exception as exc:  # noqa: BLE001 - the caller (a reload) reports it; the core runs on
@@ -306,7 +314,7 @@ class Bridge:
     def _start(self, handle: Handle) -> None:
         on_event = functools.partial(self._on_event, handle)
         try:
-            backend = self._fleet[handle.model]  # type: ignore[index]
+            backend = self._fleet[handle.model]
             ticket = backend.submit(handle.job, on_event)
             if not (handle.outbox and isinstance(handle.outbox[-1], TERMINAL_EVENTS)):  # not shed at once
                 handle.ticket = ticket
@@ -322,12 +330,12 @@ class Bridge:
             # cycle per request, left for the cyclic collector, which then cost the gateway ~5 %
             # of a core at 1,600 requests/s. A finished job needs no ticket.
             handle.ticket = None
-        self._events_ready.set()  # type: ignore[union-attr]
+        self._events_ready.set()
 
     async def _return_events(self) -> None:
         """Hand every event emitted since the last wake-up to asyncio in one hop."""
         while True:
-            await self._events_ready.wait()  # type: ignore[union-attr]
+            await self._events_ready.wait()
             self._events_ready = trio.Event()
             self._hand_over()
 
@@ -344,7 +352,7 @@ class Bridge:
 
     def _call_asyncio(self, callback: Callable[..., Any], *args: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            self._loop.call_soon_threadsafe(callback, *args)  # type: ignore[union-attr]
+            self._loop.call_soon_threadsafe(callback, *args)
 
 
 def _outcome(call: Callable[..., Any], *args: Any) -> tuple[Any, BaseException | None]:
@@ -354,7 +362,7 @@ def _outcome(call: Callable[..., Any], *args: Any) -> tuple[Any, BaseException |
         return None, exc
 
 
-def _settle(future: asyncio.Future, outcome: tuple[Any, BaseException | None]) -> None:
+def _settle(future: asyncio.Future[Any], outcome: tuple[Any, BaseException | None]) -> None:
     value, error = outcome
     if future.done():
         return

@@ -18,6 +18,7 @@ import hashlib
 import math
 import os
 import tomllib
+from typing import Any
 
 from batcher.core.config import ModelConfig, QueueConfig, RayConfig, require
 from batcher.core.config_file import TierConfig, build_table, model_table
@@ -145,7 +146,8 @@ class KeyConfig:
         """The key's sha256 in hex: what the gateway compares a presented key against."""
         if self.key_sha256 is not None:
             return self.key_sha256
-        return hashlib.sha256(self.key.encode()).hexdigest()  # type: ignore[union-attr]
+        assert self.key is not None, "exactly one of key, key_sha256"
+        return hashlib.sha256(self.key.encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -293,8 +295,9 @@ _TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelCon
 def _aliases(table: object) -> tuple[AliasConfig, ...]:
     """``[aliases]``: ``name = { "version" = weight, ... }`` per alias."""
     require(isinstance(table, dict), "aliases", "a table of aliases", table)
+    assert isinstance(table, dict)
     aliases = []
-    for name, weights in table.items():  # type: ignore[union-attr]
+    for name, weights in table.items():
         require(
             isinstance(weights, dict), f"aliases.{name}", "a table of model versions to weights", weights
         )
@@ -312,15 +315,18 @@ def parse_config(text: str, source: str = "<config>") -> FerryConfig:
         unknown = sorted(set(document) - set(_TABLES))
         if unknown:
             raise ValueError(f"unknown table {unknown[0]!r}; expected one of {sorted(_TABLES)}")
-        single = {name: build_table(cls, document.get(name, {}), name) for name, cls in _SINGLE.items()}
-        lists = {}
+        # each table by its FerryConfig field's name: a value of that field's own type
+        single: dict[str, Any] = {
+            name: build_table(cls, document.get(name, {}), name) for name, cls in _SINGLE.items()
+        }
+        lists: dict[str, Any] = {}
         for name in ("tiers", "keys", "models"):
             tables = document.get(name, [])
             require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
             build = model_table if name == "models" else functools.partial(build_table, _TABLES[name])
             lists[name] = tuple(build(t, f"{name}[{i}]") for i, t in enumerate(tables))
         aliases = _aliases(document.get("aliases", {}))
-        return FerryConfig(**single, **lists, aliases=aliases)  # type: ignore[arg-type]
+        return FerryConfig(**single, **lists, aliases=aliases)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not valid TOML: {exc}") from None
     except ValueError as exc:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from batcher.core.backend import Snapshot
+from batcher.core.counters import Counters
 from batcher.core.metrics import CoreCollector
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
@@ -83,7 +84,7 @@ class Metrics:
         """A version's backend has stopped: its core counters leave the export."""
         self._core.untrack(model)
 
-    def exposition(self, snapshots: Mapping[str, Snapshot] | None = None) -> bytes:
+    def exposition(self, snapshots: Mapping[str, Snapshot[Counters]] | None = None) -> bytes:
         """The Prometheus text format of every family; the core's from these snapshots."""
         self._core.snapshots = snapshots or {}
         try:

@@ -253,7 +253,7 @@ def _tokenizer(meta: dict):
         raise ValueError(
             f"GGUF tokenizer: expected a gpt2 (byte-level BPE) one, got {meta.get('tokenizer.ggml.model')!r}"
         )
-    split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    split: pre_tokenizers.PreTokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre == "smollm":
         split = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), split])

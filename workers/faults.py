@@ -150,5 +150,7 @@ class FaultInjector:
 
     def poison_message(self, inputs: list[str]) -> str:
         """The error a poisoned call reports: which position held the marker."""
-        position = next(i for i, text in enumerate(inputs) if self.plan.poison in text)
-        return f"model raised on input {position}: contains poison marker {self.plan.poison!r}"
+        poison = self.plan.poison
+        assert poison is not None, "only a poisoned call (Fault.POISON) reports it"
+        position = next(i for i, text in enumerate(inputs) if poison in text)
+        return f"model raised on input {position}: contains poison marker {poison!r}"

@@ -78,37 +78,37 @@ class Frame(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="
 
     @property
     def kind(self) -> str:
-        return self.__struct_config__.tag  # type: ignore[return-value]
+        return str(self.__struct_config__.tag)  # every frame's tag is a str
 
 
-class Ready(Frame, tag="ready"):
+class Ready(Frame, tag="ready", frozen=True):
     """The worker has loaded its model and takes calls from now on."""
 
     pid: int
     model: str
 
 
-class RunBatch(Frame, tag="run_batch"):
+class RunBatch(Frame, tag="run_batch", frozen=True):
     """Run the model on ``inputs`` (1..max_batch strings) and answer with the same ``id``."""
 
     id: int
     inputs: list[str]
 
 
-class Accepted(Frame, tag="accepted"):
+class Accepted(Frame, tag="accepted", frozen=True):
     """The worker has read call ``id`` and is running it; its answer follows."""
 
     id: int
 
 
-class Result(Frame, tag="result"):
+class Result(Frame, tag="result", frozen=True):
     """The outputs of call ``id``, one per input, in the inputs' order."""
 
     id: int
     outputs: list[str]
 
 
-class Error(Frame, tag="error"):
+class Error(Frame, tag="error", frozen=True):
     """Call ``id`` failed inside the model; the worker is still able to take the next call."""
 
     id: int
@@ -152,7 +152,7 @@ class Sampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return msgspec.structs.replace(self, **changes)
 
 
-class Add(Frame, tag="add"):
+class Add(Frame, tag="add", frozen=True):
     """Queue sequence ``rid`` (the pool's number, unique among the worker's live sequences),
     whose :class:`Sampling` is spelled out field by field (:meth:`of`, :attr:`sampling`)."""
 
@@ -171,8 +171,8 @@ class Add(Frame, tag="add"):
     @classmethod
     def of(cls, rid: int, prompt_tokens: list[int], tier: int, tenant: str, sampling: Sampling) -> Add:
         """The frame of a sequence whose ``sampling`` names its temperature."""
-        assert sampling.temperature is not None, "the pool sends the model's default temperature"
         s = sampling
+        assert s.temperature is not None, "the pool sends the model's default temperature"
         return cls(rid, prompt_tokens, s.max_tokens, tier, tenant, s.temperature, s.top_p, s.top_k, s.seed,
                    list(s.stop_token_ids), s.ignore_eos)
 
@@ -183,13 +183,13 @@ class Add(Frame, tag="add"):
                         tuple(self.stop_token_ids), self.ignore_eos)
 
 
-class Abort(Frame, tag="abort"):
+class Abort(Frame, tag="abort", frozen=True):
     """Drop sequence ``rid`` (its client went away); a ``finished`` frame says ``aborted``."""
 
     rid: int
 
 
-class Tokens(Frame, tag="tokens"):
+class Tokens(Frame, tag="tokens", frozen=True):
     """The tokens sequence ``rid`` generated in one step, in order."""
 
     rid: int
@@ -208,7 +208,7 @@ class Usage(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     output_tokens: int
 
 
-class SequenceFinished(Frame, tag="finished"):
+class SequenceFinished(Frame, tag="finished", frozen=True):
     """Sequence ``rid`` ended; no frame names it afterwards."""
 
     rid: int
@@ -216,7 +216,7 @@ class SequenceFinished(Frame, tag="finished"):
     usage: Usage
 
 
-class EngineStats(Frame, tag="stats"):
+class EngineStats(Frame, tag="stats", frozen=True):
     """The engine's load: gauges now, and counters since it started (tokens, not requests).
 
     The one record of an engine's load: the engine computes it, the ``stats`` frame carries it
@@ -252,7 +252,7 @@ NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 """All zero: a replica before its first engine, and the gauges of one whose engine is gone."""
 
 Message = Ready | RunBatch | Accepted | Result | Error | Add | Abort | Tokens | SequenceFinished | EngineStats
-_DECODER = msgspec.msgpack.Decoder(Message)
+_DECODER: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
@@ -317,7 +317,7 @@ class FrameDecoder:
         """Bytes received that do not yet make a whole frame."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[Message]:
+    def feed(self, data: bytes | bytearray) -> list[Message]:
         """Add ``data`` and return every message it completes (possibly none)."""
         buffer = self._buffer
         buffer += data

@@ -15,12 +15,27 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Protocol
 
 import trio
 
 from batcher.continuous.config import ContinuousModelConfig
+from batcher.core.supervisor import Process
 from batcher.placement.local import PipeProcess, interpreter_env
 from workers.protocol import EngineStats, Message, ProtocolError, WorkerLost
+
+
+class EngineWorker(Process, Protocol):
+    """An engine worker as the pool drives it: an :class:`EngineProcess`, or the simulated
+    engine (:mod:`batcher.sim.continuous.engine`)."""
+
+    first_stats: EngineStats  # the engine's stats as it started: its KV cache size
+
+    async def send(self, data: bytes) -> None:
+        """Write encoded frames; raises WorkerLost once the worker is gone."""
+
+    async def receive(self) -> list[Message]:
+        """The frames of the worker's next write (a step's), whole."""
 
 
 class EngineProcess(PipeProcess):

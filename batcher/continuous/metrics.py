@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from batcher.core.counters import Counters, Histogram
 from batcher.core.mode import Exported
@@ -60,7 +60,7 @@ _COUNTERS = (
 )
 
 
-def engine_families(backends: Sequence[Exported]) -> Iterator:
+def engine_families(backends: Sequence[Exported[ContinuousCounters]]) -> Iterator[Metric]:
     """The continuous families of every continuous backend, from its :class:`ContinuousCounters`."""
     by_replica = ["model", "replica"]
     gauges = [(GaugeMetricFamily(name, text, labels=by_replica), field) for name, text, field in _GAUGES]
@@ -76,15 +76,16 @@ def engine_families(backends: Sequence[Exported]) -> Iterator:
                                  labels=["model"])
     interrupted = CounterMetricFamily("ferry_engine_interrupted_streams",
                                       "Streams ended by an error after sending text.", labels=["model"])
+    families: list[tuple[GaugeMetricFamily | CounterMetricFamily, str]] = [*gauges, *counters]
     for model, _, snapshot in backends:
         counted: ContinuousCounters = snapshot.counters
         for replica in counted.replicas:
             labels = [model, str(replica.replica)]
-            for family, field in (*gauges, *counters):
+            for family, field in families:
                 family.add_metric(labels, getattr(replica.engine, field))
             rate.add_metric(labels, replica.generation_rate)
         steps.add_metric([model], counted.step_tokens.cumulative(), counted.step_tokens.total)
         reruns.add_metric([model], counted.reruns)
         interrupted.add_metric([model], counted.interrupted)
-    yield from (family for family, _ in (*gauges, *counters))
+    yield from (family for family, _ in families)
     yield from (rate, steps, reruns, interrupted)

@@ -46,7 +46,7 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from batcher.continuous.config import ContinuousModelConfig
-from batcher.continuous.engine_process import EngineProcess
+from batcher.continuous.engine_process import EngineWorker
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
@@ -55,9 +55,9 @@ from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
 from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
 from batcher.core.config import QueueConfig
-from batcher.core.errors import Expired, ReplicaLost, RequestFailed, TooLarge, WorkersFailed
+from batcher.core.errors import Expired, ReplicaLost, RequestFailed, Shed, TooLarge, WorkersFailed
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
-from batcher.core.tokenizer import Tokenizer
+from batcher.core.tokenizer import Detokenizes
 from workers.prefix_hash import prefix_hashes
 from workers.protocol import Add
 
@@ -78,8 +78,8 @@ class EnginePool:
         self,
         config: ContinuousModelConfig,
         queue: QueueConfig,
-        spawn: Callable[[int], EngineProcess],
-        tokenizer: Tokenizer,
+        spawn: Callable[[int], EngineWorker],
+        tokenizer: Detokenizes,
     ) -> None:
         self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
         self.counters = ContinuousCounters()
@@ -115,7 +115,7 @@ class EnginePool:
         wait = job.deadline if job.deadline is not None else self._patience(tier)
         hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
         ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
-        error = self._too_large(job)
+        error: TooLarge | Shed | None = self._too_large(job)
         if error is None:
             replica = self._route(ticket)
             if self.admission is not None:
@@ -161,7 +161,7 @@ class EnginePool:
         arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
         return TokenLoad(tuple(self._prompts), rate, arrivals, room, sum(r.prefilling for r in up))
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> Snapshot[ContinuousCounters]:
         """Each replica's engine as last reported, the pool's counters, the load in tokens."""
         counters = self.counters.copy()
         counters.replicas = tuple(r.replica_stats() for r in self._replicas)
@@ -174,6 +174,17 @@ class EnginePool:
              "reruns": counters.reruns, "interrupted": counters.interrupted},
         )
         return Snapshot(self.config.mode, status, counters, load)
+
+    def retune(self, queue: QueueConfig) -> None:
+        """The tiers' new wait budgets, for arrivals from now on: admission judges by them and
+        new jobs take them as deadlines (queued ones keep theirs). The tier names and order must
+        be the ones this pool was opened with: queued tickets are filed by position."""
+        opened = self.queue_config.tiers
+        if queue.tiers != opened:
+            raise ValueError(f"tiers: expected {list(opened)} as opened, got {list(queue.tiers)}")
+        self.queue_config = queue
+        if self.admission is not None and queue.wait_budgets is not None:
+            self.admission.budgets = queue.wait_budgets
 
     @property
     def ready(self) -> bool:
@@ -257,13 +268,14 @@ class EnginePool:
     def _expire(self, r: Replica, now: float) -> float:
         """Fail the tickets past their deadline; return the next deadline still to come."""
         expired, timed_out = r.expire(now)
-        load = self.load() if expired else None
-        for ticket in expired:
-            retry_after = self.admission.retry_after(load, ticket.tier, now) if self.admission else 1.0
-            self._count(ticket, -1)
-            self.counters.expired += 1
-            error = Expired(f"not started within {now - ticket.arrival:.3f}s of arrival", retry_after)
-            ticket.out.fail(error, retryable=True)
+        if expired:
+            load = self.load()
+            for ticket in expired:
+                retry_after = self.admission.retry_after(load, ticket.tier, now) if self.admission else 1.0
+                self._count(ticket, -1)
+                self.counters.expired += 1
+                error = Expired(f"not started within {now - ticket.arrival:.3f}s of arrival", retry_after)
+                ticket.out.fail(error, retryable=True)
         for ticket in timed_out:
             self.counters.timed_out += 1
             ticket.out.fail(WorkersFailed("its engine was lost and no other took the request in time"), False)
@@ -289,7 +301,7 @@ class EnginePool:
 
     # --- engines coming and going -------------------------------------------------------
 
-    async def _serve(self, r: Replica, timeout: float, worker: EngineProcess) -> bool:
+    async def _serve(self, r: Replica, timeout: float, worker: EngineWorker) -> bool:
         self.router.resize(r.index, worker.first_stats.total_blocks)
         return await r.serve(worker, timeout)
 
@@ -334,8 +346,8 @@ class EnginePool:
 async def open_engine_pool(
     config: ContinuousModelConfig,
     queue: QueueConfig,
-    spawn: Callable[[int], EngineProcess],
-    tokenizer: Tokenizer,
+    spawn: Callable[[int], EngineWorker],
+    tokenizer: Detokenizes,
 ) -> AsyncIterator[EnginePool]:
     """Start a model's engines and the pool in front of them; stop both on exit."""
     async with trio.open_nursery() as nursery:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import trio
 
-from batcher.continuous.engine_process import EngineProcess
+from batcher.continuous.engine_process import EngineWorker
 from batcher.continuous.metrics import ContinuousCounters, ReplicaStats
 from batcher.continuous.token_load import TokenRate
 from batcher.continuous.token_stream import Output
@@ -127,7 +127,7 @@ class Replica:
     def __init__(self, index: int, queue: QueueConfig, counters: ContinuousCounters,
                  on_change: Callable[[], None], on_answer: Callable[[], None]) -> None:
         self.index = index
-        self.supervisor: Supervisor[EngineProcess]
+        self.supervisor: Supervisor[EngineWorker]
         self.up = False
         self.queue: TierQueues[Ticket] = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share,
                                                     waiting=Stage.QUEUED, taken=Stage.PREFILLING)
@@ -242,7 +242,7 @@ class Replica:
 
     # --- while an engine lives ---------------------------------------------------------
 
-    async def serve(self, worker: EngineProcess, stats_timeout: float) -> bool:
+    async def serve(self, worker: EngineWorker, stats_timeout: float) -> bool:
         """Talk to a started engine until it must die; True if it finished a sequence."""
         first = worker.first_stats
         self.up, self.served, self._outbox = True, False, []
@@ -272,14 +272,14 @@ class Replica:
             self.owe(ticket, 0)
         return lost
 
-    async def _write(self, worker: EngineProcess) -> None:
+    async def _write(self, worker: EngineWorker) -> None:
         while True:
             await self._outbox_ready.wait()
             self._outbox_ready = trio.Event()
             frames, self._outbox = self._outbox, []
             await worker.send(b"".join(frames))
 
-    async def _read(self, worker: EngineProcess, timeout: float) -> None:
+    async def _read(self, worker: EngineWorker, timeout: float) -> None:
         while True:
             with trio.move_on_at(self.stats_at + timeout):
                 messages = await worker.receive()

@@ -51,20 +51,22 @@ class Router:
     def choose(self, loads: Sequence[float | None], hashes: Sequence[bytes]) -> Route:
         """The replica for a request with prefix ``hashes``; ``loads[i]`` is replica ``i``'s
         queued tokens, None while it is down. Raises ValueError when every replica is down."""
-        live = [i for i, load in enumerate(loads) if load is not None]
+        live = [(i, load) for i, load in enumerate(loads) if load is not None]
         if not live:
             raise ValueError("no live replica to route to")
-        least = min(loads[i] for i in live)  # type: ignore[type-var]
-        best, best_key = None, None
-        for i in live:
+        least = min(load for _, load in live)
+        best: Route | None = None
+        best_key: tuple[int, int, float, int] | None = None
+        for i, load in live:
             held = self.held(i, hashes) if hashes else 0
-            if held and loads[i] <= least + self.bound:  # type: ignore[operator]
-                key = (0, -held, loads[i], i)  # a holder within the bound: longest prefix first
+            if held and load <= least + self.bound:
+                key = (0, -held, load, i)  # a holder within the bound: longest prefix first
             else:
-                key = (1, 0, loads[i], i)
+                key = (1, 0, load, i)
             if best_key is None or key < best_key:
                 best, best_key = Route(i, held), key
-        return best  # type: ignore[return-value]
+        assert best is not None, "a live replica was chosen"
+        return best
 
     def sent(self, replica: int, hashes: Sequence[bytes]) -> None:
         """Replica ``replica`` is computing (or re-using) these blocks: they are its most recent,

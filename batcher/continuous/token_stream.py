@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from batcher.core.backend import Delta, Failed, Finished, Job, OnEvent, Started, Usage
-from batcher.core.tokenizer import Tokenizer
+from batcher.core.tokenizer import Detokenizes
 
 
 class Output:
@@ -36,7 +36,7 @@ class Output:
         "started",
     )
 
-    def __init__(self, job: Job, on_event: OnEvent, tokenizer: Tokenizer) -> None:
+    def __init__(self, job: Job, on_event: OnEvent, tokenizer: Detokenizes) -> None:
         self.job, self.on_event, self._tokenizer = job, on_event, tokenizer
         self._longest = max(map(len, job.stop_sequences), default=0)
         self.sent = 0  # tokens in the deltas emitted so far: once > 0, a stream cannot be re-run

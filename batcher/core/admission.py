@@ -33,7 +33,9 @@ class Load(Protocol):
     tokens for the continuous mode. The overload rule below judges a new job's ``cost`` in
     that unit against the backend's drain rate in the same unit, so one rule serves both."""
 
-    queued: tuple[float, ...]  # work waiting, per tier
+    @property
+    def queued(self) -> tuple[float, ...]:
+        """Work waiting, per tier."""
 
     @property
     def measured(self) -> bool:

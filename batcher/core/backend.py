@@ -22,10 +22,12 @@ experiments/docs/constants.md).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
+from batcher.core.admission import Load
 from batcher.core.config import QueueConfig
+from batcher.core.counters import Counters
 from workers.protocol import Sampling as Sampling  # re-exported: the gateway imports them from here
 from workers.protocol import Usage as Usage
 
@@ -46,7 +48,7 @@ class Job:
     """
 
     prompt: str
-    prompt_tokens: tuple[int, ...]
+    prompt_tokens: Sequence[int]  # the gateway's tokenizer's list, never changed
     sampling: Sampling
     tier: str | None = None
     tenant: str = ""
@@ -148,39 +150,45 @@ def not_ready_reason(workers_up: int, proven: bool) -> str:
     return "" if proven else "every worker was lost since one last answered"
 
 
+C = TypeVar("C", bound=Counters, covariant=True)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
-class Snapshot:
+class Snapshot(Generic[C]):
     """A backend's state, copied on the trio thread so the asyncio side can read it freely:
-    ``status`` is what ``/readyz`` and ``ferry status`` show; ``stats`` and ``load`` what
-    ``/metrics`` exports, through the families of the backend's ``mode``
-    (:data:`batcher.core.modes.MODES`)."""
+    ``status`` is what ``/readyz`` and ``ferry status`` show; ``counters`` (the mode's own
+    :class:`~batcher.core.counters.Counters`, ``C``) and ``load`` what ``/metrics`` exports,
+    through the families of the backend's ``mode`` (:data:`batcher.core.modes.MODES`)."""
 
     mode: str
     status: Status
-    counters: Any
-    load: Any
+    counters: C
+    load: Load
 
     @property
     def ready(self) -> bool:
         return self.status.ready
 
 
-class Backend(Protocol):
-    """A backend as the bridge, admission and metrics see it; every method runs on the trio
-    thread and returns at once."""
+T = TypeVar("T")
 
-    def submit(self, job: Job, on_event: OnEvent) -> object:
+
+class Backend(Protocol[T]):
+    """A backend as the bridge, admission and metrics see it; every method runs on the trio
+    thread and returns at once. ``T`` is its tickets' type (``Backend[Any]``: any backend)."""
+
+    def submit(self, job: Job, on_event: OnEvent) -> T:
         """Start a job; its events go to ``on_event`` (see the module doc). Returns the ticket
         that :meth:`cancel` takes. Raises ``ValueError`` for a job the backend cannot take at
         all (an unknown tier), before any event."""
 
-    def cancel(self, ticket: object) -> None:
+    def cancel(self, ticket: T) -> None:
         """The caller went away: drop the job (from its queue, or its output); no more events."""
 
-    def load(self) -> Any:
+    def load(self) -> Load:
         """What overload admission judges new jobs by (:class:`~batcher.core.admission.Load`)."""
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> Snapshot[Counters]:
         """An immutable copy of the backend's state, for health checks and metrics."""
 
     def retune(self, queue: QueueConfig) -> None:

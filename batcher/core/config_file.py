@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from batcher.core.config import ModelConfig, require
 from batcher.core.modes import MODES, config_class
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,15 +36,18 @@ class TierConfig:
         require(self.wait_budget_ms > 0, "wait_budget_ms", "milliseconds > 0", self.wait_budget_ms)
 
 
+T = TypeVar("T", bound="DataclassInstance")
+
+
 def model_table(table: object, where: str) -> ModelConfig:
     """A model table, built and checked by the class of its ``mode``."""
     mode = table.get("mode", "fixed") if isinstance(table, dict) else None
     if isinstance(mode, str) and mode in MODES:
-        return build_table(config_class(mode), table, where)  # type: ignore[return-value]
+        return build_table(config_class(mode), table, where)
     raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
 
 
-def build_table(cls: type, table: object, where: str) -> object:
+def build_table(cls: type[T], table: object, where: str) -> T:
     """One dataclass from one TOML table, converted by msgspec (strictly: no bool for an int, no
     string for a number) and checked by the class itself; unknown fields, wrong types and bad
     values all name the place they came from."""
@@ -62,7 +69,7 @@ _MISSING = re.compile(r"Object missing required field `(?P<name>.+)`")
 _TYPE_NAMES = {"array": "a list", "object": "a table"}
 
 
-def _complaint(exc: msgspec.ValidationError, table: dict, where: str) -> str:
+def _complaint(exc: msgspec.ValidationError, table: dict[str, object], where: str) -> str:
     """msgspec's account of a bad table in the file's words: ``models[0].workers: expected int,
     got True``; a class's own check (a ``ValueError`` in ``__post_init__``) already names its field."""
     if isinstance(exc.__cause__, ValueError):
@@ -75,14 +82,14 @@ def _complaint(exc: msgspec.ValidationError, table: dict, where: str) -> str:
     return f"{where}: {exc}"
 
 
-def _value_at(table: dict, path: str) -> object:
+def _value_at(table: dict[str, object], path: str) -> object:
     """The value at a msgspec path (``.worker[1]``) inside ``table``; at ``[...]`` (some value of
     a map, msgspec does not say which) the whole map."""
-    value: object = table
+    value: Any = table  # TOML: tables and lists all the way down the path msgspec gives
     for name, index in re.findall(r"\.(\w+)|\[(\d+|\.\.\.)\]", path):
         if index == "...":
             break
-        value = value[name] if name else value[int(index)]  # type: ignore[index]
+        value = value[name] if name else value[int(index)]
     return value
 
 

@@ -16,19 +16,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import trio
 
 from batcher.core.backend import Backend
 from batcher.core.config import ModelConfig, QueueConfig
 
-Launch = Callable[[ModelConfig, QueueConfig], AbstractAsyncContextManager[Backend]]
+Launch = Callable[[ModelConfig, QueueConfig], AbstractAsyncContextManager[Backend[Any]]]
 """Opens one model version's backend (its workers, its batching) with the tiers' queue settings."""
 
 
 @dataclasses.dataclass(slots=True)
 class _Version:
-    backend: Backend
+    backend: Backend[Any]
     stop: trio.Event
     closed: trio.Event
 
@@ -43,13 +44,13 @@ class Fleet:
         self._versions: dict[str, _Version] = {}
         self._opening: set[str] = set()
 
-    def __getitem__(self, name: str) -> Backend:
+    def __getitem__(self, name: str) -> Backend[Any]:
         return self._versions[name].backend
 
     def __contains__(self, name: str) -> bool:
         return name in self._versions
 
-    def items(self) -> Iterator[tuple[str, Backend]]:
+    def items(self) -> Iterator[tuple[str, Backend[Any]]]:
         return ((name, version.backend) for name, version in self._versions.items())
 
     async def open(self, model: ModelConfig) -> None:

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from batcher.core.backend import Snapshot
+from batcher.core.counters import Counters
 from batcher.core.mode import Exported
 from batcher.core.modes import serving
 
@@ -43,7 +44,7 @@ class CoreCollector(Collector):
 
     def __init__(self) -> None:
         self.backends: list[_Backend] = []
-        self.snapshots: Mapping[str, Snapshot] = {}
+        self.snapshots: Mapping[str, Snapshot[Counters]] = {}
 
     def track(self, model: str, tiers: Sequence[str]) -> None:
         """Export one backend's core counters, from its snapshot at each scrape."""
@@ -68,7 +69,7 @@ class CoreCollector(Collector):
             "1 per worker slot, labelled with where its worker runs (local, or ray:node).",
             labels=["model", "slot", "placement"],
         )
-        by_mode: dict[str, list[Exported]] = {}
+        by_mode: dict[str, list[Exported[Counters]]] = {}
         for backend in self.backends:
             snapshot = self.snapshots.get(backend.model)
             if snapshot is None:

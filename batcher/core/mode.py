@@ -15,32 +15,42 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from batcher.core.backend import Backend, Snapshot
 from batcher.core.config import ModelConfig, QueueConfig
+from batcher.core.counters import Counters
+from batcher.core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+M = TypeVar("M", bound=ModelConfig)  # the mode's model table (its config.CONFIG)
+C = TypeVar("C", bound=Counters)  # what its backends count (their snapshots' counters)
+C_co = TypeVar("C_co", bound=Counters, covariant=True)
 
 
-class Exported(NamedTuple):
+class Exported(NamedTuple, Generic[C_co]):
     """One open backend at a scrape: its version's name, its tiers' names, its snapshot."""
 
     model: str
     tiers: Sequence[str]
-    snapshot: Snapshot
+    snapshot: Snapshot[C_co]
 
 
 async def nothing_to_prepare(model: ModelConfig) -> None:
     """The preparation of a mode whose workers read their model as configured."""
 
 
-def no_families(backends: Sequence[Exported]) -> Iterable[Any]:
+def no_families(backends: Sequence[Exported[Counters]]) -> Iterable[Metric]:
     """The families of a mode that exports only the shared ones."""
     return ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Mode:
-    """One serving mode (see the module doc).
+class Mode(Generic[M, C]):
+    """One serving mode (see the module doc), for model tables of type ``M`` whose backends
+    count in ``C``.
 
     ``open(model, queue, spawn, tokenizer)`` is an async context manager: entered, the backend
     takes jobs (its workers are ready); left, its workers have stopped. ``tokenizer`` is the
@@ -49,9 +59,11 @@ class Mode:
     queued work by unit, restarts) are not its business.
     """
 
-    argv: Callable[[Any], Sequence[str]]  # a model's worker command: python -m workers ARGV
+    argv: Callable[[M], Sequence[str]]  # a model's worker command: python -m workers ARGV
     process: type  # the pool's side of one worker process
     # open(model, queue, spawn: a fresh unstarted worker for a slot index, tokenizer)
-    open: Callable[[Any, QueueConfig, Callable[[int], Any], Any], AbstractAsyncContextManager[Backend]]
-    prepare: Callable[[Any], Awaitable[None]] = nothing_to_prepare
-    families: Callable[[Sequence[Exported]], Iterable[Any]] = no_families
+    open: Callable[
+        [M, QueueConfig, Callable[[int], Any], Tokenizer], AbstractAsyncContextManager[Backend[Any]]
+    ]
+    prepare: Callable[[M], Awaitable[None]] = nothing_to_prepare
+    families: Callable[[Sequence[Exported[C]]], Iterable[Metric]] = no_families

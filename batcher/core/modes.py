@@ -11,6 +11,7 @@ new mode is its package and one line in :data:`MODES`; every version opens throu
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from batcher.core.config import ModelConfig
 from batcher.core.mode import Mode
@@ -24,15 +25,18 @@ MODES: dict[str, str] = {
 
 def config_class(name: str) -> type[ModelConfig]:
     """The model table class of mode ``name``; ``ValueError`` for a mode no entry serves."""
-    return importlib.import_module(f"{_package(name)}.config").CONFIG
+    config: type[ModelConfig] = importlib.import_module(f"{_package(name)}.config").CONFIG
+    return config
 
 
-def serving(name: str) -> Mode:
-    """The :class:`Mode` of mode ``name`` (its backend module imported on first use)."""
-    return importlib.import_module(f"{_package(name)}.mode").MODE
+def serving(name: str) -> Mode[Any, Any]:
+    """The :class:`Mode` of mode ``name`` (its backend module imported on first use); found by
+    name, so its model table's and counters' types are the mode's own business."""
+    mode: Mode[Any, Any] = importlib.import_module(f"{_package(name)}.mode").MODE
+    return mode
 
 
-def mode_of(model: ModelConfig) -> Mode:
+def mode_of(model: ModelConfig) -> Mode[Any, Any]:
     """The registered mode of a model; ``ValueError`` for a mode no entry serves."""
     return serving(model.mode)
 

@@ -17,20 +17,23 @@ import heapq
 import itertools
 import math
 from collections import deque
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+
+S = TypeVar("S", bound=enum.Enum)
 
 
-class Queued(Protocol):
+class Queued(Protocol[S]):
     """What the queues hold: its tier (0 is served first), when it arrived, the latest time it
-    may leave the queue, and its state (live while it is the queue's waiting state)."""
+    may leave the queue, and its state (live while it is the queue's waiting state), a value of
+    its owner's own enum ``S``."""
 
     tier: int
     arrival: float
     deadline: float
-    state: enum.Enum
+    state: S
 
 
-T = TypeVar("T", bound=Queued)
+T = TypeVar("T", bound=Queued[Any])  # any owner's enum: the queues only compare and set states
 
 
 class TierQueues(Generic[T]):

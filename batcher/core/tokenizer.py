@@ -27,6 +27,14 @@ class Tokenizer(Protocol):
         """A fresh incremental decoder for one stream of ids."""
 
 
+class Detokenizes(Protocol):
+    """All a stream of ids needs of a tokenizer (the continuous mode's pool and its outputs):
+    a :class:`Tokenizer`, or the simulator's ids-as-characters."""
+
+    def detokenizer(self) -> Detokenizer:
+        """A fresh incremental decoder for one stream of ids."""
+
+
 class Detokenizer(Protocol):
     def push(self, ids: list[int]) -> str:
         """The text that ``ids`` complete, after the ids pushed before (never a split character)."""

@@ -88,7 +88,7 @@ class Batcher:
         self.policy = policy
         self.config = queue
         self.counters = pool.counters
-        self.queue = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share,
+        self.queue: TierQueues[Request] = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share,
                                 waiting=RequestState.QUEUED, taken=RequestState.DISPATCHED)
         self._tokens = tokens  # counts an output's tokens for its events: the model's tokenizer
         self._ids = itertools.count(1)
@@ -115,16 +115,18 @@ class Batcher:
         if request.state is RequestState.DONE:
             output = request.output or ""
             tokens = self._tokens(output)
-            on_event(Started(request.dispatched_at - request.arrival))  # type: ignore[operator]
+            assert request.dispatched_at is not None, "a done request was dispatched"
+            on_event(Started(request.dispatched_at - request.arrival))
             if output:
                 on_event(Delta(output, tokens))
             on_event(Finished("end_turn", Usage(prompt_tokens=input_tokens, cached_tokens=0,
                                                 output_tokens=tokens)))
         elif request.state is RequestState.FAILED:
             error = request.error
-            on_event(Failed(error, retryable=isinstance(error, Overloaded)))  # type: ignore[arg-type]
+            assert error is not None, "a failed request has its error"
+            on_event(Failed(error, retryable=isinstance(error, Overloaded)))
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> Snapshot[BatchCounters]:
         """The pool's workers and the batcher's counters, copied for /readyz and /metrics."""
         workers = tuple(WorkerStatus(w.slot, w.pid, w.state.value, w.restarts, placement=w.placement)
                         for w in self.pool.workers())
@@ -269,7 +271,8 @@ class Batcher:
         """
         now = trio.current_time()
         queued = tuple(self.queue.queued(tier) for tier in range(len(self.config.tiers)))
-        batch = getattr(self.policy, "limit", None) or getattr(self.policy, "max_batch", 1)
+        limit: int = getattr(self.policy, "limit", 0)  # optional attributes of a policy
+        batch: int = limit or getattr(self.policy, "max_batch", 1)
         arrivals = self.admission.arrivals(now) if self.admission is not None else ()
         return BatchLoad(queued, tuple(self.pool.free_in(now)), batch, self.pool.call_seconds, arrivals)
 
@@ -282,7 +285,9 @@ class Batcher:
     def _expire(self, now: float) -> None:
         """Fail the queued requests past their deadline, or too near it for the policy."""
         expired = self.queue.expire(now + self._drop_before)
-        load = self.load() if expired else None
+        if not expired:
+            return
+        load = self.load()
         for request in expired:
             self.counters.expired += 1
             waited = now - request.arrival

@@ -42,7 +42,7 @@ class FixedModelConfig(ModelConfig):
         """A fresh flush policy: ``max_batch`` and ``max_wait_ms`` where it takes them, then its options."""
         implied = {"max_batch": self.max_batch, "max_wait": self.max_wait_ms / 1000}
         factory = POLICIES.get(self.policy)
-        takes = (
+        takes: set[str] = (
             {f.name for f in dataclasses.fields(factory) if f.init}
             if dataclasses.is_dataclass(factory)
             else set()

@@ -16,15 +16,17 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from batcher.core.backend import Backend
 from batcher.core.config import QueueConfig
 from batcher.core.mode import Exported, Mode
+from batcher.core.tokenizer import Tokenizer
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.config import FixedModelConfig
+from batcher.fixed.counters import BatchCounters
+from batcher.fixed.request import Request
 from batcher.fixed.slot import Spawn
 from batcher.fixed.worker import ProcessWorker
 
@@ -34,13 +36,13 @@ _COUNTERS = (
 )
 
 
-def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokenizer: Any
-               ) -> AbstractAsyncContextManager[Backend]:
+def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokenizer: Tokenizer
+               ) -> AbstractAsyncContextManager[Backend[Request]]:
     """A batcher over the model's pool, pricing each prompt with the model's tokenizer."""
     return open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count)
 
 
-def batch_families(backends: Sequence[Exported]) -> Iterator:
+def batch_families(backends: Sequence[Exported[BatchCounters]]) -> Iterator[Metric]:
     """The batch families of every fixed-mode backend (see the module doc)."""
     flushes = CounterMetricFamily("ferry_flushes", "Batches flushed, by reason.", labels=["model", "reason"])
     families = [(CounterMetricFamily(name, text, labels=["model"]), field) for name, text, field in _COUNTERS]

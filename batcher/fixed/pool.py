@@ -302,9 +302,9 @@ class WorkerPool:
         """The exit watch saw the worker die: an idle one stops waiting for work (a busy one's
         call fails on its own, as a crash or as undelivered)."""
         if slot.state is SlotState.IDLE:
-            log.warning(
-                "worker %d (pid %s) died while idle; restarting it", slot.index, slot.supervisor.worker.pid
-            )
+            worker = slot.supervisor.worker
+            assert worker is not None, "the exit watch watches a started worker"
+            log.warning("worker %d (pid %s) died while idle; restarting it", slot.index, worker.pid)
             self._down(slot)
             slot.idle_scope.cancel()
 

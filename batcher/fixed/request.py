@@ -70,7 +70,8 @@ class Request:
     def result(self) -> str:
         """The output, or the request's error raised; only valid once the request is done."""
         if self.state is RequestState.DONE:
-            return self.output  # type: ignore[return-value]
+            assert self.output is not None, "a done request has its output"
+            return self.output
         if self.error is not None:
             raise self.error
         raise RuntimeError(f"request {self.id} is {self.state.value}, it has no result")

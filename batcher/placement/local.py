@@ -98,7 +98,7 @@ class PipeProcess:
             self._received.extend(self._decoder.feed(await self._read()))
         return self._received.popleft()
 
-    async def _read(self) -> bytes:
+    async def _read(self) -> bytes | bytearray:
         """The worker's next bytes; :class:`WorkerLost` once its stream has ended: at EOF, or
         broken (a worker on another node whose connection is reset as the node goes)."""
         assert self._from_worker is not None, "receive before start"

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from batcher.core.config import ModelConfig, RayConfig
-from batcher.placement.local import PipeProcess
+from batcher.placement.local import P, PipeProcess
 from batcher.placement.ray_host import SECRET_BYTES, WorkerHost
 from workers.faults import INSTANCE_ENV
 from workers.protocol import MAX_FRAME_BYTES, WorkerLost
@@ -255,8 +255,8 @@ def hosted(kind: type[PipeProcess]) -> type[RayHosted]:
     return type(f"Ray{kind.__name__}", (RayHosted, kind), {"__doc__": f"A {kind.__name__} in a Ray actor."})
 
 
-def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[PipeProcess],
-                cluster: Cluster = CLUSTER) -> Callable[[int], RayHosted]:
+def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[P],
+                cluster: Cluster = CLUSTER) -> Callable[[int], P]:
     """A spawn whose workers of ``kind`` run ``python -m workers *argv`` in Ray actors; each
     start is named (``SLOT:START``) in its environment, as a local worker's is."""
     try:
@@ -268,11 +268,14 @@ def ray_workers(model: ModelConfig, argv: Sequence[str], kind: type[PipeProcess]
         raise ValueError(f"model {model.name!r}: {needs}") from None
     starts: Counter[int] = Counter()
 
-    def spawn(slot: int) -> RayHosted:
+    def spawn(slot: int) -> P:
         starts[slot] += 1
         instance = f"{slot}:{starts[slot]}"
         name = f"ferry:{cluster.gateway}:{model.name}:{instance}"
         env = {INSTANCE_ENV: instance}
-        return hosted(kind)(argv, env, MAX_FRAME_BYTES, model=model, cluster=cluster, name=name)
+        # hosted(kind) subclasses both RayHosted and kind, an intersection mypy cannot spell; and a
+        # class is hashable, which mypy does not see in type[P] (python/mypy#20409)
+        worker: Callable[..., P] = hosted(kind)  # type: ignore[arg-type, assignment]  # see above
+        return worker(argv, env, MAX_FRAME_BYTES, model=model, cluster=cluster, name=name)
 
     return spawn

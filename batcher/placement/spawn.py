@@ -20,5 +20,6 @@ def placed(model: ModelConfig, argv: Sequence[str], kind: type[P]) -> Callable[[
     """A spawn of ``model``'s workers of ``kind`` running ``python -m workers *argv`` where the
     model says: its own processes here (``local``), or Ray actors on a cluster (``ray``)."""
     if model.placement == "ray":
-        return ray_workers(model, argv, kind)  # type: ignore[return-value]
-    return process_workers(argv, model.workers, kind=kind, python=model.interpreter)
+        return ray_workers(model, argv, kind)
+    workers = model.workers  # type: ignore[attr-defined]  # every mode's table has it; ModelConfig does not
+    return process_workers(argv, workers, kind=kind, python=model.interpreter)

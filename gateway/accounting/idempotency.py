@@ -80,7 +80,7 @@ class IdempotencyStore:
         self._writer = SqliteWriter(
             private_database(path), _SCHEMA + _INDEX + ";", "idempotency-writer", _MIGRATIONS
         )
-        self._db: sqlite3.Connection | None = None  # the reader thread's own connection
+        self._db: sqlite3.Connection  # the reader thread's own connection, opened first thing there
         self._reader = concurrent.futures.ThreadPoolExecutor(
             1, "idempotency-reader", initializer=self._open_reader, initargs=(path,)
         )
@@ -93,7 +93,7 @@ class IdempotencyStore:
 
     def close(self) -> None:
         self._writer.close()
-        self._reader.submit(lambda: self._db.close()).result()  # type: ignore[union-attr]
+        self._reader.submit(lambda: self._db.close()).result()
         self._reader.shutdown()
 
     async def run(
@@ -178,9 +178,10 @@ class IdempotencyStore:
         batch, self._lookups = self._lookups, []
         self._reader.submit(self._select_all, batch, loop)
 
-    def _select_all(self, batch: list, loop: asyncio.AbstractEventLoop) -> None:
+    def _select_all(self, batch: list[tuple[Scope, asyncio.Future[Stored | None]]],
+                    loop: asyncio.AbstractEventLoop) -> None:
         """On the reader thread: every lookup of a batch, handed back in one hop."""
-        results = []
+        results: list[tuple[asyncio.Future[Stored | None], Stored | None, sqlite3.Error | None]] = []
         for scope, future in batch:
             try:
                 results.append((future, self._select(scope), None))
@@ -206,7 +207,7 @@ class IdempotencyStore:
 
     def _select(self, scope: Scope) -> Stored | None:
         """On the reader thread: the unexpired answer stored for ``scope``, if any."""
-        row = self._db.execute(_SELECT, scope).fetchone()  # type: ignore[union-attr]
+        row = self._db.execute(_SELECT, scope).fetchone()
         if row is None or row[3] < self._clock() - self.ttl:
             return None
         return Stored(*row)

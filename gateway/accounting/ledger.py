@@ -87,7 +87,7 @@ class Ledger:
         self.limiter = limiter
         self.usage = usage
         self.metrics = metrics
-        self._series: dict[tuple[str, str, int], tuple] = {}
+        self._series: dict[tuple[str, str, int, Outcome], tuple] = {}
 
     async def charge(self, entry: Entry) -> None:
         """Charge the request's worst case to its key, or raise the 429 / 400 that says why not."""

@@ -159,8 +159,9 @@ class RedisLimiter:
         return self._beside is not None and await asyncio.to_thread(self._ping_beside)
 
     def _ping_beside(self) -> bool:
+        assert self._beside is not None, "answers() pings the client it has"
         try:
-            return bool(self._beside.ping())  # type: ignore[union-attr]
+            return bool(self._beside.ping())
         except (RedisError, OSError):
             return False
 

@@ -46,7 +46,7 @@ class SqliteWriter:
                         connection.execute(statement)
             connection.executescript(schema)
         self._journal = None if replay is None else Journal(path)
-        if self._journal is not None:
+        if self._journal is not None and replay is not None:  # one with the other
             with connection:
                 for segment in self._journal.leftovers:
                     connection.executemany(replay, Journal.rows(segment))
@@ -92,11 +92,11 @@ class SqliteWriter:
                 time.sleep(FLUSH_INTERVAL)  # let a batch gather: one commit, not one per request
             finished = self._take(batch)
             stopping = any(item is _STOP for item in batch)
-            writes = [item for item in batch if item is not _STOP]
+            writes = [item for item in batch if isinstance(item, tuple)]  # (statement, row): all but _STOP
             with connection:
-                by_statement = itertools.groupby(writes, key=lambda write: write[0])  # type: ignore[index]
+                by_statement = itertools.groupby(writes, key=lambda write: write[0])
                 for statement, group in by_statement:
-                    connection.executemany(statement, [row for _, row in group])  # type: ignore[misc]
+                    connection.executemany(statement, [row for _, row in group])
             if finished is not None:
                 finished.unlink()
         connection.close()

@@ -19,14 +19,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.core.backend import Job
-from gateway.accounting.auth import KeyRing
+from gateway.accounting.auth import KeyRing, Principal
 from gateway.accounting.idempotency import IdempotencyStore
 from gateway.accounting.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.accounting.limiter import Limiter, open_limiter
@@ -139,7 +139,7 @@ class Gateway:
             self.pins.release(model.name)
 
     @staticmethod
-    def _prompt(call: Call, model: ServedModel) -> tuple[str, tuple[int, ...]]:
+    def _prompt(call: Call, model: ServedModel) -> tuple[str, list[int]]:
         """The prompt a model reads (a raw one, or the conversation through its chat template)
         and its tokens."""
         prompt = call.prompt if call.prompt is not None else model.template.render(call.system, call.turns)
@@ -271,12 +271,13 @@ class Gateway:
                 else:
                     continue
                 entry.delivered(piece.tokens)
-            return stream.response  # type: ignore[return-value]
+            assert stream.response is not None, "the answer's end was sent"
+            return stream.response
         except ConnectionResetError:  # the client left mid-stream; nothing more to tell it
             entry.status, entry.outcome = CLIENT_CLOSED, Outcome.CANCELLED
-            if not stream.open:
+            if stream.response is None:  # not open yet
                 raise
-            return stream.response  # type: ignore[return-value]
+            return stream.response
         finally:
             self.bridge.cancel(handle)  # a no-op once finished; else the client has gone or a stop matched
 
@@ -367,7 +368,7 @@ class _LiveKeys:
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
 
-    def authenticate(self, headers):
+    def authenticate(self, headers: Mapping[str, str]) -> Principal:
         return self._gateway.keys.authenticate(headers)
 
 
@@ -382,7 +383,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
-    expect = key_before_body(_LiveKeys(gateway), limit)  # type: ignore[arg-type]
+    expect = key_before_body(_LiveKeys(gateway), limit)
     app.router.add_post("/v1/messages", gateway.messages, expect_handler=expect)
     app.router.add_post("/v1/messages/count_tokens", gateway.count_tokens, expect_handler=expect)
     app.router.add_post("/v1/chat/completions", gateway.chat_completions, expect_handler=expect)

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Protocol, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.accounting.auth import KeyRing
+from gateway.accounting.auth import Principal
 from gateway.wire import api
 from gateway.wire.errors import error_shape
 
@@ -76,7 +77,13 @@ def _unreadable(request: web.Request, error: web.RequestPayloadError) -> str:
     return "body: its framing is broken (a chunked or Content-Length body cut short or malformed)"
 
 
-def key_before_body(keys: KeyRing, max_body_bytes: int) -> ExpectHandler:
+class Keys(Protocol):
+    """The keys a request is checked against (a :class:`~gateway.accounting.auth.KeyRing`)."""
+
+    def authenticate(self, headers: Mapping[str, str]) -> Principal: ...
+
+
+def key_before_body(keys: Keys, max_body_bytes: int) -> ExpectHandler:
     """A route's ``expect_handler``: a client that sends ``Expect: 100-continue`` waits for
     the word before sending its body, so the key and the declared size are checked first: an
     unknown key gets its 401 and a ``Content-Length`` over ``max_body_bytes`` its 413 (and the
@@ -94,10 +101,11 @@ def key_before_body(keys: KeyRing, max_body_bytes: int) -> ExpectHandler:
             return refusal
         expect = request.headers.get("Expect", "")
         if expect.lower() != "100-continue":
-            refusal = api.InvalidRequest(f"Expect: only 100-continue is understood, got {expect[:40]!r}")
-            return _json_error(request, refusal, 417)
-        if request.version >= (1, 1):  # HTTP/1.0 has no interim answers: the body just follows
-            request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+            unknown = api.InvalidRequest(f"Expect: only 100-continue is understood, got {expect[:40]!r}")
+            return _json_error(request, unknown, 417)
+        transport = request.transport  # None once the client has gone: then nothing to tell it
+        if request.version >= (1, 1) and transport is not None:  # HTTP/1.0 has no interim answers
+            transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
 
     return expect
@@ -138,7 +146,7 @@ class ConnectionGuard:
     @web.middleware
     async def track(self, request: web.Request, handler) -> web.StreamResponse:
         """The request's connection is BUSY while its handler runs, IDLE after."""
-        connection = self._by_handler.get(request.protocol)  # type: ignore[arg-type]
+        connection = self._by_handler.get(request.protocol)
         if connection is not None:  # None: closed by the guard while its request was parsed
             self._enter(connection, Phase.BUSY)
         try:
@@ -242,12 +250,12 @@ class _Connection(asyncio.Protocol):
     def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
         self.guard = guard
         self.inner = inner
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.BaseTransport | None = None
         self.phase = Phase.AWAITING  # a new connection's first request is due
         self.since = 0.0  # loop time it entered AWAITING
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -280,17 +288,19 @@ class _Refusal(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream server's transport writes (uvloop's is no asyncio.WriteTransport: no isinstance)
+        stream = cast(asyncio.WriteTransport, transport)
         kind = api.ErrorKind(503, "overloaded_error")
         body = api.dumps(api.error_body(kind, f"the gateway holds its limit of {self.guard.cap} connections"))
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
-        transport.write(head.encode() + body)  # type: ignore[attr-defined]
+        stream.write(head.encode() + body)
         if not self.linger:
-            transport.close()
+            stream.close()
             return
         self.guard._lingering += 1
-        transport.write_eof()  # type: ignore[attr-defined]
-        self.timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER, transport.close)
+        stream.write_eof()
+        self.timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER, stream.close)
 
     def data_received(self, data: bytes) -> None:
         pass  # the request of a connection that was refused: dropped

@@ -101,6 +101,7 @@ async def serve(
             host, port = runner.addresses[0][:2]
             announce(f"ferry serve: listening on http://{host}:{port}")
             ended = asyncio.ensure_future(stop.wait())
+            assert bridge.ended is not None, "the bridge has started"
             await asyncio.wait((ended, bridge.ended), return_when=asyncio.FIRST_COMPLETED)
             ended.cancel()
             announce("ferry serve: draining in-flight requests")

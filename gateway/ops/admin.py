@@ -23,7 +23,7 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 
@@ -44,11 +44,22 @@ class AdminError(Exception):
 def admin_app(rollout: Rollout, token_sha256: str) -> web.Application:
     app = web.Application(middlewares=[_checked(token_sha256)], client_max_size=64 * 1024)
     app[ROLLOUT] = rollout
-    app.router.add_get("/status", _status)
-    app.router.add_post("/reload", _reload)
-    app.router.add_post("/drain", _drain)
-    app.router.add_post("/weights", _weights)
+    app.router.add_get("/status", _answered(_status))
+    app.router.add_post("/reload", _answered(_reload))
+    app.router.add_post("/drain", _answered(_drain))
+    app.router.add_post("/weights", _answered(_weights))
     return app
+
+
+def _answered(
+    handler: Callable[[web.Request], Awaitable[object]],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A route whose handler's result is the answer's ``result`` (its errors: :func:`_checked`)."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"result": await handler(request)})
+
+    return answer
 
 
 def _checked(token_sha256: str):
@@ -61,7 +72,7 @@ def _checked(token_sha256: str):
         try:
             if scheme.lower() != "bearer" or not hmac.compare_digest(presented, expected):
                 raise AdminError(401, "admin: a valid admin token is required (Authorization: Bearer ...)")
-            return web.json_response({"result": await handler(request)})
+            return await handler(request)
         except AdminError as exc:
             return web.json_response({"error": str(exc)}, status=exc.status)
         except web.HTTPException as exc:
@@ -108,15 +119,14 @@ async def _weights(request: web.Request) -> str:
     alias, weights = body.get("alias"), body.get("weights")
     if not isinstance(alias, str) or not alias:
         raise AdminError(400, "alias: expected an alias name")
-    ok = (
+    if not (
         isinstance(weights, dict)
         and weights
         and all(
             isinstance(w, int | float) and not isinstance(w, bool) and 0 <= w < math.inf
             for w in weights.values()
         )
-    )
-    if not ok:
+    ):
         raise AdminError(
             400, f"weights: expected {{version: weight >= 0, ...}}, got {json.dumps(weights)[:200]}"
         )

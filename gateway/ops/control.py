@@ -59,8 +59,8 @@ def _address(args: argparse.Namespace) -> tuple[str, str]:
     token = os.environ.get("FERRY_ADMIN_TOKEN")
     if token is None:
         try:
-            with open(os.path.join(state, ADMIN_TOKEN), encoding="utf-8") as file:
-                token = file.read().strip()
+            with open(os.path.join(state, ADMIN_TOKEN), encoding="utf-8") as saved:
+                token = saved.read().strip()
         except OSError:
             token = ""
     return path, token
@@ -120,7 +120,8 @@ def status_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
-    print(render_status(status))  # type: ignore[arg-type]
+    assert isinstance(status, dict), "GET /status answers a table"
+    print(render_status(status))
     return 0
 
 
@@ -131,7 +132,9 @@ def render_status(status: dict) -> str:
     if last:
         when = time.strftime("%H:%M:%S", time.localtime(last["at"]))
         lines.append(f"last reload at {when}: {'ok' if last['ok'] else 'refused'}: {last['message']}")
-    rows = [("VERSION", "STATE", "READY", "WORKERS", "IN FLIGHT", "QUEUED", "PLACEMENT")]
+    rows: list[tuple[str, ...]] = [
+        ("VERSION", "STATE", "READY", "WORKERS", "IN FLIGHT", "QUEUED", "PLACEMENT")
+    ]
     for v in status["versions"]:
         rows.append(
             (

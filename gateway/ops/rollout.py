@@ -229,7 +229,7 @@ class Rollout:
     async def _open(self, served: list[ServedModel], new: FerryConfig) -> None:
         """Start every new version at once; if any fails, close the rest and raise."""
         gateway = self.gateway
-        before = {}
+        before: dict[str, Version | None] = {}
         for model in served:
             stopping = self.versions.get(model.name)
             if stopping is not None and stopping.drain is not None:
@@ -250,10 +250,11 @@ class Rollout:
                 if model.name not in failed:
                     await gateway.bridge.close(model.name)
                 gateway.metrics.untrack(model.name)
-                if before[model.name] is None:
+                previous = before[model.name]
+                if previous is None:
                     del self.versions[model.name]
                 else:
-                    self.versions[model.name] = before[model.name]  # type: ignore[assignment]
+                    self.versions[model.name] = previous
             else:
                 self.versions[model.name].state = VersionState.SERVING
         if failed:

@@ -165,7 +165,8 @@ class Answer:
         if self._streaming and self._released:
             self.stop_reason, self.stop_sequence = "refusal", None
             return ""
-        refusal = self._tokenizer.truncate(self._safety.refusal, self._max_tokens)  # type: ignore[union-attr]
+        assert self._safety is not None, "only the safety stage refuses"
+        refusal = self._tokenizer.truncate(self._safety.refusal, self._max_tokens)
         self.parts.clear()
         self._refused = self._tokenizer.count(refusal)  # what the client receives instead
         self.stop_reason, self.stop_sequence = "end_turn", None

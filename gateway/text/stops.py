@@ -80,6 +80,10 @@ def _automaton(stops: tuple[str, ...]) -> _Automaton:
     return _Automaton(stops)
 
 
+_NO_STOPS = _Automaton(())
+"""The automaton of a matcher with no stop sequences (most requests): never walked."""
+
+
 class StopMatcher:
     """Feed it pieces of output in order; :meth:`feed` says what may be shown."""
 
@@ -90,7 +94,7 @@ class StopMatcher:
         if "" in self.stops:
             raise ValueError("stop sequences: expected non-empty strings, got an empty one")
         self.stopped: str | None = None  # the stop sequence that matched: nothing more is released
-        self._automaton = _automaton(self.stops) if stops else None  # most requests name no stop
+        self._automaton = _automaton(self.stops) if stops else _NO_STOPS  # most requests name no stop
         self._state = 0
         self._held = ""  # the text of the automaton's state: a tail that may begin a stop
         self._longest = max(map(len, self.stops), default=0)

@@ -165,7 +165,9 @@ MAX_TEXT_CHARS = 2 << 20
 # answers another question, so every route refuses them with a 400 naming the field
 # (:func:`refuse_dropped`), where its other unknown fields are accepted and ignored. A value
 # that says "not used" passes (an empty tool list, ``tool_choice: none``, thinking disabled).
-NOT_USED = (None, False, 0, "", [], "none", {"type": "none"}, {"type": "disabled"}, {"type": "text"})
+NOT_USED: tuple[object, ...] = (
+    None, False, 0, "", [], "none", {"type": "none"}, {"type": "disabled"}, {"type": "text"}
+)
 
 
 def refuse_dropped(document: dict[str, Any], fields: tuple[str, ...]) -> None:
@@ -216,7 +218,7 @@ def at_most(count: int, limit: int, where: str, what: str) -> None:
         raise InvalidRequest(f"{where}: at most {limit:,} {what}, got {count:,}")
 
 
-def required(table: dict, name: str, where: str = "") -> Any:
+def required(table: dict[str, Any], name: str, where: str = "") -> Any:
     if name not in table:
         raise InvalidRequest(f"{where + '.' if where else ''}{name}: field required")
     return table[name]

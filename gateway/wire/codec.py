@@ -14,7 +14,7 @@ Codecs are pure: no I/O, no clock (the reply's ``created`` time comes in a :clas
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 from batcher.core.backend import Sampling
 from gateway.wire.api import Completion, ErrorKind
@@ -39,7 +39,8 @@ class Call:
 
 def asked(**fields: float | int | None) -> Sampling:
     """The sampling a request asked for: the ``fields`` it named (None: not named, the default)."""
-    return Sampling(**{name: value for name, value in fields.items() if value is not None})  # type: ignore[arg-type]
+    named = {name: value for name, value in fields.items() if value is not None}
+    return Sampling(**named)  # type: ignore[arg-type]  # Sampling's own fields, each of its type
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,12 +71,26 @@ class Stream(Protocol):
     def error(self, error: BaseException) -> bytes: ...
 
 
-class Codec(Protocol):
-    """One route's wire format, as one parsed request."""
+class ErrorResponse(Protocol):
+    def __call__(self, error: BaseException) -> tuple[int, bytes, dict[str, str]]:
+        """Status, body and headers of an error in a route's shape."""
 
-    id_prefix: ClassVar[str]  # a request id starts with it (msg_, chatcmpl-, cmpl-)
-    idempotency_scope: ClassVar[str]  # an Idempotency-Key is scoped to the API key and this
+
+class ErrorReply(Protocol):
+    def __call__(self, kind: ErrorKind, message: str) -> tuple[int, bytes]:
+        """Status and body of an error known only by its kind (aiohttp's own 404, 405...)."""
+
+
+class Codec(Protocol):
+    """One route's wire format, as one parsed request. Its class attributes and static methods
+    (``error_response = staticmethod(...)``) are declared as attributes: what a type checker
+    matches a class's assignments against."""
+
+    id_prefix: str  # a request id starts with it (msg_, chatcmpl-, cmpl-)
+    idempotency_scope: str  # an Idempotency-Key is scoped to the API key and this
     call: Call
+    error_response: ErrorResponse  # an error in this route's shape, read from the class
+    error_reply: ErrorReply
 
     @classmethod
     def parse(cls, body: bytes) -> Codec:
@@ -86,11 +101,3 @@ class Codec(Protocol):
 
     def stream(self, head: Head) -> Stream:
         """The encoder of a streamed answer."""
-
-    @staticmethod
-    def error_response(error: BaseException) -> tuple[int, bytes, dict[str, str]]:
-        """Status, body and headers of an error in this route's shape."""
-
-    @staticmethod
-    def error_reply(kind: ErrorKind, message: str) -> tuple[int, bytes]:
-        """Status and body of an error known only by its kind (aiohttp's own 404, 405...)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 from gateway.wire import api
 from gateway.wire.api import (
@@ -207,7 +207,7 @@ class _Route:
         self.include_usage = include_usage
 
     @classmethod
-    def parse(cls, body: bytes) -> _Route:
+    def parse(cls, body: bytes) -> Self:
         document = _document(body)
         fields = _common(document, cls.default_max_tokens)
         return cls(Call(**fields, **cls._input(document)), _include_usage(document, fields["stream"]))

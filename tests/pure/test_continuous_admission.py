@@ -104,3 +104,13 @@ async def test_a_warm_burst_beyond_the_budget_is_shed_at_arrival_and_the_admitte
         assert shed and served and all(c.events[0][0] == arrival for c in shed)
         assert all(next(e.queued for _, e in c.events if isinstance(e, Started)) <= 1.0 for c in served)
 
+
+
+async def test_a_retune_gives_admission_the_new_budgets_and_keeps_the_tiers(autojump_clock):
+    config = model(256)
+    async with open_engine_pool(config, QueueConfig(wait_budgets=(1.0,), tiers=("paid",)),
+                                cpu_engines(config), ByteTokenizer()) as pool:
+        pool.retune(QueueConfig(wait_budgets=(5.0,), tiers=("paid",)))
+        assert pool.admission.budgets == (5.0,) and pool.queue_config.deadline(0) == 5.0
+        with pytest.raises(ValueError, match="tiers"):
+            pool.retune(QueueConfig(wait_budgets=(5.0, 9.0), tiers=("paid", "free")))

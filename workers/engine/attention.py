@@ -276,7 +276,8 @@ def paged_attention(
         attended = F.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scale, enable_gqa=True
         )
-        out[span] = attended[0].transpose(0, 1).reshape(length, heads * head_dim)  # type: ignore[index]
+        assert out is not None, "a step with fresh prompts is more than one whole group"
+        out[span] = attended[0].transpose(0, 1).reshape(length, heads * head_dim)
     for g, copy in itertools.zip_longest(plan.groups, copies):
         rows = g.num_seqs * g.max_query
         dense = g.whole or g.max_query == 1  # no padded query slot: rows are the group's tokens
@@ -307,4 +308,5 @@ def paged_attention(
         if out is None:
             return flat
         out.index_copy_(0, g.tokens, flat if dense else flat.index_select(0, g.rows))
+    assert out is not None, "one whole group returned its rows"
     return out

@@ -13,6 +13,8 @@ nothing and leaves ``watermark`` blocks free. Why each rule: docs/engine.md, "Th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from workers.engine.sequence import Sequence
 from workers.prefix_hash import chain_hash, prefix_root
 
@@ -29,6 +31,8 @@ class FreeBlockQueue:
         n = num_blocks
         self._head, self._tail = n, n + 1
         # head -> 0 -> 1 -> ... -> n - 1 -> tail, laid out as whole lists (a cache has ~10^5 blocks)
+        self._next: list[int]
+        self._prev: list[int]
         if n:
             self._next = [*range(1, n), self._tail, 0, -1]
             self._prev = [self._head, *range(n - 1), -1, n - 1]
@@ -42,7 +46,7 @@ class FreeBlockQueue:
     def __contains__(self, block: int) -> bool:
         return self._prev[block] >= 0
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         block = self._next[self._head]
         while block != self._tail:
             yield block

@@ -51,8 +51,8 @@ def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
         raise ValueError(f"--threads: expected >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    runner = ModelRunner(args.model, dtype=args.dtype, device=args.device, **size)
-    return runner, os.path.basename(os.path.normpath(args.model))
+    model = ModelRunner(args.model, dtype=args.dtype, device=args.device, **size)
+    return model, os.path.basename(os.path.normpath(args.model))
 
 
 def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -> int:

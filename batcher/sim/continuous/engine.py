@@ -96,7 +96,7 @@ class _Taken:
 class SimulatedEngine:
     """One simulated engine worker (see the module doc); ``name`` says which slot and start."""
 
-    pid = None
+    pid: int | None = None
     placement = "local"  # it runs inside this process
 
     def __init__(self, spec: EngineSpec, name: str, jump: bool = False) -> None:

@@ -123,7 +123,8 @@ def cost_from_args(args: argparse.Namespace) -> tuple[CostModel, float]:
         values = _number(args.shape, "--shape")
         if len(values) != 7 or min(values) < 1:
             raise ValueError(f"--shape: expected 7 positive integers, got {args.shape!r}")
-        shape = ModelShape("custom", *values)
+        layers, hidden, heads, kv_heads, head_dim, ffn, vocab = values
+        shape = ModelShape("custom", layers, hidden, heads, kv_heads, head_dim, ffn, vocab)
     if args.params is not None:
         if not 0 < args.params < 1e5:
             raise ValueError(f"--params: expected billions > 0, got {args.params}")

@@ -175,21 +175,24 @@ class Workload:
                     raise ValueError(
                         f"{path}:{line}: tier: expected one of {list(tiers)}, got {row['tier']!r}"
                     )
-                ids = [
+                conversation, prefix = (
                     -1 if not row.get(key) else names[key].setdefault(row[key], len(names[key]))
                     for key in ("conversation", "prefix")
-                ]
-                rows.append((time, index[row["tier"]], prompt, answer, *ids))
+                )
+                rows.append((time, index[row["tier"]], prompt, answer, conversation, prefix))
         if not rows:
             raise ValueError(f"{path}: the trace has no request")
         rows.sort(key=lambda r: r[0])
         columns = list(zip(*rows, strict=False))
         times = np.asarray(columns[0]) - columns[0][0]
-        ints = [np.asarray(c, dtype=np.int64) for c in columns[2:]]
+        prompts, answers, conversations, prefixes = (np.asarray(c, dtype=np.int64) for c in columns[2:])
         return cls(
             times,
             np.asarray(columns[1], dtype=np.int8),
-            *ints,
+            prompts,
+            answers,
+            conversations,
+            prefixes,
             tuple(tiers),
             prefix_tokens if names["prefix"] else 0,
         )

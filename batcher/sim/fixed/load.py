@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import trio
 
 from batcher.core.config import PoolConfig, QueueConfig
@@ -26,7 +27,7 @@ from batcher.sim.fixed.report import Report, summarize
 
 
 async def drive(
-    batcher: Batcher, times: Sequence[float], tiers: Sequence[str], timeout: float | None = None
+    batcher: Batcher, times: Sequence[float] | np.ndarray, tiers: Sequence[str], timeout: float | None = None
 ) -> tuple[list[Request], float]:
     """Offer one request at each time (seconds from now); return them all once all have ended.
 

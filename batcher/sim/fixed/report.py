@@ -29,7 +29,7 @@ class Latency:
     max: float
 
     @classmethod
-    def of(cls, seconds: Sequence[float]) -> Latency:
+    def of(cls, seconds: Sequence[float] | np.ndarray) -> Latency:
         if not len(seconds):
             return cls(0, *([float("nan")] * 4))
         p50, p95, p99 = np.percentile(seconds, PERCENTILES)
@@ -131,10 +131,12 @@ class Recorder:
         if not arrival <= self.last_arrival:
             self.last_arrival = arrival
         if request.state is RequestState.DONE:
+            finished = request.finished_at
+            assert finished is not None, "a done request has ended"
             self._served[index] = True
-            self._latency[index] = request.finished_at - arrival
-            if request.finished_at > self.last_output:
-                self.last_output = request.finished_at
+            self._latency[index] = finished - arrival
+            if finished > self.last_output:
+                self.last_output = finished
         else:
             self.errors[type(request.error).__name__ if request.error else request.state.value] += 1
 

@@ -55,7 +55,7 @@ class SimulatedWorker:
     ``record=False`` keeps no copy of the inputs (a simulation of millions of requests).
     """
 
-    pid = None
+    pid: int | None = None
 
     def __init__(
         self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan(), record: bool = True

@@ -55,6 +55,7 @@ class ContextCopy:
         if self.gather is not None:
             torch.index_select(blocks, 0, self.gather, out=copy.view(-1, blocks.shape[-1]))
         else:
+            assert self.appends is not None, "a group copied, not gathered, appends"
             copy.view(-1, new.shape[-1]).index_copy_(
                 0, self.appends, new if self.sources is None else new.index_select(0, self.sources)
             )

@@ -122,7 +122,7 @@ def from_dict(data: dict[str, Any], source: str = "cost file") -> CostModel:
     hardware = data.get("hardware")
     if isinstance(hardware, dict):  # an unbounded roofline is written without its speeds
         hardware = {"bandwidth": math.inf, "flops": math.inf, **hardware}
-    parts = {}
+    parts: dict[str, Any] = {}  # each part converted into its own kind
     for name, kind, value in (("shape", ModelShape, data.get("shape")), ("hardware", Hardware, hardware),
                               ("overhead_seconds", Overhead, data.get("overhead_seconds"))):
         try:
