@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -151,7 +151,7 @@ class Gateway:
         body = await read_body(request, self.config.server.body_timeout_ms / 1000)
         call = Messages(anthropic.parse_message_request(body, counting=True)).call
         _, tokens = self._prompt(call, self.catalog.resolve(call.model, call.session or principal.key_id))
-        return web.json_response({"input_tokens": len(tokens)})
+        return _json({"input_tokens": len(tokens)})
 
     async def _idempotent(self, request: web.Request, entry: Entry, scope: tuple[str, str, bytes],
                           codec: Codec, model: ServedModel, job: Job) -> web.StreamResponse:
@@ -166,7 +166,7 @@ class Gateway:
         status, payload = await self.idempotency.run(*scope, run_once)
         if entry.recorded:
             return await self._write_whole(request, entry, status, payload)
-        request[REQUEST_ID] = json.loads(payload)["id"]
+        request[REQUEST_ID] = _ANSWER_ID.decode(payload).id
         return web.Response(status=status, body=payload, content_type="application/json")
 
     async def _settled(self, entry: Entry, work: Awaitable[T]) -> T:
@@ -300,14 +300,14 @@ class Gateway:
         self.keys.authenticate(request.headers)
         names = [*self.catalog.names(), *self.catalog.splits]
         if speaks_anthropic(request):
-            return web.json_response(anthropic.models_body(names, self.created_at), dumps=_dumps)
-        return web.json_response(openai.models_body(names, self.created), dumps=_dumps)
+            return _json(anthropic.models_body(names, self.created_at))
+        return _json(openai.models_body(names, self.created))
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Alive: this process answers, and its trio core still runs."""
         if not self.bridge.running:
             return _error(503, api.INTERNAL, "the scheduling core has stopped")
-        return web.json_response({"status": "ok"})
+        return _json({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready: every model's backend says so (fixed mode: a worker up and not hung, and a call
@@ -317,10 +317,10 @@ class Gateway:
         models = {name: snapshot.status.body() for name, snapshot in snapshots.items()}
         waiting = [f"{name}: {snap.status.reason}" for name, snap in snapshots.items() if not snap.ready]
         if models and not waiting:
-            return web.json_response({"ready": True, "models": models}, dumps=_dumps)
+            return _json({"ready": True, "models": models})
         why = "; ".join(waiting) if waiting else "the scheduling core is not running"
         body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
-        return web.json_response(body, status=503, dumps=_dumps)
+        return _json(body, 503)
 
 
 GATEWAY = web.AppKey("ferry", Gateway)
@@ -351,14 +351,19 @@ class _Stream:
             await self.response.write_eof()
 
 
-def _dumps(value: object) -> str:
-    return api.dumps(value).decode()
+class _AnswerId(msgspec.Struct):
+    id: str
+
+
+_ANSWER_ID = msgspec.json.Decoder(_AnswerId)  # the id of a stored answer, read without the rest
+
+
+def _json(value: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=api.dumps(value), content_type="application/json")
 
 
 def _error(status: int, kind: api.ErrorKind, message: str) -> web.Response:
-    return web.Response(
-        status=status, body=api.dumps(api.error_body(kind, message)), content_type="application/json"
-    )
+    return _json(api.error_body(kind, message), status)
 
 
 class _LiveKeys:

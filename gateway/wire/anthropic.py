@@ -167,10 +167,16 @@ BLOCK_START = sse("content_block_start", {"type": "content_block_start", "index"
                                           "content_block": {"type": "text", "text": ""}})
 
 
+_DELTA = api.around(
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": api.TEXT}}
+)
+_DELTA_HEAD, _DELTA_TAIL = b"event: content_block_delta\ndata: " + _DELTA[0], _DELTA[1] + b"\n\n"
+
+
 def text_delta(text: str) -> bytes:
-    """``content_block_delta``: more text of the answer's one text block."""
-    return sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                       "delta": {"type": "text_delta", "text": text}})
+    """``content_block_delta``: more text of the answer's one text block (only the text is
+    encoded per chunk: :func:`gateway.wire.api.around`)."""
+    return _DELTA_HEAD + dumps(text) + _DELTA_TAIL
 
 
 def stream_stop(stop_reason: str, stop_sequence: str | None, output_tokens: int) -> bytes:

@@ -18,6 +18,8 @@ import json
 import math
 from typing import Any
 
+import msgspec
+
 from batcher.core.errors import Overloaded, RequestFailed, TooLarge
 
 
@@ -136,8 +138,26 @@ def retry_after_headers(seconds: float) -> dict[str, str]:
     }
 
 
+_ENCODER = msgspec.json.Encoder()
+
+
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    """Compact JSON, UTF-8: the bytes ``json.dumps(value, ensure_ascii=False, separators=(",",
+    ":")).encode()`` gave, a tenth of the time (experiments/docs/gateway-http.md; floats with
+    an exponent aside, ``1e-07`` as ``1e-7``, which no API answer carries)."""
+    return _ENCODER.encode(value)
+
+
+TEXT = "\x00ferry:text\x00"
+"""Stands for a piece of text in a shape given to :func:`around` (no API value holds a NUL)."""
+
+
+def around(shape: Any) -> tuple[bytes, bytes]:
+    """The bytes of ``dumps(shape)`` before and after the one :data:`TEXT` in it: a stream's
+    chunk is then ``before + dumps(text) + after``, the same bytes as ``dumps`` of the whole,
+    and only the text is encoded per chunk."""
+    before, after = dumps(shape).split(dumps(TEXT))
+    return before, after
 
 
 # --- Requests ------------------------------------------------------------------------------

@@ -302,15 +302,16 @@ class Chunks:
         self._head = head
         self._top = {"id": head.request_id, "object": kind, "created": head.created, "model": head.model}
         self._include_usage = include_usage
-        self._piece = piece  # the choice that carries a piece of text
         self._opening = opening  # the first chunk's choice, if the route sends one
         self._closing = closing  # the last chunk's choice, beside its finish reason
+        before, after = api.around(self._shape(piece(api.TEXT)))
+        self._before, self._after = b"data: " + before, after + b"\n\n"  # a text chunk, less its text
 
     def start(self) -> bytes:
         return self._chunk(self._opening) if self._opening is not None else b""
 
     def text(self, text: str) -> bytes:
-        return self._chunk(self._piece(text)) if text else b""
+        return self._before + api.dumps(text) + self._after if text else b""
 
     def stop(self, stop_reason: str, stop_sequence: str | None, output_tokens: int, blocked: bool) -> bytes:
         last = self._chunk(self._closing, finish_reason(stop_reason, blocked))
@@ -322,10 +323,13 @@ class Chunks:
         return b"data: " + error_response(error)[1] + b"\n\n" + DONE
 
     def _chunk(self, choice: dict[str, Any], finish: str | None = None) -> bytes:
+        return _data(self._shape(choice, finish))
+
+    def _shape(self, choice: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         data = {**self._top, "choices": [{"index": 0, **choice, "logprobs": None, "finish_reason": finish}]}
         if self._include_usage:
             data["usage"] = None
-        return _data(data)
+        return data
 
 
 def _data(value: dict[str, Any]) -> bytes:
