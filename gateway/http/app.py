@@ -114,8 +114,12 @@ class Gateway:
             self.metrics.safety_blocks.labels(model.name, "input").inc()
             raise api.InvalidRequest(f"messages: the input is refused by the safety policy ({rule})")
         window = model.config.context_window
-        max_tokens = call.max_tokens if call.max_tokens is not None else max(1, window - len(prompt_tokens))
+        max_tokens = call.max_tokens
+        if max_tokens is None:  # an OpenAI chat request's default, what its key is charged
+            max_tokens = max(1, min(model.config.default_max_tokens, window - len(prompt_tokens)))
         if error := api.context_overflow(len(prompt_tokens), max_tokens, window):
+            raise error
+        if error := api.outside_vocabulary(call.sampling.logit_bias, model.tokenizer.vocab_size):
             raise error
         entry = Entry(
             f"{codec.id_prefix}{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id,
@@ -142,7 +146,10 @@ class Gateway:
     def _prompt(call: Call, model: ServedModel) -> tuple[str, tuple[int, ...]]:
         """The prompt a model reads (a raw one, or the conversation through its chat template)
         and its tokens."""
-        prompt = call.prompt if call.prompt is not None else model.template.render(call.system, call.turns)
+        if call.prompt is not None:
+            prompt = call.prompt
+        else:
+            prompt = model.template.render(call.system, call.turns, call.prefill)
         return prompt, model.tokenizer.encode(prompt)
 
     async def count_tokens(self, request: web.Request) -> web.Response:
@@ -262,6 +269,7 @@ class Gateway:
                         answer.stop_sequence,
                         answer.credited,
                         answer.blocked is not None,
+                        answer.cached,
                     )
                     self.ledger.bill_ahead(entry, 200, piece.tokens)  # billed before the client has it all
                     await stream.send(text + stop, end=True)

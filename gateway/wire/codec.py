@@ -27,9 +27,10 @@ class Call:
     """A checked request, whatever API it came in by."""
 
     model: str
-    max_tokens: int | None  # None: the rest of the model's context window
+    max_tokens: int | None  # None: the model's default_max_tokens, within its context window
     system: str = ""
     turns: tuple[Turn, ...] = ()
+    prefill: bool = False  # the last turn is the assistant's, which the answer continues
     prompt: str | None = None  # a raw prompt (legacy completions): no chat template
     sampling: Sampling = Sampling()  # its max_tokens is set once ``max_tokens`` is known (the app's)
     stream: bool = False
@@ -37,7 +38,7 @@ class Call:
     session: str | None = None  # what keeps a user on one version of an alias (gateway.ops.routing)
 
 
-def asked(**fields: float | int | None) -> Sampling:
+def asked(**fields: object) -> Sampling:
     """The sampling a request asked for: the ``fields`` it named (None: not named, the default)."""
     return Sampling(**{name: value for name, value in fields.items() if value is not None})  # type: ignore[arg-type]
 
@@ -64,7 +65,8 @@ class Stream(Protocol):
     def text(self, text: str) -> bytes: ...
 
     def stop(
-        self, stop_reason: str, stop_sequence: str | None, output_tokens: int, blocked: bool
+        self, stop_reason: str, stop_sequence: str | None, output_tokens: int, blocked: bool,
+        cached_tokens: int = 0,
     ) -> bytes: ...
 
     def error(self, error: BaseException) -> bytes: ...

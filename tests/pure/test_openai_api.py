@@ -44,7 +44,8 @@ def test_a_chat_body_parses_into_the_shared_call():
         )
     )
     assert parsed.call == Call("m", 9, "be\n\nbrief", (("user", "hi"), ("assistant", "yo"), ("user", "?")),
-                               sampling=Sampling(temperature=1.5, top_p=0.5, seed=7), stop_sequences=("##",),
+                               sampling=Sampling(temperature=1.5, top_p=0.5, seed=7, frequency_penalty=0.2),
+                               stop_sequences=("##",),
                                session="u-1")
     assert not parsed.include_usage
 
@@ -85,19 +86,19 @@ def test_max_completion_tokens_wins_and_defaults_follow_openai():
         (chat(top_p=0), "top_p: expected a number in (0, 1]"),
         (chat(seed=1.5), "seed: expected an integer, got 1.5"),
         (chat(stop=[""]), "stop: expected non-empty strings"),
-        (chat(stop=5), "stop: expected a string or an array of strings, got a number"),
+        (chat(stop=5), "stop: expected a string or an array of strings, got 5"),
         (chat(stop=["s"] * 17), "stop: at most 16 stop sequences per request, got 17"),
         (chat(stop="x" * 257), "stop.0: at most 256 characters in a stop sequence, got 257"),
         (chat(stream="yes"), "stream: expected a boolean"),
         (chat(stream_options={"include_usage": True}), "stream_options: only allowed when stream is true"),
         (
             chat(stream=True, stream_options={"include_usage": 1}),
-            "stream_options: expected {include_usage: boolean}",
+            "stream_options.include_usage: expected a boolean, got 1",
         ),
         (chat(tools=[{"type": "function"}]), "tools: not supported by this server"),
         (chat(logprobs=True), "logprobs: not supported by this server, got true"),
         (chat(response_format={"type": "json_object"}), "response_format: not supported"),
-        (chat(user=7), "user: expected a string, got a number"),
+        (chat(user=7), "user: expected a string, got 7"),
         (json.dumps({"model": "m", "prompt": ["a", "b"]}).encode(), "prompt: expected one string"),
         (json.dumps({"model": "m", "prompt": [1, 2]}).encode(), "prompt: expected one string"),
         (json.dumps({"model": "m", "prompt": "a", "echo": True}).encode(), "echo: not supported"),
@@ -118,7 +119,8 @@ def test_a_whole_chat_answer_and_a_whole_completion_have_openai_shapes():
         "id": "chatcmpl-7", "object": "chat.completion", "created": 1700000000, "model": "m@2",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "olleh", "refusal": None},
                      "logprobs": None, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
+        "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10,
+                  "prompt_tokens_details": {"cached_tokens": 0}},
     }
     legacy = openai.Completions.parse(json.dumps({"model": "m", "prompt": "x"}).encode())
     body = json.loads(legacy.whole(HEAD, api.Completion("ok", "stop_sequence", "##", 2), blocked=False))
@@ -175,8 +177,9 @@ def test_a_chat_stream_read_one_byte_at_a_time():
         {"role": "assistant", "content": ""}, {"content": "Hél"}, {"content": "lo"}, {}]
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, None, "stop"]
     assert all(c["usage"] is None for c in chunks[:-1])
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 6,
-                                                                   "total_tokens": 11}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_a_completion_stream_has_no_opening_and_no_usage_unless_asked():
