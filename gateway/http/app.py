@@ -14,9 +14,7 @@ through :mod:`gateway.wire.errors` in its route's shape; a running request holds
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import time
 from collections.abc import Awaitable
 from typing import TypeVar
@@ -34,6 +32,14 @@ from gateway.accounting.usage import UsageLog
 from gateway.bridge import Bridge, Handle
 from gateway.config import FerryConfig
 from gateway.http.connections import key_before_body, read_body
+from gateway.http.request_id import (
+    CLIENT_ID,
+    LIMIT_HEADERS,
+    REQUEST_ID,
+    SHOULD_RETRY,
+    name_the_request,
+    request_id,
+)
 from gateway.metrics import Metrics
 from gateway.ops.models import Catalog, ServedModel
 from gateway.ops.pins import Pins
@@ -42,7 +48,7 @@ from gateway.text.safety import Blocklist, SafetyCheck
 from gateway.wire import anthropic, api, openai
 from gateway.wire.anthropic import Messages
 from gateway.wire.codec import Call, Codec, Head
-from gateway.wire.errors import REQUEST_ID, error_middleware, name_the_request, speaks_anthropic
+from gateway.wire.errors import error_middleware, speaks_anthropic
 
 log = logging.getLogger("ferry.gateway")
 
@@ -70,8 +76,6 @@ class Gateway:
         self.pins = Pins()
         self.created = int(time.time())
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
-        self._ids = itertools.count(1)
-        self._id_prefix = f"{os.getpid():x}{int(time.time()):x}_"
 
     def apply(self, config: FerryConfig) -> None:
         """A configuration's keys (with their limits), safety stage and settings, for every
@@ -86,10 +90,19 @@ class Gateway:
         self.idempotency.close()
         await self.ledger.limiter.aclose()
 
-    async def admit(self, entry: Entry, model: ServedModel, job: Job) -> Handle:
+    async def admit(
+        self, request: web.Request, codec: Codec, entry: Entry, model: ServedModel, job: Job
+    ) -> Handle:
         """The one place a checked request passes to the core: charge its key (429), then queue
-        it; the core sheds it at once (529) if its tier's wait budget cannot be met."""
-        await self.ledger.charge(entry)
+        it; the core sheds it at once (529) if its tier's wait budget cannot be met. The answer,
+        whichever, shows the key's limits in the route's rate-limit headers."""
+        try:
+            await self.ledger.charge(entry)
+        finally:
+            limits = entry.limits
+            if not limits.unlimited:
+                plan = (limits.tokens_per_minute, limits.requests_per_minute)
+                request[LIMIT_HEADERS] = codec.limit_headers(plan, entry.limit_levels)
         return self.bridge.submit(model.name, job)  # the tier's budget is its deadline
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
@@ -122,10 +135,10 @@ class Gateway:
         if error := api.outside_vocabulary(call.sampling.logit_bias, model.tokenizer.vocab_size):
             raise error
         entry = Entry(
-            f"{codec.id_prefix}{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id,
-            principal.tier, model.name, principal.limits, len(prompt_tokens), max_tokens, started,
+            request_id(request), principal.tenant, principal.key_id, principal.tier, model.name,
+            principal.limits, len(prompt_tokens), max_tokens, started,
+            client_request_id=request.get(CLIENT_ID),
         )
-        request[REQUEST_ID] = entry.request_id  # every answer names it (the request-id header)
         if model.name != call.model:  # an alias: count which version took it
             self.metrics.count_alias(call.model, model.name)
         job = Job(prompt, prompt_tokens, call.sampling.replace(max_tokens=max_tokens), principal.tier,
@@ -168,7 +181,7 @@ class Gateway:
 
         async def run_once() -> tuple[int, bytes]:
             entry.recorded = True
-            return await self._answer_whole(entry, codec, model, job)
+            return await self._answer_whole(request, entry, codec, model, job)
 
         status, payload = await self.idempotency.run(*scope, run_once)
         if entry.recorded:
@@ -199,21 +212,24 @@ class Gateway:
 
     async def _whole(self, request: web.Request, entry: Entry, codec: Codec,
                      model: ServedModel, job: Job) -> web.StreamResponse:
-        status, payload = await self._answer_whole(entry, codec, model, job)
+        status, payload = await self._answer_whole(request, entry, codec, model, job)
         return await self._write_whole(request, entry, status, payload)
 
     async def _answer_whole(
-        self, entry: Entry, codec: Codec, model: ServedModel, job: Job
+        self, request: web.Request, entry: Entry, codec: Codec, model: ServedModel, job: Job
     ) -> tuple[int, bytes]:
         """Wait for the whole answer; the status and JSON body to send (raises its error)."""
-        handle = await self.admit(entry, model, job)
+        handle = await self.admit(request, codec, entry, model, job)
         answer = self._answer(job, model, streaming=False)
         try:
             while not answer.done:
                 answer.push(await handle.wait())
         finally:
             self.bridge.cancel(handle)  # a no-op once finished; else the client has gone or a stop matched
+        if answer.error is not None:
+            request[SHOULD_RETRY] = answer.retryable
         completion = answer.completion()
+        entry.cached_tokens = completion.cached_tokens
         self._count_blocked(answer, model)
         entry.stop_reason, entry.owed = completion.stop_reason, completion.output_tokens
         return 200, codec.whole(self._head(entry), completion, answer.blocked is not None)
@@ -242,7 +258,7 @@ class Gateway:
         or once the wait outlasts a ping interval, so a request that fails fast still gets a
         real status (a 429 or 529 the SDK can retry); after that a failure is the codec's error
         event, and each further interval of waiting sends its ping."""
-        handle = await self.admit(entry, model, job)
+        handle = await self.admit(request, codec, entry, model, job)
         answer = self._answer(job, model, streaming=True)
         encoder = codec.stream(self._head(entry))
         stream = _Stream(request, encoder.start())
@@ -255,6 +271,7 @@ class Gateway:
                 piece = answer.push(events)
                 if answer.error is not None:
                     if not stream.open:
+                        request[SHOULD_RETRY] = answer.retryable
                         raise answer.error  # nothing sent yet: the error's own status
                     entry.status = 200
                     entry.outcome = Outcome.INTERRUPTED if answer.parts else Outcome.FAILED
@@ -262,7 +279,7 @@ class Gateway:
                     await stream.send(text + encoder.error(answer.error), end=True)
                 elif answer.done:
                     self._count_blocked(answer, model)
-                    entry.stop_reason = answer.stop_reason
+                    entry.stop_reason, entry.cached_tokens = answer.stop_reason, answer.cached
                     text = encoder.text(piece.text)  # before the stop: it opens what the stop closes
                     stop = encoder.stop(
                         answer.stop_reason or "end_turn",
@@ -306,10 +323,20 @@ class Gateway:
     async def models(self, request: web.Request) -> web.Response:
         """The versions that take traffic, then the aliases, in the shape the client speaks."""
         self.keys.authenticate(request.headers)
-        names = [*self.catalog.names(), *self.catalog.splits]
+        served = self.catalog.windows()
         if speaks_anthropic(request):
-            return _json(anthropic.models_body(names, self.created_at))
-        return _json(openai.models_body(names, self.created))
+            return _json(anthropic.models_body(served, self.created_at))
+        return _json(openai.models_body(served, self.created))
+
+    async def model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}``: one version or alias (the SDKs' ``models.retrieve``); 404 if
+        it is not served."""
+        self.keys.authenticate(request.headers)
+        name = request.match_info["model_id"]
+        window = self.catalog.window(name)
+        if speaks_anthropic(request):
+            return _json(anthropic.model_info(name, self.created_at, window))
+        return _json(openai.model_info(name, self.created, window))
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Alive: this process answers, and its trio core still runs."""
@@ -391,7 +418,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
         metrics.track(model.name, config.queue().tiers)
     gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
     limit = config.server.max_body_bytes
-    app = web.Application(middlewares=[error_middleware(limit)], client_max_size=limit)
+    app = web.Application(middlewares=[error_middleware(limit, SHOULD_RETRY)], client_max_size=limit)
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
     app.on_cleanup.append(lambda _: gateway.close())
@@ -402,6 +429,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     app.router.add_post("/v1/completions", gateway.completions, expect_handler=expect)
     app.router.add_get("/metrics", gateway.metrics_text)
     app.router.add_get("/v1/models", gateway.models)
+    app.router.add_get("/v1/models/{model_id}", gateway.model)
     app.router.add_get("/healthz", gateway.healthz)
     app.router.add_get("/readyz", gateway.readyz)
     return app

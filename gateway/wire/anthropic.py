@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from gateway.wire import api, typed
+from gateway.wire import api, limit_headers, typed
 from gateway.wire.api import (
     MAX_BLOCKS,
     MAX_MESSAGES,
@@ -299,20 +299,27 @@ def stream_error(error: BaseException) -> bytes:
     return b"event: error\ndata: " + body + b"\n\n"
 
 
-def models_body(names: list[str], created_at: str) -> dict[str, Any]:
-    """``GET /v1/models``: one entry per served version (aliases resolve to these)."""
-    data = [{"type": "model", "id": name, "display_name": name, "created_at": created_at} for name in names]
-    return {"data": data, "has_more": False, "first_id": names[0] if names else None,
-            "last_id": names[-1] if names else None}
+def model_info(name: str, created_at: str, context_window: int) -> dict[str, Any]:
+    """``GET /v1/models/{id}``: one model. A prompt and its ``max_tokens`` share the context
+    window, so each alone may take all of it but one token."""
+    return {"type": "model", "id": name, "display_name": name, "created_at": created_at,
+            "max_input_tokens": context_window - 1, "max_tokens": context_window - 1}
+
+
+def models_body(models: list[tuple[str, int]], created_at: str) -> dict[str, Any]:
+    """``GET /v1/models``: each (name, context window) served, versions and aliases."""
+    data = [model_info(name, created_at, window) for name, window in models]
+    return {"data": data, "has_more": False, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None}
 
 
 class Messages:
     """``POST /v1/messages``."""
 
-    id_prefix = "msg_"
     idempotency_scope = ""  # the first route: its keys keep the scope they always had
     error_response = staticmethod(api.error_response)
     error_reply = staticmethod(api.error_reply)
+    limit_headers = staticmethod(limit_headers.anthropic)
 
     def __init__(self, request: MessageRequest) -> None:
         self.request = request

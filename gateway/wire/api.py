@@ -104,6 +104,13 @@ def error_kind(error: BaseException) -> ErrorKind:
     return INTERNAL
 
 
+def should_retry(error: BaseException) -> bool:
+    """Whether the same request may well succeed if sent again (``x-should-retry``): overload, a
+    rate limit, a late body, a core stopping or stopped; never a malformed request, an input
+    that fails on its own (a handler says so from its ``Failed`` event) or an unexpected error."""
+    return error_kind(error).retry_after or isinstance(error, RequestTimeout | Unavailable)
+
+
 def kind_for_status(status: int) -> ErrorKind:
     """The kind of an error that arrives as a bare status (aiohttp's own 404, 405, 413...)."""
     for _, kind in ERRORS:

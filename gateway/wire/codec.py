@@ -18,6 +18,7 @@ from typing import ClassVar, Protocol
 
 from batcher.core.backend import Sampling
 from gateway.wire.api import Completion, ErrorKind
+from gateway.wire.limit_headers import Levels, Plan
 
 Turn = tuple[str, str]  # (role, text)
 
@@ -75,7 +76,6 @@ class Stream(Protocol):
 class Codec(Protocol):
     """One route's wire format, as one parsed request."""
 
-    id_prefix: ClassVar[str]  # a request id starts with it (msg_, chatcmpl-, cmpl-)
     idempotency_scope: ClassVar[str]  # an Idempotency-Key is scoped to the API key and this
     call: Call
 
@@ -96,3 +96,7 @@ class Codec(Protocol):
     @staticmethod
     def error_reply(kind: ErrorKind, message: str) -> tuple[int, bytes]:
         """Status and body of an error known only by its kind (aiohttp's own 404, 405...)."""
+
+    @staticmethod
+    def limit_headers(plan: Plan, levels: Levels) -> dict[str, str]:
+        """The route's rate-limit headers for a key's plan and its buckets' levels."""

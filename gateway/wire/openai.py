@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from gateway.wire import api
+from gateway.wire import api, limit_headers
 from gateway.wire.codec import Call, Head
 from gateway.wire.openai_request import parse_chat, parse_completion
 
@@ -61,12 +61,15 @@ def finish_reason(stop_reason: str, blocked: bool) -> str:
     return "length" if stop_reason == "max_tokens" else "stop"
 
 
-def models_body(names: list[str], created: int) -> dict[str, Any]:
-    """``GET /v1/models`` in OpenAI's shape."""
-    return {
-        "object": "list",
-        "data": [{"id": name, "object": "model", "created": created, "owned_by": "ferry"} for name in names],
-    }
+def model_info(name: str, created: int, context_window: int) -> dict[str, Any]:
+    """``GET /v1/models/{id}`` in OpenAI's shape, with vLLM's ``max_model_len`` (the context window)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "ferry",
+            "max_model_len": context_window}
+
+
+def models_body(models: list[tuple[str, int]], created: int) -> dict[str, Any]:
+    """``GET /v1/models`` in OpenAI's shape: each (name, context window) served."""
+    return {"object": "list", "data": [model_info(name, created, window) for name, window in models]}
 
 
 # --- Replies -------------------------------------------------------------------------------
@@ -78,6 +81,7 @@ class _Route:
 
     error_response = staticmethod(error_response)
     error_reply = staticmethod(error_reply)
+    limit_headers = staticmethod(limit_headers.openai)
     object: str
 
     def __init__(self, call: Call, include_usage: bool) -> None:
@@ -106,7 +110,6 @@ class _Route:
 class ChatCompletions(_Route):
     """``POST /v1/chat/completions``."""
 
-    id_prefix = "chatcmpl-"
     idempotency_scope = "chat.completions:"
     object = "chat.completion"
 
@@ -132,7 +135,6 @@ class ChatCompletions(_Route):
 class Completions(_Route):
     """``POST /v1/completions`` (legacy): a raw prompt, no chat template."""
 
-    id_prefix = "cmpl-"
     idempotency_scope = "completions:"
     object = "text_completion"
 

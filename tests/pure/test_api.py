@@ -305,9 +305,10 @@ def test_bare_statuses_map_through_the_same_table():
 
 
 def test_models_list_names_the_versions():
-    assert anthropic.models_body(["a@1", "b@2"], "2026-01-01T00:00:00Z") == {
+    assert anthropic.models_body([("a@1", 8192), ("b@2", 8192)], "2026-01-01T00:00:00Z") == {
         "data": [
-            {"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z"}
+            {"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z",
+             "max_input_tokens": 8191, "max_tokens": 8191}
             for n in ("a@1", "b@2")
         ],
         "has_more": False,

@@ -298,6 +298,6 @@ def test_the_anthropic_codec_keeps_its_stream_and_passes_the_session():
 
 
 def test_models_list_in_openai_shape():
-    assert openai.models_body(["a@1", "a"], 1700000000) == {"object": "list", "data": [
-        {"id": "a@1", "object": "model", "created": 1700000000, "owned_by": "ferry"},
-        {"id": "a", "object": "model", "created": 1700000000, "owned_by": "ferry"}]}
+    assert openai.models_body([("a@1", 4096), ("a", 2048)], 1700000000) == {"object": "list", "data": [
+        {"id": "a@1", "object": "model", "created": 1700000000, "owned_by": "ferry", "max_model_len": 4096},
+        {"id": "a", "object": "model", "created": 1700000000, "owned_by": "ferry", "max_model_len": 2048}]}
