@@ -18,6 +18,7 @@ from gateway.text.answer import Answer
 from gateway.text.chat import Labelled
 from gateway.text.tokenizer import ByteTokenizer, make_tokenizer
 from gateway.wire import anthropic, api
+from gateway.wire.anthropic import Messages
 
 BYTES = ByteTokenizer()
 
@@ -343,3 +344,69 @@ def test_aliases_resolve_to_one_version():
     assert catalog.resolve("m").name == catalog.resolve("latest").name == "m@2"
     with pytest.raises(api.NotFound, match="'m@1' is not served here; try one of: latest, m, m@2"):
         catalog.resolve("m@1")
+
+
+def test_consecutive_messages_of_one_role_are_one_turn_and_a_last_assistant_turn_is_a_prefill():
+    request = anthropic.parse_message_request(body(messages=[
+        {"role": "user", "content": "Name a colour. "},
+        {"role": "user", "content": [{"type": "text", "text": "Go."}]},
+        {"role": "assistant", "content": "My colour"},
+        {"role": "assistant", "content": " is"},
+    ]))
+    assert request.messages == (("user", "Name a colour. Go."), ("assistant", "My colour is"))
+    assert request.prefill and Messages(request).call.prefill
+    assert not anthropic.parse_message_request(body()).prefill
+
+
+def test_a_prefill_may_not_end_with_whitespace_as_the_api_says():
+    with pytest.raises(api.InvalidRequest, match=r"^messages.1.content: the final assistant content"):
+        anthropic.parse_message_request(body(messages=[{"role": "user", "content": "a"},
+                                                       {"role": "assistant", "content": "b "}]))
+
+
+def test_labelled_prompts_leave_a_prefill_open():
+    assert Labelled().render("", [("user", "Hi"), ("assistant", "Hello, I")], prefill=True) == (
+        "User: Hi\n\nAssistant: Hello, I")
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"messages": [{"role": "user", "content": "x", "name": "b"}]}, "messages.0.name: not supported"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "citations": [{}]}]}]},
+            "messages.0.content.0.citations: not supported",
+        ),
+        ({"metadata": {"user_id": "u", "plan": "gold"}}, 'metadata.plan: not supported by this server'),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config: not supported by this"),
+        ({"speed": "fast"}, 'speed: not supported by this server, got "fast"'),
+        ({"inference_geo": "eu"}, 'inference_geo: not supported by this server, got "eu"'),
+    ],
+)
+def test_what_ferry_would_drop_is_refused_by_name(fields, names):
+    with pytest.raises(api.InvalidRequest) as caught:
+        anthropic.parse_message_request(body(**fields))
+    assert str(caught.value).startswith(names)
+
+
+def test_fields_that_mean_nothing_here_pass():
+    request = anthropic.parse_message_request(body(
+        output_config={"effort": None}, cache_control={"type": "ephemeral"}, service_tier="auto",
+        speed="standard",
+        messages=[{"role": "user",
+                   "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}],
+    ))
+    assert request.messages == (("user", "x"),)
+
+
+@pytest.mark.parametrize(
+    ("error", "retry"),
+    [
+        (Overloaded("busy"), True), (api.RateLimited("slow down", 1.0), True),
+        (api.RequestTimeout("late"), True), (api.ShuttingDown("bye"), True), (api.Unavailable("down"), True),
+        (RequestFailed("poison"), False),
+        (api.InvalidRequest("bad"), False), (api.NotFound("who"), False), (KeyError("bug"), False),
+    ],
+)
+def test_whether_a_retry_may_succeed_follows_the_error(error, retry):
+    assert api.should_retry(error) is retry

@@ -52,7 +52,7 @@ def test_a_chat_body_parses_into_the_shared_call():
 
 def test_max_completion_tokens_wins_and_defaults_follow_openai():
     assert openai.ChatCompletions.parse(chat(max_tokens=5, max_completion_tokens=3)).call.max_tokens == 3
-    assert openai.ChatCompletions.parse(chat()).call.max_tokens is None  # the rest of the context window
+    assert openai.ChatCompletions.parse(chat()).call.max_tokens is None  # the model's default_max_tokens
     completion = openai.Completions.parse(
         json.dumps({"model": "m", "prompt": ["once"], "stop": ["a", "b"]}).encode()
     )
@@ -301,3 +301,51 @@ def test_models_list_in_openai_shape():
     assert openai.models_body([("a@1", 4096), ("a", 2048)], 1700000000) == {"object": "list", "data": [
         {"id": "a@1", "object": "model", "created": 1700000000, "owned_by": "ferry", "max_model_len": 4096},
         {"id": "a", "object": "model", "created": 1700000000, "owned_by": "ferry", "max_model_len": 2048}]}
+
+
+def test_penalties_logit_bias_and_vllm_s_sampling_fields_reach_the_sampling():
+    call = openai.ChatCompletions.parse(chat(
+        presence_penalty=0.5, frequency_penalty=-1, logit_bias={"42": -100, "7": 3.5}, top_k=-1,
+        min_p=0.05, repetition_penalty=1.1, max_tokens=9)).call
+    assert call.sampling == Sampling(presence_penalty=0.5, frequency_penalty=-1.0, top_k=0, min_p=0.05,
+                                     logit_bias=((7, 3.5), (42, -100.0)), repetition_penalty=1.1)
+    legacy = openai.Completions.parse(json.dumps({"model": "m", "prompt": "x", "top_k": 40}).encode()).call
+    assert legacy.sampling.top_k == 40
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        (
+            {"logit_bias": {"x": 1}},
+            'logit_bias: expected an object of at most 300 token ids to biases in -100..100, got "x": 1',
+        ),
+        ({"logit_bias": {"5": 101}}, "logit_bias: expected an object"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias: at most 300 entries, got 301"),
+        ({"presence_penalty": 3}, "presence_penalty: expected a number in -2..2, got 3"),
+        ({"repetition_penalty": 0}, "repetition_penalty: expected a number in (0, 2], got 0"),
+        ({"min_p": 2}, "min_p: expected a number in 0..1, got 2"),
+        ({"top_k": -2}, "top_k: expected an integer >= -1"),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]},
+            "messages.0.tool_calls: not supported",
+        ),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role: expected one of system"),
+        ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options.include_obfusc"),
+    ],
+)
+def test_the_new_fields_name_what_is_wrong(fields, names):
+    with pytest.raises(api.InvalidRequest) as caught:
+        openai.ChatCompletions.parse(chat(**fields))
+    assert str(caught.value).startswith(names)
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_named():
+    assert api.outside_vocabulary(((3, 1.0), (255, 2.0)), 256) is None
+    error = api.outside_vocabulary(((3, 1.0), (256, 2.0)), 256)
+    assert str(error) == "logit_bias: token id 256 is not in this model's vocabulary of 256 tokens"
+
+
+def test_a_chat_request_without_max_tokens_leaves_it_to_the_model():
+    assert openai.ChatCompletions.parse(chat()).call.max_tokens is None
+    assert openai.ChatCompletions.parse(chat(safety_identifier="s")).call.session == "s"
