@@ -31,6 +31,7 @@ from gateway.accounting.limiter import Limiter, open_limiter
 from gateway.accounting.usage import UsageLog
 from gateway.bridge import Bridge, Handle
 from gateway.config import FerryConfig
+from gateway.http.access_log import ENTRY, access_log
 from gateway.http.connections import key_before_body, read_body
 from gateway.http.request_id import (
     CLIENT_ID,
@@ -45,6 +46,7 @@ from gateway.ops.models import Catalog, ServedModel
 from gateway.ops.pins import Pins
 from gateway.text.answer import Answer
 from gateway.text.safety import Blocklist, SafetyCheck
+from gateway.tracing import Tracing, mark
 from gateway.wire import anthropic, api, openai
 from gateway.wire.anthropic import Messages
 from gateway.wire.codec import Call, Codec, Head
@@ -103,7 +105,9 @@ class Gateway:
             if not limits.unlimited:
                 plan = (limits.tokens_per_minute, limits.requests_per_minute)
                 request[LIMIT_HEADERS] = codec.limit_headers(plan, entry.limit_levels)
-        return self.bridge.submit(model.name, job)  # the tier's budget is its deadline
+        handle = self.bridge.submit(model.name, job)  # the tier's budget is its deadline
+        mark(request, "admitted")
+        return handle
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, Messages)
@@ -139,6 +143,7 @@ class Gateway:
             principal.limits, len(prompt_tokens), max_tokens, started,
             client_request_id=request.get(CLIENT_ID),
         )
+        request[ENTRY] = entry  # for the access log
         if model.name != call.model:  # an alias: count which version took it
             self.metrics.count_alias(call.model, model.name)
         job = Job(prompt, prompt_tokens, call.sampling.replace(max_tokens=max_tokens), principal.tier,
@@ -224,8 +229,10 @@ class Gateway:
         try:
             while not answer.done:
                 answer.push(await handle.wait())
+                mark(request, "first_event")
         finally:
             self.bridge.cancel(handle)  # a no-op once finished; else the client has gone or a stop matched
+        mark(request, "done")
         if answer.error is not None:
             request[SHOULD_RETRY] = answer.retryable
         completion = answer.completion()
@@ -242,6 +249,7 @@ class Gateway:
         stream's is: 499, cancelled, no output billed, and nothing for aiohttp to log."""
         response = web.Response(status=status, body=payload, content_type="application/json")
         self.ledger.bill_ahead(entry, status, entry.owed)  # billed before the client can have it
+        mark(request, "first_byte")
         try:
             await response.prepare(request)
             await response.write_eof()
@@ -268,7 +276,10 @@ class Gateway:
                 if not events:
                     await stream.send(encoder.ping)
                     continue
+                mark(request, "first_event")
                 piece = answer.push(events)
+                if answer.done:
+                    mark(request, "done")
                 if answer.error is not None:
                     if not stream.open:
                         request[SHOULD_RETRY] = answer.retryable
@@ -379,6 +390,7 @@ class _Stream:
         """Write ``data`` (headers and the opening first, if not sent yet); ``end``: close it."""
         if self.response is None:
             self.response = web.StreamResponse(headers=SSE_HEADERS)
+            mark(self.request, "first_byte")
             await self.response.prepare(self.request)
             data = self.start + data
         await self.response.write(data)
@@ -411,16 +423,23 @@ class _LiveKeys:
         return self._gateway.keys.authenticate(headers)
 
 
-def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
-    """The application over a started bridge: its backends' counters are exported at /metrics."""
+def make_app(config: FerryConfig, bridge: Bridge, tracer: object = None) -> web.Application:
+    """The application over a started bridge: its backends' counters are exported at /metrics.
+    ``tracer``: an OpenTelemetry tracer to trace requests with (else the config's ``[tracing]``)."""
     metrics = Metrics()
     for model in config.models:
         metrics.track(model.name, config.queue().tiers)
     gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
     limit = config.server.max_body_bytes
-    app = web.Application(middlewares=[error_middleware(limit, SHOULD_RETRY)], client_max_size=limit)
+    traced = config.tracing
+    tracing = Tracing(tracer) if tracer is not None else Tracing.from_config(
+        traced.enabled, traced.service_name, traced.otlp_endpoint)
+    logged = access_log(config.server.access_log_per_second, tracing)
+    app = web.Application(middlewares=[logged, error_middleware(limit, SHOULD_RETRY)], client_max_size=limit)
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
+    if tracing is not None:
+        app.on_response_prepare.append(tracing.traceparent)
     app.on_cleanup.append(lambda _: gateway.close())
     expect = key_before_body(_LiveKeys(gateway), limit)  # type: ignore[arg-type]
     app.router.add_post("/v1/messages", gateway.messages, expect_handler=expect)

@@ -141,3 +141,12 @@ def test_a_model_whose_template_calls_strftime_now_answers(gateway):
     chat = gpt.chat.completions.create(model="llama-style@1", max_tokens=8, messages=HELLO)
     assert chat.usage.prompt_tokens == reply.usage.input_tokens + reply.usage.cache_read_input_tokens - len(
         "Be brief.")
+
+
+def test_a_chat_request_without_max_tokens_is_charged_its_model_s_default_not_the_window(gateway):
+    _, gpt = clients(gateway, LIMITED, retries=0)
+    # sleepy@1's window is 8,192, more than this key's 6,000 tokens a minute: charged the whole
+    # window, every such request would be a 400; charged the default 4,096, it is answered
+    reply = gpt.chat.completions.with_raw_response.create(model="sleepy", messages=HELLO)
+    assert reply.status_code == 200
+    assert int(reply.headers["x-ratelimit-remaining-tokens"]) < 6000 - 4096
