@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import timeit
 
+from experiments.frame_codec import best_us
 from gateway.wire import openai
 from gateway.wire.anthropic import Messages
 from gateway.wire.api import Completion
@@ -33,10 +33,6 @@ BODIES = {
     openai.ChatCompletions: {"model": "smollm2", "max_tokens": 64, "stream": True, "temperature": 0.7,
                              "messages": [{"role": "system", "content": "Be brief."}, *CONVERSATION]},
 }
-
-
-def best_us(call, repeat: int, number: int) -> float:
-    return min(timeit.repeat(call, repeat=repeat, number=number)) / number * 1e6
 
 
 def main() -> None:

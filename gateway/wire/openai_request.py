@@ -104,6 +104,8 @@ DROPPED_FIELDS = ("logprobs", "top_logprobs", "tools", "functions", "tool_choice
                   "reasoning_effort", "verbosity", "moderation", "store", "metadata", "prompt_cache_options",
                   "echo", "suffix")
 """Fields whose meaning ferry would drop: refused by name unless they say "not used"."""
+_DROPPED = {body: tuple(name for name in DROPPED_FIELDS if name in body.__struct_fields__)
+            for body in (ChatBody, CompletionBody)}
 MESSAGE_DROPPED = ("name", "refusal", "tool_calls", "function_call", "audio")
 ONLY = {"prompt_cache_retention": ("in_memory",), "service_tier": ("auto", "default")}
 """Fields of which ferry does only these values (one cache, one capacity); others are refused."""
@@ -170,7 +172,7 @@ def _common(fields: Sampled) -> dict[str, Any]:
     """The fields both routes share, checked: model, limits, sampling, stops, stream."""
     if not fields.model:
         raise InvalidRequest("model: expected a model name, got an empty string")
-    typed.refuse_used(fields, tuple(name for name in DROPPED_FIELDS if hasattr(fields, name)))
+    typed.refuse_used(fields, _DROPPED[type(fields)])
     for name, values in ONLY.items():
         if getattr(fields, name, None) not in (None, *values):
             raise InvalidRequest(f"{name}: not supported by this server, got {show(getattr(fields, name))}")
@@ -244,9 +246,10 @@ def _chat_turns(messages: list[ChatMessage]) -> tuple[str, tuple[tuple[str, str]
     at_most(len(messages), MAX_MESSAGES, "messages", "messages per request")
     system, turns = [], []
     for index, message in enumerate(messages):
-        for name in MESSAGE_DROPPED:
-            if not typed.unused(getattr(message, name)):
-                raise InvalidRequest(f"messages.{index}.{name}: not supported by this server")
+        try:
+            typed.refuse_used(message, MESSAGE_DROPPED)
+        except InvalidRequest as refused:
+            raise InvalidRequest(f"messages.{index}.{refused}") from None
         content = message.content
         text = content if isinstance(content, str) else _joined(content, f"messages.{index}.content")
         if message.role in ("system", "developer"):

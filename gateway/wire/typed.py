@@ -124,6 +124,6 @@ def refuse_used(fields: object, names: tuple[str, ...]) -> None:
     whose meaning ferry would drop, refused by name."""
     for name in names:
         value = getattr(fields, name)
-        if not unused(value):
+        if value is not None and not unused(value):  # most are absent: no call for those
             raise InvalidRequest(f"{name}: not supported by this server, got {show(value)}")
 
