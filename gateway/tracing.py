@@ -1,9 +1,8 @@
 """OpenTelemetry traces of requests: an optional extra (``pip install 'trio-ferry[otel]'``,
-``[tracing] enabled = true``); without it nothing here imports OpenTelemetry.
-
-One span per request, ``POST /v1/messages``, a child of the client's ``traceparent`` when it sends
-a well-formed one (W3C trace context), and named back to it in the answer's own ``traceparent``.
-Its children are the phases the handler marks (:func:`mark`), each a span of its own times::
+``[tracing] enabled = true``); without it nothing here imports OpenTelemetry. One span per
+request, ``POST /v1/messages``, a child of the client's ``traceparent`` when it sends a
+well-formed one, named back in the answer's own; its children are the phases the handler marks
+(:func:`mark`), each a span of its own times::
 
     admission   arrival ─> queued in the core (body, checks, template, tokens, the key's charge)
     queue       queued ─> the first event (a worker or engine took it)

@@ -176,7 +176,7 @@ class Gateway:
         body = await read_body(request, self.config.server.body_timeout_ms / 1000)
         call = Messages(anthropic.parse_message_request(body, counting=True)).call
         _, tokens = self._prompt(call, self.catalog.resolve(call.model, call.session or principal.key_id))
-        return _json({"input_tokens": len(tokens)})
+        return web.json_response({"input_tokens": len(tokens)})  # the bytes it always had: spaced
 
     async def _idempotent(self, request: web.Request, entry: Entry, scope: tuple[str, str, bytes],
                           codec: Codec, model: ServedModel, job: Job) -> web.StreamResponse:
@@ -353,7 +353,7 @@ class Gateway:
         """Alive: this process answers, and its trio core still runs."""
         if not self.bridge.running:
             return _error(503, api.INTERNAL, "the scheduling core has stopped")
-        return _json({"status": "ok"})
+        return web.json_response({"status": "ok"})  # the bytes it always had: spaced
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready: every model's backend says so (fixed mode: a worker up and not hung, and a call

@@ -14,8 +14,8 @@ record and access log line are filed under; a client's id is echoed, and recorde
 from __future__ import annotations
 
 import itertools
-import os
 import re
+import secrets
 import time
 
 from aiohttp import web
@@ -28,7 +28,7 @@ PREFIXES = {"/v1/messages": "msg_", "/v1/chat/completions": "chatcmpl-", "/v1/co
 RETRIED_STATUSES = (408, 429, 503, 529)  # an error answered with no more said: retry these alone
 _WELL_FORMED = re.compile(r"[A-Za-z0-9._:+/=@-]{1,128}")
 _COUNT = itertools.count(1)
-_PROCESS = f"{os.getpid():x}{int(time.time()):x}_"  # unique across the gateway's restarts and processes
+_PROCESS = f"{secrets.token_hex(4)}{int(time.time()):x}_"  # this process's (never its pid: answers show it)
 
 
 def request_id(request: web.Request) -> str:

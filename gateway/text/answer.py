@@ -1,7 +1,6 @@
-"""One request's answer as its client sees it, built from its backend's events: pure.
-
-Streamed and whole answers read the same events through the same :class:`Answer`, so they can
-never disagree. Each :class:`~batcher.core.backend.Delta` goes through three stages::
+"""One request's answer as its client sees it, built from its backend's events: pure. Streamed
+and whole answers read the same events through the same :class:`Answer`, so they can never
+disagree. Each :class:`~batcher.core.backend.Delta` goes through three stages::
 
     Delta ─> max_tokens (cut the text at the limit) ─> stop sequences (hold a possible start)
           ─> safety (hold the last words until they can be judged) ─> released text
