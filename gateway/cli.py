@@ -5,14 +5,16 @@
     ferry reload | status | drain | weights   a running gateway's admin socket (gateway/ops/control.py)
     ferry simulate a scenario through the production batcher in virtual time (batcher/sim/)
     ferry fit      the real engine's step times on this machine, fitted into costs for simulate
+    ferry check-config FILE   every error of a configuration file at once, each with its field
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
+import os
 import sys
 
+from gateway.log_format import configure as configure_logs
 from gateway.ops.control import CONTROL_COMMANDS, add_control_commands
 
 
@@ -42,6 +44,23 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if not report.errors else 1
 
 
+def check_config(args: argparse.Namespace) -> int:
+    """Check a configuration file as ``ferry serve`` would (``FERRY_*`` variables applied),
+    printing every error at once; exit 1 if there is one."""
+    from gateway.config import check_config as check
+
+    try:
+        with open(args.file, encoding="utf-8") as file:
+            _, errors = check(file.read(), args.file, os.environ)
+    except OSError as exc:
+        errors = [f"{args.file}: {exc.strerror}"]
+    for error in errors:
+        print(error)
+    if not errors:
+        print(f"{args.file}: ok")
+    return 1 if errors else 0
+
+
 def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
     """Every sub-command; ``control_only``: the admin client's alone, which import neither the
     core nor the HTTP server, so that ``ferry weights`` (a rollback) starts in a fraction of
@@ -63,6 +82,9 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
     sub.set_defaults(run=demo)
     add_serve_command(commands)
     add_control_commands(commands)
+    sub = commands.add_parser("check-config", help=(check_config.__doc__ or "").split("\n")[0])
+    sub.add_argument("file", metavar="FILE", help="a TOML file (docs/configuration.md)")
+    sub.set_defaults(run=check_config)
     sub = commands.add_parser(
         "simulate", help=simulate.main.__doc__, description=simulate.__doc__.split("\n\n")[0]
     )
@@ -75,7 +97,7 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logs("text")  # ferry serve --log-format json writes JSON lines instead
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(control_only=bool(argv) and argv[0] in CONTROL_COMMANDS).parse_args(argv)
     return args.run(args)

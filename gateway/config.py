@@ -17,11 +17,14 @@ import functools
 import hashlib
 import math
 import os
+import re
 import tomllib
+from collections.abc import Mapping
 from typing import Any
 
 from batcher.core.config import ModelConfig, QueueConfig, RayConfig, require
 from batcher.core.config_file import TierConfig, build_table, model_table
+from gateway import config_env
 
 DEFAULT_TOML = """\
 # The embedded default of `ferry serve`: loopback only, one fixed-mode model on 8 reference
@@ -99,6 +102,7 @@ class ServerConfig:
     body_timeout_ms: int = 60_000
     idle_timeout_ms: int = 75_000
     max_connections: int = 10_000  # beyond it, the oldest idle connection is closed, else a 503
+    access_log_per_second: int = 100  # access log lines a second at most; the rest counted (0: none)
 
     def __post_init__(self) -> None:
         require(bool(self.host), "host", "an address", self.host)
@@ -114,6 +118,7 @@ class ServerConfig:
         require(
             1 <= self.max_connections <= 1_000_000, "max_connections", "1..1000000", self.max_connections
         )
+        require(self.access_log_per_second >= 0, "access_log_per_second", ">= 0", self.access_log_per_second)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -199,6 +204,16 @@ class SafetyConfig:
     refusal: str = "I can't help with that."
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class TracingConfig:
+    """OpenTelemetry traces of requests (docs/operations.md): the ``otel`` extra exports them
+    over OTLP/HTTP to ``otlp_endpoint`` (empty: where ``OTEL_EXPORTER_OTLP_ENDPOINT`` says)."""
+
+    enabled: bool = False
+    service_name: str = "ferry"
+    otlp_endpoint: str = ""
+
+
 ADMIN_SOCKET, ADMIN_TOKEN = "admin.sock", "admin.token"  # their default names in the [state] dir
 
 
@@ -249,6 +264,7 @@ class FerryConfig:
     admin: AdminConfig = AdminConfig()
     aliases: tuple[AliasConfig, ...] = ()
     ray: RayConfig = RayConfig()  # read at start: one process joins one Ray cluster
+    tracing: TracingConfig = TracingConfig()  # read at start
 
     def __post_init__(self) -> None:
         require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
@@ -288,7 +304,7 @@ class FerryConfig:
 
 
 _SINGLE = {"server": ServerConfig, "limits": LimitsConfig, "state": StateConfig, "safety": SafetyConfig,
-           "admin": AdminConfig, "ray": RayConfig}
+           "admin": AdminConfig, "ray": RayConfig, "tracing": TracingConfig}
 _TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig, "aliases": AliasConfig}
 
 
@@ -308,37 +324,97 @@ def _aliases(table: object) -> tuple[AliasConfig, ...]:
     return tuple(aliases)
 
 
-def parse_config(text: str, source: str = "<config>") -> FerryConfig:
-    """A checked :class:`FerryConfig` from TOML text; ``ValueError`` names the source and field."""
+def parse_config(
+    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> FerryConfig:
+    """A checked :class:`FerryConfig` from TOML text, with ``environ``'s ``FERRY_*`` variables over
+    its fields (:mod:`gateway.config_env`); ``ValueError`` names the source and the first field
+    that is wrong."""
+    config, errors = check_config(text, source, environ)
+    if config is None:
+        raise ValueError(errors[0])
+    return config
+
+
+def check_config(
+    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None
+) -> tuple[FerryConfig | None, list[str]]:
+    """The configuration, or None and every error found in it (``ferry check-config``): each
+    table's, each field of a table that has several (the rest of it checked without the
+    field at fault), then, once every table is right, the file's as a whole."""
     try:
         document = tomllib.loads(text)
-        unknown = sorted(set(document) - set(_TABLES))
-        if unknown:
-            raise ValueError(f"unknown table {unknown[0]!r}; expected one of {sorted(_TABLES)}")
-        # each table by its FerryConfig field's name: a value of that field's own type
-        single: dict[str, Any] = {
-            name: build_table(cls, document.get(name, {}), name) for name, cls in _SINGLE.items()
-        }
-        lists: dict[str, Any] = {}
-        for name in ("tiers", "keys", "models"):
-            tables = document.get(name, [])
-            require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
-            build = model_table if name == "models" else functools.partial(build_table, _TABLES[name])
-            lists[name] = tuple(build(t, f"{name}[{i}]") for i, t in enumerate(tables))
-        aliases = _aliases(document.get("aliases", {}))
-        return FerryConfig(**single, **lists, aliases=aliases)
+        placed = config_env.apply(document, environ or {})
     except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{source}: not valid TOML: {exc}") from None
+        return None, [f"{source}: not valid TOML: {exc}"]
     except ValueError as exc:
-        raise ValueError(f"{source}: {exc}") from None
+        return None, [f"{source}: {exc}"]
+    errors: list[str] = []
+    unknown = sorted(set(document) - set(_TABLES))
+    if unknown:
+        errors.append(f"unknown table {unknown[0]!r}; expected one of {sorted(_TABLES)}")
+    single: dict[str, Any] = {
+        name: _every_error(functools.partial(build_table, cls), document.get(name, {}), name, errors)
+        for name, cls in _SINGLE.items()
+    }
+    lists: dict[str, Any] = {}
+    for name in ("tiers", "keys", "models"):
+        tables = document.get(name, [])
+        if not isinstance(tables, list):
+            errors.append(f"{name}: expected an array of tables ([[...]]), got {tables!r}")
+            continue
+        build = model_table if name == "models" else functools.partial(build_table, _TABLES[name])
+        lists[name] = tuple(_every_error(build, t, f"{name}[{i}]", errors) for i, t in enumerate(tables))
+    try:
+        aliases = _aliases(document.get("aliases", {}))
+    except ValueError as exc:
+        errors.append(str(exc))
+    if not errors:
+        try:
+            return FerryConfig(**single, **lists, aliases=aliases), []
+        except ValueError as exc:
+            errors.append(str(exc))
+    return None, [f"{source}: {error}{_set_by(error, placed)}" for error in errors]
 
 
-def load_config(path: str | os.PathLike[str]) -> FerryConfig:
-    """Read and check a configuration file."""
+def _every_error(build, table: object, where: str, errors: list[str]) -> object:
+    """The table built, or None with each of its errors noted: the field at fault is dropped and
+    the rest built again, until the table builds or an error names no field it can drop."""
+    dropped: set[str | None] = set()
+    while True:
+        try:
+            return build(table, where)
+        except ValueError as exc:
+            field = _culprit(str(exc), where)
+            if field in dropped:  # its absence, not a mistake of the file's
+                return None
+            errors.append(str(exc))
+            if not isinstance(table, dict) or field not in table:
+                return None
+            dropped.add(field)
+            table = {name: value for name, value in table.items() if name != field}
+
+
+def _culprit(error: str, where: str) -> str | None:
+    """The field of the table at ``where`` that ``error`` is about."""
+    if unknown := re.search(r"unknown field '([^']+)'", error):
+        return unknown[1]
+    named = re.match(re.escape(where) + r"\.(\w+)", error)
+    return named[1] if named else None
+
+
+def _set_by(error: str, placed: Mapping[str, str]) -> str:
+    """`` (set by FERRY_...)`` where a variable set the field an error is about."""
+    names = [name for name, where in placed.items() if error.startswith(where)]
+    return f" (set by {names[0]})" if names else ""
+
+
+def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> FerryConfig:
+    """Read and check a configuration file, with ``environ``'s ``FERRY_*`` variables over it."""
     with open(path, encoding="utf-8") as file:
-        return parse_config(file.read(), os.fspath(path))
+        return parse_config(file.read(), os.fspath(path), environ)
 
 
-def default_config() -> FerryConfig:
+def default_config(environ: Mapping[str, str] | None = None) -> FerryConfig:
     """The embedded default (:data:`DEFAULT_TOML`): what ``ferry serve`` runs with no file."""
-    return parse_config(DEFAULT_TOML, "<embedded default>")
+    return parse_config(DEFAULT_TOML, "<embedded default>", environ)

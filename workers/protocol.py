@@ -29,7 +29,9 @@ Continuous mode (``python -m workers engine``; a step is one forward pass)::
 
     worker -> pool   ready   {pid, model}
     pool -> worker   add     {rid, prompt_tokens, max_tokens, tier, tenant, temperature, top_p,
-                              top_k, seed (nil: unseeded), stop_token_ids, ignore_eos}
+                              top_k, seed (nil: unseeded), stop_token_ids, ignore_eos,
+                              presence_penalty, frequency_penalty, repetition_penalty, min_p,
+                              logit_bias: [[id, bias]]}   the last five optional (neutral)
     pool -> worker   abort   {rid}                        an unknown rid is ignored
     worker -> pool   tokens  {rid, ids}                   each step's tokens, one frame per rid,
                                                           all of a step's frames in one write
@@ -119,10 +121,14 @@ class Sampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How a sequence picks its tokens and when it stops: the one type from a request to an engine.
 
     ``temperature`` 0 is greedy; None is the model's default, which the pool puts in its place
-    (an engine given None samples greedily). ``top_k`` 0 and ``top_p`` 1 switch those filters
-    off; a ``seed`` makes a sampled answer reproducible whatever else shares its batch. It stops
-    after ``max_tokens``, or at one of ``stop_token_ids`` or the model's end-of-sequence id
-    (unless ``ignore_eos``). Fixed-mode models read none of it.
+    (an engine given None samples greedily). ``top_k`` 0, ``top_p`` 1 and ``min_p`` 0 switch
+    those filters off; a ``seed`` makes a sampled answer reproducible whatever else shares its
+    batch. Before any of them, greedy or not, the logits are adjusted as vLLM and OpenAI do:
+    ``logit_bias`` ((token id, bias) pairs) added, then ``repetition_penalty`` (1: off) on every
+    token of the prompt and the output, ``frequency_penalty`` times each token's count in the
+    output and ``presence_penalty`` once per token present there subtracted. It stops after
+    ``max_tokens``, or at one of ``stop_token_ids`` or the model's end-of-sequence id (unless
+    ``ignore_eos``). Fixed-mode models read none of it.
     """
 
     max_tokens: int = 16
@@ -132,6 +138,11 @@ class Sampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -142,10 +153,29 @@ class Sampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k: expected >= 0 (0: off), got {self.top_k}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name}: expected a number in -2..2, got {getattr(self, name)}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f"repetition_penalty: expected a number > 0, got {self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p: expected a number in 0..1, got {self.min_p}")
+        if any(token < 0 or not -100.0 <= bias <= 100.0 for token, bias in self.logit_bias):
+            raise ValueError("logit_bias: expected token ids >= 0 with biases in -100..100")
 
     @property
     def greedy(self) -> bool:
         return not self.temperature
+
+    @property
+    def penalized(self) -> bool:
+        """A penalty reads the sequence's tokens (its output; the prompt too for repetition)."""
+        return bool(self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """The logits are changed before any token is picked (greedy ones too)."""
+        return self.penalized or bool(self.logit_bias)
 
     def replace(self, **changes: object) -> Sampling:
         """This sampling with ``changes`` (checked again)."""
@@ -167,6 +197,11 @@ class Add(Frame, tag="add", frozen=True):
     seed: int | None
     stop_token_ids: list[int]
     ignore_eos: bool
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: list[tuple[int, float]] = []
 
     @classmethod
     def of(cls, rid: int, prompt_tokens: list[int], tier: int, tenant: str, sampling: Sampling) -> Add:
@@ -174,13 +209,16 @@ class Add(Frame, tag="add", frozen=True):
         s = sampling
         assert s.temperature is not None, "the pool sends the model's default temperature"
         return cls(rid, prompt_tokens, s.max_tokens, tier, tenant, s.temperature, s.top_p, s.top_k, s.seed,
-                   list(s.stop_token_ids), s.ignore_eos)
+                   list(s.stop_token_ids), s.ignore_eos, s.presence_penalty, s.frequency_penalty,
+                   s.repetition_penalty, s.min_p, list(s.logit_bias))
 
     @property
     def sampling(self) -> Sampling:
         """Its sampling; ValueError if a value is out of range."""
         return Sampling(self.max_tokens, self.temperature, self.top_p, self.top_k, self.seed,
-                        tuple(self.stop_token_ids), self.ignore_eos)
+                        tuple(self.stop_token_ids), self.ignore_eos, self.presence_penalty,
+                        self.frequency_penalty, self.repetition_penalty, self.min_p,
+                        tuple((token, bias) for token, bias in self.logit_bias))
 
 
 class Abort(Frame, tag="abort", frozen=True):

@@ -10,7 +10,8 @@ codec, and vLLM only once the command line is parsed.
 
 The frames are ferry's engine's (``workers/protocol.py``, ``workers/engine/serve.py``)::
 
-    add {rid, ...}   -> LLMEngine.add_request(str(rid), prompt ids, SamplingParams); a prompt vLLM
+    add {rid, ...}   -> LLMEngine.add_request(str(rid), prompt ids, SamplingParams: every field of
+                        ferry's Sampling, penalties, min_p and logit_bias included); a prompt vLLM
                         refuses (longer than max_model_len) finishes at once as too_long
     abort {rid}      -> abort_request; finished {aborted} at once (vLLM reports nothing for it)
     each step        -> tokens {rid, ids}: the step's new id (vLLM asked for deltas, ids only: the
@@ -115,8 +116,11 @@ class VllmEngine:
             raise ValueError(f"rid {rid}: a new rid and a prompt are needed")
         params = self._sampling(  # ids only, each step's new ones: the gateway detokenizes
             max_tokens=sampling.max_tokens, temperature=sampling.temperature or 0.0, top_p=sampling.top_p,
-            top_k=sampling.top_k, seed=sampling.seed, stop_token_ids=list(sampling.stop_token_ids),
-            ignore_eos=sampling.ignore_eos, detokenize=False, output_kind=self._delta,
+            top_k=sampling.top_k, min_p=sampling.min_p, seed=sampling.seed,
+            presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+            repetition_penalty=sampling.repetition_penalty, logit_bias=dict(sampling.logit_bias) or None,
+            stop_token_ids=list(sampling.stop_token_ids), ignore_eos=sampling.ignore_eos, detokenize=False,
+            output_kind=self._delta,
         )
         prompt = {"prompt_token_ids": list(prompt_ids), "cache_salt": f"{self.salt}\0{tenant}"}
         try:

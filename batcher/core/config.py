@@ -123,6 +123,7 @@ class ModelConfig:
     aliases: tuple[str, ...] = ()
     mode: str
     context_window: int = 8192
+    default_max_tokens: int = 4096  # what an OpenAI chat request that names no max_tokens may generate
     tokenizer: str = "bytes"
     chat_template: str = "labelled"
     # Where the workers run (docs/ray.md): "local" child processes, or Ray actors asking for
@@ -138,6 +139,7 @@ class ModelConfig:
         require(
             1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window
         )
+        require(self.default_max_tokens >= 1, "default_max_tokens", "tokens >= 1", self.default_max_tokens)
         require(self.placement in PLACEMENTS, "placement", f"one of {list(PLACEMENTS)}", self.placement)
         require(self.num_gpus is None or 0 <= self.num_gpus <= 1024, "num_gpus", "0..1024", self.num_gpus)
         require(all(0 <= v < math.inf for v in self.resources.values()), "resources", "amounts >= 0",

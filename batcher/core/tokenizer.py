@@ -10,6 +10,7 @@ from typing import Protocol
 
 class Tokenizer(Protocol):
     name: str
+    vocab_size: int  # every token id is below it (a request's logit_bias names ids: checked against it)
 
     def count(self, text: str) -> int:
         """Tokens in ``text``."""

@@ -70,6 +70,9 @@ class Entry:
     status: int = 500  # the HTTP status the client got (set as the request ends)
     outcome: Outcome = Outcome.FAILED
     stop_reason: str | None = None
+    cached_tokens: int = 0  # of input_tokens, those the prefix cache supplied (known at the end)
+    client_request_id: str | None = None  # the client's X-Request-Id, recorded beside ours
+    limit_levels: tuple[float, float] | None = None  # the key's buckets after its charge (the headers')
     owed: int = 0  # output tokens in a whole answer not yet written
     # False: an idempotent repeat (replayed or refused) ran nothing, so nothing is recorded
     recorded: bool = True
@@ -95,6 +98,7 @@ class Ledger:
             return
         cost = entry.input_tokens + entry.max_tokens
         verdict = await self.limiter.acquire(entry.key_id, entry.limits, cost)
+        entry.limit_levels = verdict.levels
         if verdict.admitted:
             entry.charged = True
             return
@@ -166,4 +170,5 @@ def _record(entry: Entry, now: float) -> UsageRecord:
     return UsageRecord(
         entry.request_id, time.time(), entry.tenant, entry.key_id, entry.model, entry.input_tokens,
         entry.output_tokens, ttft, now - entry.started, entry.status, entry.stop_reason, entry.outcome.value,
+        entry.cached_tokens, entry.client_request_id,
     )

@@ -78,8 +78,9 @@ class MemoryLimiter:
 
 
 # The same arithmetic as gateway.accounting.ratelimit.charge/refund, atomically inside Redis. An unlimited
-# dimension has capacity -1. ARGV[6], when given, replaces Redis's clock (tests compare verdicts
-# with the pure core at exact times); otherwise every gateway shares the server's TIME.
+# dimension has capacity -1. It answers the wait and the two levels after the call. ARGV[6], when
+# given, replaces Redis's clock (tests compare verdicts with the pure core at exact times);
+# otherwise every gateway shares the server's TIME.
 _SCRIPT = """
 local now
 if ARGV[6] then now = tonumber(ARGV[6]) else
@@ -115,8 +116,13 @@ for i = 1, 2 do
   end
 end
 if #fields > 0 then redis.call('HSET', KEYS[1], unpack(fields)); redis.call('EXPIRE', KEYS[1], 120) end
-if wait == math.huge then return 'inf' end
-return string.format('%.17g', wait)
+local shown = {}
+for i = 1, 2 do
+  shown[i] = 'inf'
+  if caps[i] >= 0 then shown[i] = string.format('%.17g', levels[i]) end
+end
+if wait == math.huge then return {'inf', shown[1], shown[2]} end
+return {string.format('%.17g', wait), shown[1], shown[2]}
 """
 
 
@@ -165,17 +171,17 @@ class RedisLimiter:
         except (RedisError, OSError):
             return False
 
-    async def _run(self, key: str, limits: Limits, tokens: float, requests: float, mode: str) -> float:
+    async def _run(self, key: str, limits: Limits, tokens: float, requests: float, mode: str) -> Verdict:
         capacities = [-1 if math.isinf(c) else c for c in limits.capacities]
         args = [*capacities, tokens, requests, mode]
         if self._clock is not None:
             args.append(repr(self._clock()))
-        wait = await self._script(keys=[self._prefix + key], args=args)
-        return float(wait)
+        answer = await self._script(keys=[self._prefix + key], args=args)
+        wait, tokens_left, requests_left = map(float, answer)
+        return Verdict(wait == 0.0, wait, (tokens_left, requests_left))
 
     async def acquire(self, key: str, limits: Limits, tokens: float, requests: float = 1) -> Verdict:
-        wait = await self._run(key, limits, tokens, requests, "charge")
-        return Verdict(wait == 0.0, wait)
+        return await self._run(key, limits, tokens, requests, "charge")
 
     async def refund(self, key: str, limits: Limits, tokens: float, requests: float = 0) -> None:
         await self._run(key, limits, tokens, requests, "refund")

@@ -54,10 +54,13 @@ class Bucket:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Verdict:
-    """The outcome of a charge: admitted, or how long until the same charge would fit."""
+    """The outcome of a charge: admitted, or how long until the same charge would fit; and the
+    buckets' levels after it (tokens, requests; inf where unlimited), which the rate-limit
+    headers show (None: the store cannot say, as a lease served from its slice)."""
 
     admitted: bool
     retry_after: float = 0.0  # seconds; inf when the charge can never fit
+    levels: tuple[float, float] | None = None
 
     @property
     def never(self) -> bool:
@@ -82,18 +85,18 @@ def charge(
 ) -> tuple[Verdict, tuple[Bucket, ...]]:
     """Take ``amounts`` from every bucket at once, or from none; return the verdict and new state."""
     levels = [level_at(b, c, now) for b, c in zip(buckets, capacities, strict=True)]
+    kept = tuple(Bucket(level, now) for level in levels)
     if any(amount > capacity for amount, capacity in zip(amounts, capacities, strict=False)):
-        return Verdict(False, math.inf), tuple(Bucket(level, now) for level in levels)
+        return Verdict(False, math.inf, (levels[0], levels[1])), kept
     short = [
         (amount - level) / (capacity / 60.0)
         for amount, level, capacity in zip(amounts, levels, capacities, strict=False)
         if amount > level
     ]
     if short:
-        return Verdict(False, max(short)), tuple(Bucket(level, now) for level in levels)
-    return Verdict(True), tuple(
-        Bucket(level - amount, now) for level, amount in zip(levels, amounts, strict=False)
-    )
+        return Verdict(False, max(short), (levels[0], levels[1])), kept
+    left = tuple(level - amount for level, amount in zip(levels, amounts, strict=False))
+    return Verdict(True, 0.0, (left[0], left[1])), tuple(Bucket(level, now) for level in left)
 
 
 def refund(bucket: Bucket, capacity: float, amount: float, now: float) -> Bucket:

@@ -34,7 +34,8 @@ class SqliteWriter:
         """Open ``path``: bring its tables up to date (``migrations``: per table, the statement
         that adds each column a table from an older release lacks), then run ``schema``. With a
         ``replay`` statement every write is journaled first (its row must suit ``replay``), and
-        the rows a killed process left in the journal are applied with it now."""
+        the rows a killed process left in the journal are applied with it now (a row an older
+        release journaled, short of the columns added since, has them NULL)."""
         self.path = path
         connection = sqlite3.connect(path)  # create the tables now: a bad path fails at start-up
         connection.execute("PRAGMA journal_mode=WAL")  # kept by the file: readers never wait for the writer
@@ -48,8 +49,10 @@ class SqliteWriter:
         self._journal = None if replay is None else Journal(path)
         if self._journal is not None and replay is not None:  # one with the other
             with connection:
+                width = replay.count("?")
                 for segment in self._journal.leftovers:
-                    connection.executemany(replay, Journal.rows(segment))
+                    rows = Journal.rows(segment)
+                    connection.executemany(replay, (row + (None,) * (width - len(row)) for row in rows))
             for segment in self._journal.leftovers:
                 segment.unlink()
         connection.close()

@@ -32,12 +32,18 @@ CREATE TABLE IF NOT EXISTS usage (
     total_s       REAL NOT NULL,
     status        INTEGER NOT NULL,
     stop_reason   TEXT,
-    outcome       TEXT
+    outcome       TEXT,
+    cached_tokens INTEGER,
+    client_request_id TEXT
 )
 """
-_MIGRATIONS = {
-    "usage": {"outcome": "ALTER TABLE usage ADD COLUMN outcome TEXT"}
-}  # columns added since the first release
+_MIGRATIONS = {  # columns added since the first release
+    "usage": {
+        "outcome": "ALTER TABLE usage ADD COLUMN outcome TEXT",
+        "cached_tokens": "ALTER TABLE usage ADD COLUMN cached_tokens INTEGER",
+        "client_request_id": "ALTER TABLE usage ADD COLUMN client_request_id TEXT",
+    }
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,6 +63,8 @@ class UsageRecord:
     stop_reason: str | None
     # what happened (gateway.accounting.ledger.Outcome); None in rows written before it existed
     outcome: str | None = None
+    cached_tokens: int | None = 0  # of input_tokens, those the prefix cache supplied (None: older rows)
+    client_request_id: str | None = None  # the client's X-Request-Id, when it sent a well-formed one
 
 
 _FIELDS = [field.name for field in dataclasses.fields(UsageRecord)]

@@ -14,14 +14,12 @@ through :mod:`gateway.wire.errors` in its route's shape; a running request holds
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -33,16 +31,26 @@ from gateway.accounting.limiter import Limiter, open_limiter
 from gateway.accounting.usage import UsageLog
 from gateway.bridge import Bridge, Handle
 from gateway.config import FerryConfig
+from gateway.http.access_log import ENTRY, access_log
 from gateway.http.connections import key_before_body, read_body
+from gateway.http.request_id import (
+    CLIENT_ID,
+    LIMIT_HEADERS,
+    REQUEST_ID,
+    SHOULD_RETRY,
+    name_the_request,
+    request_id,
+)
 from gateway.metrics import Metrics
 from gateway.ops.models import Catalog, ServedModel
 from gateway.ops.pins import Pins
 from gateway.text.answer import Answer
 from gateway.text.safety import Blocklist, SafetyCheck
+from gateway.tracing import Tracing, mark
 from gateway.wire import anthropic, api, openai
 from gateway.wire.anthropic import Messages
 from gateway.wire.codec import Call, Codec, Head
-from gateway.wire.errors import REQUEST_ID, error_middleware, name_the_request, speaks_anthropic
+from gateway.wire.errors import error_middleware, speaks_anthropic
 
 log = logging.getLogger("ferry.gateway")
 
@@ -70,8 +78,6 @@ class Gateway:
         self.pins = Pins()
         self.created = int(time.time())
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
-        self._ids = itertools.count(1)
-        self._id_prefix = f"{os.getpid():x}{int(time.time()):x}_"
 
     def apply(self, config: FerryConfig) -> None:
         """A configuration's keys (with their limits), safety stage and settings, for every
@@ -86,11 +92,22 @@ class Gateway:
         self.idempotency.close()
         await self.ledger.limiter.aclose()
 
-    async def admit(self, entry: Entry, model: ServedModel, job: Job) -> Handle:
+    async def admit(
+        self, request: web.Request, codec: Codec, entry: Entry, model: ServedModel, job: Job
+    ) -> Handle:
         """The one place a checked request passes to the core: charge its key (429), then queue
-        it; the core sheds it at once (529) if its tier's wait budget cannot be met."""
-        await self.ledger.charge(entry)
-        return self.bridge.submit(model.name, job)  # the tier's budget is its deadline
+        it; the core sheds it at once (529) if its tier's wait budget cannot be met. The answer,
+        whichever, shows the key's limits in the route's rate-limit headers."""
+        try:
+            await self.ledger.charge(entry)
+        finally:
+            limits = entry.limits
+            if not limits.unlimited:
+                plan = (limits.tokens_per_minute, limits.requests_per_minute)
+                request[LIMIT_HEADERS] = codec.limit_headers(plan, entry.limit_levels)
+        handle = self.bridge.submit(model.name, job)  # the tier's budget is its deadline
+        mark(request, "admitted")
+        return handle
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, Messages)
@@ -114,14 +131,19 @@ class Gateway:
             self.metrics.safety_blocks.labels(model.name, "input").inc()
             raise api.InvalidRequest(f"messages: the input is refused by the safety policy ({rule})")
         window = model.config.context_window
-        max_tokens = call.max_tokens if call.max_tokens is not None else max(1, window - len(prompt_tokens))
+        max_tokens = call.max_tokens
+        if max_tokens is None:  # an OpenAI chat request's default, what its key is charged
+            max_tokens = max(1, min(model.config.default_max_tokens, window - len(prompt_tokens)))
         if error := api.context_overflow(len(prompt_tokens), max_tokens, window):
             raise error
+        if error := api.outside_vocabulary(call.sampling.logit_bias, model.tokenizer.vocab_size):
+            raise error
         entry = Entry(
-            f"{codec.id_prefix}{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id,
-            principal.tier, model.name, principal.limits, len(prompt_tokens), max_tokens, started,
+            request_id(request), principal.tenant, principal.key_id, principal.tier, model.name,
+            principal.limits, len(prompt_tokens), max_tokens, started,
+            client_request_id=request.get(CLIENT_ID),
         )
-        request[REQUEST_ID] = entry.request_id  # every answer names it (the request-id header)
+        request[ENTRY] = entry  # for the access log
         if model.name != call.model:  # an alias: count which version took it
             self.metrics.count_alias(call.model, model.name)
         job = Job(prompt, prompt_tokens, call.sampling.replace(max_tokens=max_tokens), principal.tier,
@@ -142,7 +164,10 @@ class Gateway:
     def _prompt(call: Call, model: ServedModel) -> tuple[str, list[int]]:
         """The prompt a model reads (a raw one, or the conversation through its chat template)
         and its tokens."""
-        prompt = call.prompt if call.prompt is not None else model.template.render(call.system, call.turns)
+        if call.prompt is not None:
+            prompt = call.prompt
+        else:
+            prompt = model.template.render(call.system, call.turns, call.prefill)
         return prompt, model.tokenizer.encode(prompt)
 
     async def count_tokens(self, request: web.Request) -> web.Response:
@@ -151,7 +176,7 @@ class Gateway:
         body = await read_body(request, self.config.server.body_timeout_ms / 1000)
         call = Messages(anthropic.parse_message_request(body, counting=True)).call
         _, tokens = self._prompt(call, self.catalog.resolve(call.model, call.session or principal.key_id))
-        return web.json_response({"input_tokens": len(tokens)})
+        return web.json_response({"input_tokens": len(tokens)})  # the bytes it always had: spaced
 
     async def _idempotent(self, request: web.Request, entry: Entry, scope: tuple[str, str, bytes],
                           codec: Codec, model: ServedModel, job: Job) -> web.StreamResponse:
@@ -161,12 +186,12 @@ class Gateway:
 
         async def run_once() -> tuple[int, bytes]:
             entry.recorded = True
-            return await self._answer_whole(entry, codec, model, job)
+            return await self._answer_whole(request, entry, codec, model, job)
 
         status, payload = await self.idempotency.run(*scope, run_once)
         if entry.recorded:
             return await self._write_whole(request, entry, status, payload)
-        request[REQUEST_ID] = json.loads(payload)["id"]
+        request[REQUEST_ID] = _ANSWER_ID.decode(payload).id
         return web.Response(status=status, body=payload, content_type="application/json")
 
     async def _settled(self, entry: Entry, work: Awaitable[T]) -> T:
@@ -192,21 +217,26 @@ class Gateway:
 
     async def _whole(self, request: web.Request, entry: Entry, codec: Codec,
                      model: ServedModel, job: Job) -> web.StreamResponse:
-        status, payload = await self._answer_whole(entry, codec, model, job)
+        status, payload = await self._answer_whole(request, entry, codec, model, job)
         return await self._write_whole(request, entry, status, payload)
 
     async def _answer_whole(
-        self, entry: Entry, codec: Codec, model: ServedModel, job: Job
+        self, request: web.Request, entry: Entry, codec: Codec, model: ServedModel, job: Job
     ) -> tuple[int, bytes]:
         """Wait for the whole answer; the status and JSON body to send (raises its error)."""
-        handle = await self.admit(entry, model, job)
+        handle = await self.admit(request, codec, entry, model, job)
         answer = self._answer(job, model, streaming=False)
         try:
             while not answer.done:
                 answer.push(await handle.wait())
+                mark(request, "first_event")
         finally:
             self.bridge.cancel(handle)  # a no-op once finished; else the client has gone or a stop matched
+        mark(request, "done")
+        if answer.error is not None:
+            request[SHOULD_RETRY] = answer.retryable
         completion = answer.completion()
+        entry.cached_tokens = completion.cached_tokens
         self._count_blocked(answer, model)
         entry.stop_reason, entry.owed = completion.stop_reason, completion.output_tokens
         return 200, codec.whole(self._head(entry), completion, answer.blocked is not None)
@@ -219,6 +249,7 @@ class Gateway:
         stream's is: 499, cancelled, no output billed, and nothing for aiohttp to log."""
         response = web.Response(status=status, body=payload, content_type="application/json")
         self.ledger.bill_ahead(entry, status, entry.owed)  # billed before the client can have it
+        mark(request, "first_byte")
         try:
             await response.prepare(request)
             await response.write_eof()
@@ -235,7 +266,7 @@ class Gateway:
         or once the wait outlasts a ping interval, so a request that fails fast still gets a
         real status (a 429 or 529 the SDK can retry); after that a failure is the codec's error
         event, and each further interval of waiting sends its ping."""
-        handle = await self.admit(entry, model, job)
+        handle = await self.admit(request, codec, entry, model, job)
         answer = self._answer(job, model, streaming=True)
         encoder = codec.stream(self._head(entry))
         stream = _Stream(request, encoder.start())
@@ -245,9 +276,13 @@ class Gateway:
                 if not events:
                     await stream.send(encoder.ping)
                     continue
+                mark(request, "first_event")
                 piece = answer.push(events)
+                if answer.done:
+                    mark(request, "done")
                 if answer.error is not None:
                     if not stream.open:
+                        request[SHOULD_RETRY] = answer.retryable
                         raise answer.error  # nothing sent yet: the error's own status
                     entry.status = 200
                     entry.outcome = Outcome.INTERRUPTED if answer.parts else Outcome.FAILED
@@ -255,13 +290,14 @@ class Gateway:
                     await stream.send(text + encoder.error(answer.error), end=True)
                 elif answer.done:
                     self._count_blocked(answer, model)
-                    entry.stop_reason = answer.stop_reason
+                    entry.stop_reason, entry.cached_tokens = answer.stop_reason, answer.cached
                     text = encoder.text(piece.text)  # before the stop: it opens what the stop closes
                     stop = encoder.stop(
                         answer.stop_reason or "end_turn",
                         answer.stop_sequence,
                         answer.credited,
                         answer.blocked is not None,
+                        answer.cached,
                     )
                     self.ledger.bill_ahead(entry, 200, piece.tokens)  # billed before the client has it all
                     await stream.send(text + stop, end=True)
@@ -299,16 +335,26 @@ class Gateway:
     async def models(self, request: web.Request) -> web.Response:
         """The versions that take traffic, then the aliases, in the shape the client speaks."""
         self.keys.authenticate(request.headers)
-        names = [*self.catalog.names(), *self.catalog.splits]
+        served = self.catalog.windows()
         if speaks_anthropic(request):
-            return web.json_response(anthropic.models_body(names, self.created_at), dumps=_dumps)
-        return web.json_response(openai.models_body(names, self.created), dumps=_dumps)
+            return _json(anthropic.models_body(served, self.created_at))
+        return _json(openai.models_body(served, self.created))
+
+    async def model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}``: one version or alias (the SDKs' ``models.retrieve``); 404 if
+        it is not served."""
+        self.keys.authenticate(request.headers)
+        name = request.match_info["model_id"]
+        window = self.catalog.window(name)
+        if speaks_anthropic(request):
+            return _json(anthropic.model_info(name, self.created_at, window))
+        return _json(openai.model_info(name, self.created, window))
 
     async def healthz(self, request: web.Request) -> web.Response:
         """Alive: this process answers, and its trio core still runs."""
         if not self.bridge.running:
             return _error(503, api.INTERNAL, "the scheduling core has stopped")
-        return web.json_response({"status": "ok"})
+        return web.json_response({"status": "ok"})  # the bytes it always had: spaced
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Ready: every model's backend says so (fixed mode: a worker up and not hung, and a call
@@ -318,10 +364,10 @@ class Gateway:
         models = {name: snapshot.status.body() for name, snapshot in snapshots.items()}
         waiting = [f"{name}: {snap.status.reason}" for name, snap in snapshots.items() if not snap.ready]
         if models and not waiting:
-            return web.json_response({"ready": True, "models": models}, dumps=_dumps)
+            return _json({"ready": True, "models": models})
         why = "; ".join(waiting) if waiting else "the scheduling core is not running"
         body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
-        return web.json_response(body, status=503, dumps=_dumps)
+        return _json(body, 503)
 
 
 GATEWAY = web.AppKey("ferry", Gateway)
@@ -345,6 +391,7 @@ class _Stream:
         """Write ``data`` (headers and the opening first, if not sent yet); ``end``: close it."""
         if self.response is None:
             self.response = web.StreamResponse(headers=SSE_HEADERS)
+            mark(self.request, "first_byte")
             await self.response.prepare(self.request)
             data = self.start + data
         await self.response.write(data)
@@ -352,14 +399,19 @@ class _Stream:
             await self.response.write_eof()
 
 
-def _dumps(value: object) -> str:
-    return api.dumps(value).decode()
+class _AnswerId(msgspec.Struct):
+    id: str
+
+
+_ANSWER_ID = msgspec.json.Decoder(_AnswerId)  # the id of a stored answer, read without the rest
+
+
+def _json(value: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=api.dumps(value), content_type="application/json")
 
 
 def _error(status: int, kind: api.ErrorKind, message: str) -> web.Response:
-    return web.Response(
-        status=status, body=api.dumps(api.error_body(kind, message)), content_type="application/json"
-    )
+    return _json(api.error_body(kind, message), status)
 
 
 class _LiveKeys:
@@ -372,16 +424,23 @@ class _LiveKeys:
         return self._gateway.keys.authenticate(headers)
 
 
-def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
-    """The application over a started bridge: its backends' counters are exported at /metrics."""
+def make_app(config: FerryConfig, bridge: Bridge, tracer: object = None) -> web.Application:
+    """The application over a started bridge: its backends' counters are exported at /metrics.
+    ``tracer``: an OpenTelemetry tracer to trace requests with (else the config's ``[tracing]``)."""
     metrics = Metrics()
     for model in config.models:
         metrics.track(model.name, config.queue().tiers)
     gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
     limit = config.server.max_body_bytes
-    app = web.Application(middlewares=[error_middleware(limit)], client_max_size=limit)
+    traced = config.tracing
+    tracing = Tracing(tracer) if tracer is not None else Tracing.from_config(
+        traced.enabled, traced.service_name, traced.otlp_endpoint)
+    logged = access_log(config.server.access_log_per_second, tracing)
+    app = web.Application(middlewares=[logged, error_middleware(limit, SHOULD_RETRY)], client_max_size=limit)
     app[GATEWAY] = gateway
     app.on_response_prepare.append(name_the_request)
+    if tracing is not None:
+        app.on_response_prepare.append(tracing.traceparent)
     app.on_cleanup.append(lambda _: gateway.close())
     expect = key_before_body(_LiveKeys(gateway), limit)
     app.router.add_post("/v1/messages", gateway.messages, expect_handler=expect)
@@ -390,6 +449,7 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     app.router.add_post("/v1/completions", gateway.completions, expect_handler=expect)
     app.router.add_get("/metrics", gateway.metrics_text)
     app.router.add_get("/v1/models", gateway.models)
+    app.router.add_get("/v1/models/{model_id}", gateway.model)
     app.router.add_get("/healthz", gateway.healthz)
     app.router.add_get("/readyz", gateway.readyz)
     return app

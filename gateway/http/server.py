@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import gc
 import logging
+import os
 import resource
 import signal
 import sys
@@ -32,6 +33,8 @@ from gateway.config import FerryConfig, default_config, load_config
 from gateway.http import event_loop
 from gateway.http.app import GATEWAY, make_app
 from gateway.http.connections import ConnectionCollector, ConnectionGuard, GuardedSite
+from gateway.log_format import FORMATS
+from gateway.log_format import configure as configure_logs
 from gateway.logs import hide_request_bytes
 from gateway.ops.admin import reload_on_signal, start_admin
 from gateway.ops.rollout import Rollout, leaves
@@ -140,17 +143,19 @@ async def _drain(guard: ConnectionGuard, bridge: Bridge, grace: float, app: web.
 
 
 def add_serve_command(commands) -> None:
-    """``ferry serve [--config FILE] [--host H] [--port P]``."""
+    """``ferry serve [--config FILE] [--host H] [--port P] [--log-format text|json]``."""
     sub = commands.add_parser("serve", help="run the HTTP gateway (the embedded default with no --config)")
     sub.add_argument("--config", help="a TOML file (docs/configuration.md); default: the embedded default")
     sub.add_argument("--host", help="listen address (overrides [server].host)")
     sub.add_argument("--port", type=int, help="listen port, 0 for any free one (overrides [server].port)")
+    sub.add_argument("--log-format", choices=FORMATS, default="text",
+                     help="log lines as text, or as one JSON object a line with the request's id")
     sub.set_defaults(run=serve_command)
 
 
 def _load(args) -> FerryConfig:
     """The configuration file (or the embedded default), with the command line's overrides."""
-    config = load_config(args.config) if args.config else default_config()
+    config = load_config(args.config, os.environ) if args.config else default_config(os.environ)
     server = dataclasses.replace(
         config.server,
         host=args.host if args.host is not None else config.server.host,
@@ -161,6 +166,7 @@ def _load(args) -> FerryConfig:
 
 def serve_command(args) -> int:
     """Load the configuration, then run :func:`serve` on uvloop (plain asyncio without it)."""
+    configure_logs(args.log_format)
     try:
         config = _load(args)
     except (OSError, ValueError) as exc:

@@ -60,6 +60,20 @@ class Catalog:
         """The versions, in configuration order."""
         return [served.name for served in self.models]
 
+    def windows(self) -> list[tuple[str, int]]:
+        """Every name served, the versions then the aliases, with its context window (an alias's
+        is the smallest of its versions': what any request through it can count on)."""
+        return [(name, self.window(name)) for name in (*self.names(), *self.splits)]
+
+    def window(self, name: str) -> int:
+        """A served name's context window; :class:`NotFound` if the name is not served."""
+        split = self.splits.get(name)
+        versions = [version for version, _ in split.weights] if split is not None else [name]
+        windows = [self._by_name[v].config.context_window for v in versions if v in self._by_name]
+        if not windows:
+            self.resolve(name)  # raises NotFound, naming what is served
+        return min(windows)
+
 
 def splits_of(models: Sequence[ModelConfig], aliases: Sequence[AliasConfig]) -> list[Split]:
     """A model's own ``aliases`` (all of its traffic) and the weighted ``[aliases]`` table."""

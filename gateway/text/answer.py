@@ -1,15 +1,15 @@
-"""One request's answer as its client sees it, built from its backend's events: pure.
-
-Streamed and whole answers read the same events through the same :class:`Answer`, so they can
-never disagree. Each :class:`~batcher.core.backend.Delta` goes through three stages::
+"""One request's answer as its client sees it, built from its backend's events: pure. Streamed
+and whole answers read the same events through the same :class:`Answer`, so they can never
+disagree. Each :class:`~batcher.core.backend.Delta` goes through three stages::
 
     Delta ─> max_tokens (cut the text at the limit) ─> stop sequences (hold a possible start)
           ─> safety (hold the last words until they can be judged) ─> released text
 
 :meth:`Answer.push` returns the text to write and the tokens writing it delivers, which the
 handler credits only after the write (a stop sequence is never shown, so never billed). When
-safety blocks, an answer that has shown nothing yet is replaced by the refusal; a stream that
-has shown text ends there, with ``stop_reason`` ``refusal``."""
+safety blocks, an answer that has shown nothing yet is replaced by the refusal, and a stream that
+has shown text ends there: either way ``stop_reason`` is ``refusal``. The prompt tokens the
+prefix cache supplied (``cached``) come with the end; a failure says whether a retry may help."""
 
 from __future__ import annotations
 
@@ -52,10 +52,12 @@ class Answer:
         "_tokenizer",
         "_unscreened",
         "blocked",
+        "cached",
         "credited",
         "done",
         "error",
         "parts",
+        "retryable",
         "stop_reason",
         "stop_sequence",
     )
@@ -85,6 +87,8 @@ class Answer:
         self.stop_reason: str | None = None
         self.stop_sequence: str | None = None
         self.error: BaseException | None = None
+        self.retryable = False  # of a failure: sending the same request again may well succeed
+        self.cached = 0  # prompt tokens the prefix cache supplied (known at the end)
         self.blocked: str | None = None  # the safety rule that ended the answer, if any
 
     def push(self, events: Iterable[Event]) -> Piece:
@@ -96,9 +100,10 @@ class Answer:
             if isinstance(event, Delta):
                 texts.append(self._delta(event))
             elif isinstance(event, Finished):
+                self.cached = event.usage.cached_tokens
                 texts.append(self._end(event.stop_reason))
             elif isinstance(event, Failed):
-                self.done, self.error = True, event.error
+                self.done, self.error, self.retryable = True, event.error, event.retryable
         text = "".join(texts)
         if text:
             self.parts.append(text)
@@ -118,9 +123,8 @@ class Answer:
             raise self.error
         if not self.done:
             raise RuntimeError("the answer is not finished")
-        return Completion(
-            "".join(self.parts), self.stop_reason or "end_turn", self.stop_sequence, self.credited
-        )
+        reason = self.stop_reason or "end_turn"
+        return Completion("".join(self.parts), reason, self.stop_sequence, self.credited, self.cached)
 
     def _delta(self, delta: Delta) -> str:
         text, tokens, limit = delta.text, delta.tokens, self._max_tokens - self._generated
@@ -162,14 +166,13 @@ class Answer:
 
     def _refuse(self, rule: str) -> str:
         self.done, self.blocked, self._unscreened = True, rule, ""
+        self.stop_reason, self.stop_sequence = "refusal", None
         if self._streaming and self._released:
-            self.stop_reason, self.stop_sequence = "refusal", None
             return ""
         assert self._safety is not None, "only the safety stage refuses"
         refusal = self._tokenizer.truncate(self._safety.refusal, self._max_tokens)
         self.parts.clear()
         self._refused = self._tokenizer.count(refusal)  # what the client receives instead
-        self.stop_reason, self.stop_sequence = "end_turn", None
         return refusal
 
     def _covered(self) -> int:

@@ -3,11 +3,10 @@
 A model names its template in the config (``chat_template``): ``labelled`` (the default: the
 system prompt, then each turn labelled, ``User: hello``, separated by blank lines); ``model``,
 the Jinja template that ships with the model's tokenizer (read by
-:mod:`gateway.text.model_template`) and rendered as Hugging Face renders it; or a path to a ``.jinja``
-file of one's own. Jinja templates run in jinja2's immutable sandbox (a template is
-configuration, not code, and may come with a downloaded model), with Hugging Face's conventions:
-``messages`` as ``{role, content}``, ``add_generation_prompt``, ``bos_token`` and ``eos_token``,
-and ``raise_exception`` to refuse a conversation.
+:mod:`gateway.text.model_template`); or a path to a ``.jinja`` file of one's own. Jinja templates
+render as Hugging Face renders them (:mod:`gateway.text.hf_template`): ``messages`` as ``{role,
+content}``, the special tokens, ``raise_exception`` to refuse a conversation. A conversation
+whose last turn is the assistant's (a prefill) is left open for the model to continue.
 """
 
 from __future__ import annotations
@@ -16,8 +15,9 @@ import os
 from collections.abc import Sequence
 from typing import Protocol
 
-from gateway.text.model_template import read_chat_template
-from gateway.wire.api import InvalidRequest
+from gateway.text import hf_template
+from gateway.text.hf_template import TemplateRefused as TemplateRefused  # what a refusal raises
+from gateway.text.model_template import ModelTemplate, read_chat_template
 
 Turn = tuple[str, str]  # (role, text)
 
@@ -25,44 +25,36 @@ Turn = tuple[str, str]  # (role, text)
 class ChatTemplate(Protocol):
     name: str
 
-    def render(self, system: str, turns: Sequence[Turn]) -> str:
-        """The prompt for a conversation (the model's reply comes next)."""
+    def render(self, system: str, turns: Sequence[Turn], prefill: bool = False) -> str:
+        """The prompt for a conversation: the model's reply comes next, or (``prefill``) it
+        continues the last turn, the assistant's."""
 
 
 class Labelled:
-    """``System: ...`` then ``User: ...`` / ``Assistant: ...``, separated by blank lines."""
+    """``System: ...`` then ``User: ...`` / ``Assistant: ...``, separated by blank lines; a
+    prefill is the last of them, which the model continues."""
 
     name = "labelled"
 
-    def render(self, system: str, turns: Sequence[Turn]) -> str:
+    def render(self, system: str, turns: Sequence[Turn], prefill: bool = False) -> str:
         parts = [f"System: {system}"] if system else []
         parts += [f"{'User' if role == 'user' else 'Assistant'}: {text}" for role, text in turns]
         return "\n\n".join(parts)
 
 
-class TemplateRefused(InvalidRequest):
-    """The template's ``raise_exception`` refused the conversation (a 400 for the client)."""
-
-
 class Jinja:
-    """A Hugging Face style chat template, rendered in jinja2's sandbox."""
+    """A Hugging Face chat template, rendered as transformers renders it."""
 
-    def __init__(self, source: str, name: str, bos_token: str = "", eos_token: str = "") -> None:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment  # only Jinja-templated models load it
-
-        def refuse(message: str) -> None:
-            raise TemplateRefused(message)
-
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        environment.globals["raise_exception"] = refuse
+    def __init__(self, template: ModelTemplate, name: str) -> None:
         self.name = name
-        self._template = environment.from_string(source)
-        self._tokens = {"bos_token": bos_token, "eos_token": eos_token}
+        self._source = template.source
+        self._template = hf_template.environment().from_string(template.source)
+        self._tokens = template.special_tokens
 
-    def render(self, system: str, turns: Sequence[Turn]) -> str:
+    def render(self, system: str, turns: Sequence[Turn], prefill: bool = False) -> str:
         messages = [{"role": "system", "content": system}] if system else []
         messages += [{"role": role, "content": text} for role, text in turns]
-        return self._template.render(messages=messages, add_generation_prompt=True, **self._tokens)
+        return hf_template.render(self._template, self._source, messages, prefill, **self._tokens)
 
 
 def make_template(spec: str, tokenizer_path: str | None = None) -> ChatTemplate:
@@ -74,7 +66,7 @@ def make_template(spec: str, tokenizer_path: str | None = None) -> ChatTemplate:
     path = os.path.expanduser(spec)
     try:
         with open(path, encoding="utf-8") as file:
-            return Jinja(file.read(), path)
+            return Jinja(ModelTemplate(file.read()), path)
     except OSError as exc:
         raise ValueError(
             f"chat_template: expected 'labelled', 'model' or a .jinja file, got {spec!r} ({exc})"
@@ -91,4 +83,4 @@ def _from_model(tokenizer_path: str | None) -> Jinja:
         raise ValueError(
             f"chat_template: 'model', but no chat template ships with the tokenizer in {directory!r}"
         )
-    return Jinja(found.source, f"{directory} (model)", found.bos_token, found.eos_token)
+    return Jinja(found, f"{directory} (model)")

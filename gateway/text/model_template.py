@@ -7,8 +7,9 @@ Where the template lives, first found wins (``transformers``' ``from_pretrained`
     tokenizer_config.json           "chat_template": a string, or a list of
                                     {"name": ..., "template": ...} whose "default" is the one used
 
-``tokenizer_config.json`` also names the special tokens a template may print. Pure: a file that
-is missing or malformed reads as no template, so the caller says what it needed.
+``tokenizer_config.json`` also names the special tokens a template may print (transformers hands a
+template every one the tokenizer has). Pure: a file that is missing or malformed reads as no
+template, so the caller says what it needed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 from pathlib import Path
 
 TEMPLATE_FILE, TOKENIZER_CONFIG = "chat_template.jinja", "tokenizer_config.json"
+OTHER_TOKENS = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")  # transformers' others
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -28,6 +30,13 @@ class ModelTemplate:
     source: str
     bos_token: str = ""
     eos_token: str = ""
+    others: tuple[tuple[str, str], ...] = ()  # (name, token) of the other special tokens it names
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """What a template is given, as transformers gives it: each special token the tokenizer has."""
+        named = {"bos_token": self.bos_token, "eos_token": self.eos_token, **dict(self.others)}
+        return {name: token for name, token in named.items() if token}
 
 
 def read_chat_template(model_dir: str | os.PathLike[str]) -> ModelTemplate | None:
@@ -41,7 +50,8 @@ def read_chat_template(model_dir: str | os.PathLike[str]) -> ModelTemplate | Non
         source = _default(settings.get("chat_template"))
     if source is None:
         return None
-    return ModelTemplate(source, _token(settings.get("bos_token")), _token(settings.get("eos_token")))
+    others = tuple((name, _token(settings.get(name))) for name in OTHER_TOKENS if _token(settings.get(name)))
+    return ModelTemplate(source, _token(settings.get("bos_token")), _token(settings.get("eos_token")), others)
 
 
 def _read_json(path: Path) -> dict:

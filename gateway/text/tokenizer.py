@@ -30,6 +30,7 @@ class ByteTokenizer:
     """One token per UTF-8 byte. A cut never splits a character: a partial one is dropped."""
 
     name = "bytes"
+    vocab_size = 256
 
     def count(self, text: str) -> int:
         return len(text.encode("utf-8", "surrogatepass"))
@@ -82,6 +83,7 @@ class HuggingFaceTokenizer:
             )
         self.name = path
         self._vocabulary = Vocabulary.from_file(file)
+        self.vocab_size = self._vocabulary.get_vocab_size(with_added_tokens=True)
 
     def count(self, text: str) -> int:
         return len(self.encode(text))

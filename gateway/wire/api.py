@@ -18,6 +18,8 @@ import json
 import math
 from typing import Any
 
+import msgspec
+
 from batcher.core.errors import Overloaded, RequestFailed, TooLarge
 
 
@@ -102,6 +104,13 @@ def error_kind(error: BaseException) -> ErrorKind:
     return INTERNAL
 
 
+def should_retry(error: BaseException) -> bool:
+    """Whether the same request may well succeed if sent again (``x-should-retry``): overload, a
+    rate limit, a late body, a core stopping or stopped; never a malformed request, an input
+    that fails on its own (a handler says so from its ``Failed`` event) or an unexpected error."""
+    return error_kind(error).retry_after or isinstance(error, RequestTimeout | Unavailable)
+
+
 def kind_for_status(status: int) -> ErrorKind:
     """The kind of an error that arrives as a bare status (aiohttp's own 404, 405, 413...)."""
     for _, kind in ERRORS:
@@ -136,15 +145,34 @@ def retry_after_headers(seconds: float) -> dict[str, str]:
     }
 
 
+_ENCODER = msgspec.json.Encoder()
+
+
 def dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    """Compact JSON, UTF-8: the bytes ``json.dumps(value, ensure_ascii=False, separators=(",",
+    ":")).encode()`` gave, a tenth of the time (experiments/docs/gateway-http.md; floats with
+    an exponent aside, ``1e-07`` as ``1e-7``, which no API answer carries)."""
+    return _ENCODER.encode(value)
+
+
+TEXT = "\x00ferry:text\x00"
+"""Stands for a piece of text in a shape given to :func:`around` (no API value holds a NUL)."""
+
+
+def around(shape: Any) -> tuple[bytes, bytes]:
+    """The bytes of ``dumps(shape)`` before and after the one :data:`TEXT` in it: a stream's
+    chunk is then ``before + dumps(text) + after``, the same bytes as ``dumps`` of the whole,
+    and only the text is encoded per chunk."""
+    before, after = dumps(shape).split(dumps(TEXT))
+    return before, after
 
 
 # --- Requests ------------------------------------------------------------------------------
 
-# What one request may carry (docs/http-api.md, "Errors"). Each is checked before the items it counts are
-# read, so a refusal costs no more than the body's own parse; below them, every step of a request
-# (checks, prompt, token count, stop-sequence cut) is linear in the body. The values:
+# What one request may carry (docs/http-api.md, "Errors"). msgspec reads the body in one pass in C
+# (gateway/wire/typed.py), so a refusal costs no more than the body's own parse; the counts are
+# checked next, and every later step of a request (checks, prompt, token count, stop-sequence cut)
+# is linear in the body. The values:
 # - 100,000 messages: the limit Anthropic's Messages API documents, so any request it takes fits.
 # - 1,000 content blocks per message: Anthropic documents none for text; a client that splits a
 #   turn into more blocks than that is not writing prose, and the body limit binds well before.
@@ -161,85 +189,21 @@ MAX_STOP_CHARS = 256
 MAX_TEXT_CHARS = 2 << 20
 
 
-# Fields whose meaning ferry would drop: a model that answers as if ``tools`` were not there
-# answers another question, so every route refuses them with a 400 naming the field
-# (:func:`refuse_dropped`), where its other unknown fields are accepted and ignored. A value
-# that says "not used" passes (an empty tool list, ``tool_choice: none``, thinking disabled).
-NOT_USED: tuple[object, ...] = (
-    None, False, 0, "", [], "none", {"type": "none"}, {"type": "disabled"}, {"type": "text"}
-)
-
-
-def refuse_dropped(document: dict[str, Any], fields: tuple[str, ...]) -> None:
-    """Raise :class:`InvalidRequest` for the first of ``fields`` the body uses (every route's check)."""
-    for name in fields:
-        if document.get(name) not in NOT_USED:
-            raise InvalidRequest(f"{name}: not supported by this server, got {show(document[name])}")
-
-
-def stop_list(stops: object, where: str, expected: str = "an array of strings") -> tuple[str, ...]:
-    """Stop sequences, checked: an array of non-empty strings within the limits (every API's)."""
-    if not isinstance(stops, list):
-        raise InvalidRequest(f"{where}: expected {expected}, got {json_type(stops)}")
+def stop_list(stops: list[str], where: str) -> tuple[str, ...]:
+    """Stop sequences, checked: non-empty strings within the limits (every API's)."""
     if not stops:
         return ()  # most requests name none
     at_most(len(stops), MAX_STOP_SEQUENCES, where, "stop sequences per request")
-    stop_sequences = tuple(checked_text(s, f"{where}.{i}") for i, s in enumerate(stops))
-    if any(not s for s in stop_sequences):
+    if any(not s for s in stops):
         raise InvalidRequest(f"{where}: expected non-empty strings, got an empty one")
-    for index, stop in enumerate(stop_sequences):
+    for index, stop in enumerate(stops):
         at_most(len(stop), MAX_STOP_CHARS, f"{where}.{index}", "characters in a stop sequence")
-    return stop_sequences
-
-
-def content_text(content: object, where: str) -> str:
-    """A string, or an array of text blocks joined: the text a prompt is rendered from, in either mode."""
-    if isinstance(content, str):
-        return checked_text(content, where)
-    if not isinstance(content, list):
-        raise InvalidRequest(
-            f"{where}: expected a string or an array of text blocks, got {json_type(content)}"
-        )
-    at_most(len(content), MAX_BLOCKS, where, "content blocks")
-    texts = []
-    for index, block in enumerate(content):
-        at = f"{where}.{index}"
-        if not isinstance(block, dict):
-            raise InvalidRequest(f"{at}: expected a content block object, got {json_type(block)}")
-        kind = required(block, "type", at)
-        if kind != "text":
-            raise InvalidRequest(f"{at}.type: ferry's models take 'text' blocks only, got {show(kind)}")
-        texts.append(checked_text(required(block, "text", at), f"{at}.text"))
-    return "".join(texts)
+    return tuple(stops)
 
 
 def at_most(count: int, limit: int, where: str, what: str) -> None:
     if count > limit:
         raise InvalidRequest(f"{where}: at most {limit:,} {what}, got {count:,}")
-
-
-def required(table: dict[str, Any], name: str, where: str = "") -> Any:
-    if name not in table:
-        raise InvalidRequest(f"{where + '.' if where else ''}{name}: field required")
-    return table[name]
-
-
-def checked_text(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise InvalidRequest(f"{where}: expected a string, got {json_type(value)}")
-    try:
-        value.encode()
-    except UnicodeEncodeError:  # JSON allows a lone surrogate ("\ud800"); UTF-8 does not
-        raise InvalidRequest(f"{where}: expected valid Unicode text, got a lone surrogate") from None
-    return value
-
-
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: object) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)) and math.isfinite(value)
 
 
 def json_type(value: object) -> str:
@@ -268,6 +232,15 @@ def context_overflow(input_tokens: int, max_tokens: int, context_window: int) ->
     )
 
 
+def outside_vocabulary(logit_bias: tuple[tuple[int, float], ...], vocab_size: int) -> InvalidRequest | None:
+    """The error for a ``logit_bias`` that names a token the model does not have (pairs by id)."""
+    if not logit_bias or logit_bias[-1][0] < vocab_size:
+        return None
+    return InvalidRequest(
+        f"logit_bias: token id {logit_bias[-1][0]} is not in this model's vocabulary of {vocab_size} tokens"
+    )
+
+
 # --- Responses -----------------------------------------------------------------------------
 
 
@@ -279,3 +252,4 @@ class Completion:
     stop_reason: str  # "end_turn", "stop_sequence", "max_tokens" or "refusal"
     stop_sequence: str | None
     output_tokens: int
+    cached_tokens: int = 0  # of the prompt's, those the prefix cache supplied

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from batcher.core.backend import Sampling
 from gateway.wire.api import Completion, ErrorKind
+from gateway.wire.limit_headers import Levels, Plan
 
 Turn = tuple[str, str]  # (role, text)
 
@@ -27,9 +28,10 @@ class Call:
     """A checked request, whatever API it came in by."""
 
     model: str
-    max_tokens: int | None  # None: the rest of the model's context window
+    max_tokens: int | None  # None: the model's default_max_tokens, within its context window
     system: str = ""
     turns: tuple[Turn, ...] = ()
+    prefill: bool = False  # the last turn is the assistant's, which the answer continues
     prompt: str | None = None  # a raw prompt (legacy completions): no chat template
     sampling: Sampling = Sampling()  # its max_tokens is set once ``max_tokens`` is known (the app's)
     stream: bool = False
@@ -37,7 +39,7 @@ class Call:
     session: str | None = None  # what keeps a user on one version of an alias (gateway.ops.routing)
 
 
-def asked(**fields: float | int | None) -> Sampling:
+def asked(**fields: object) -> Sampling:
     """The sampling a request asked for: the ``fields`` it named (None: not named, the default)."""
     named = {name: value for name, value in fields.items() if value is not None}
     return Sampling(**named)  # type: ignore[arg-type]  # Sampling's own fields, each of its type
@@ -65,7 +67,8 @@ class Stream(Protocol):
     def text(self, text: str) -> bytes: ...
 
     def stop(
-        self, stop_reason: str, stop_sequence: str | None, output_tokens: int, blocked: bool
+        self, stop_reason: str, stop_sequence: str | None, output_tokens: int, blocked: bool,
+        cached_tokens: int = 0,
     ) -> bytes: ...
 
     def error(self, error: BaseException) -> bytes: ...
@@ -81,16 +84,22 @@ class ErrorReply(Protocol):
         """Status and body of an error known only by its kind (aiohttp's own 404, 405...)."""
 
 
+class LimitHeaders(Protocol):
+    def __call__(self, plan: Plan, levels: Levels, now: float | None = None) -> dict[str, str]:
+        """The route's rate-limit headers for a key's plan and its buckets' levels (``now``: Unix
+        seconds the resets are dated from, the clock's if None)."""
+
+
 class Codec(Protocol):
     """One route's wire format, as one parsed request. Its class attributes and static methods
     (``error_response = staticmethod(...)``) are declared as attributes: what a type checker
     matches a class's assignments against."""
 
-    id_prefix: str  # a request id starts with it (msg_, chatcmpl-, cmpl-)
     idempotency_scope: str  # an Idempotency-Key is scoped to the API key and this
     call: Call
     error_response: ErrorResponse  # an error in this route's shape, read from the class
     error_reply: ErrorReply
+    limit_headers: LimitHeaders
 
     @classmethod
     def parse(cls, body: bytes) -> Codec:

@@ -1,4 +1,4 @@
-"""Every error in its route's shape, and every admitted request's answer named by its id.
+"""Every error in its route's shape.
 
 Each route has one API, so its errors take that API's shape: Anthropic's ``{type:"error",
 error:{type, message}}`` on ``/v1/messages`` (and every route outside the APIs), OpenAI's
@@ -21,7 +21,6 @@ from gateway.wire.codec import Codec
 
 log = logging.getLogger("ferry.gateway")
 
-REQUEST_ID = web.RequestKey("request_id", str)  # the id an answer's usage record is filed under
 OPENAI_ROUTES: dict[str, type[Codec]] = {
     "/v1/chat/completions": openai.ChatCompletions,
     "/v1/completions": openai.Completions,
@@ -37,13 +36,14 @@ def error_shape(request: web.Request) -> type[Codec]:
     """Whose error shape a request gets: its route's; on ``/v1/models`` OpenAI's unless the
     client speaks Anthropic; Anthropic's everywhere else (the first API ferry served)."""
     route = OPENAI_ROUTES.get(request.path)
-    if route is None and request.path == "/v1/models" and not speaks_anthropic(request):
+    if route is None and request.path.startswith("/v1/models") and not speaks_anthropic(request):
         route = openai.ChatCompletions
     return route or Messages
 
 
-def error_middleware(max_body_bytes: int):
-    """The middleware every error leaves through, whoever raises it (aiohttp included)."""
+def error_middleware(max_body_bytes: int, should_retry: web.RequestKey[bool]):
+    """The middleware every error leaves through, whoever raises it (aiohttp included); it notes
+    whether a retry may succeed under ``should_retry``, unless the handler knew better."""
 
     @web.middleware
     async def errors_as_json(request: web.Request, handler) -> web.StreamResponse:
@@ -63,6 +63,7 @@ def error_middleware(max_body_bytes: int):
             if api.error_kind(exc) is api.INTERNAL:
                 log.exception("unexpected error in %s %s", request.method, request.path)
             error = exc
+        request.setdefault(should_retry, api.should_retry(error))
         status, body, headers = error_shape(request).error_response(error)
         response = web.Response(status=status, body=body, headers=headers, content_type="application/json")
         if isinstance(error, api.UnreadableBody):
@@ -70,12 +71,3 @@ def error_middleware(max_body_bytes: int):
         return response
 
     return errors_as_json
-
-
-async def name_the_request(request: web.Request, response: web.StreamResponse) -> None:
-    """Every answer to an admitted request, whole, streamed or an error, carries ``request-id``
-    (as Anthropic's API does; also ``x-request-id``, OpenAI's name): the id its usage record
-    and logs are filed under."""
-    request_id = request.get(REQUEST_ID)
-    if request_id is not None:
-        response.headers["request-id"] = response.headers["x-request-id"] = request_id

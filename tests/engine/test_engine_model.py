@@ -121,6 +121,42 @@ def test_interleaved_requests_under_preemption_prefix_hits_and_chunks_equal_both
     assert {done.reason for done in run.finished.values()} == {FinishReason.MAX_TOKENS}
 
 
+def test_penalties_and_logit_bias_in_a_batch_that_preempts_equal_transformers_with_the_same_processors(
+    tiny_checkpoint,
+):
+    """Each request's logit_bias and penalties hold in a batch whose mates ask for others or for
+    none, through preemptions (a recomputed sequence keeps its output history), greedy, float32."""
+    runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=20)
+    engine = engine_over(runner, max_batch_tokens=16, max_seqs=6)
+    rng = random.Random(5)
+    kinds = [
+        {},
+        {"repetition_penalty": 5.0},
+        {"frequency_penalty": 2.0},
+        {"presence_penalty": -2.0},
+        {"logit_bias": ((7, 100.0), (9, -100.0))},
+        {"repetition_penalty": 0.5, "frequency_penalty": -2.0, "presence_penalty": 1.0,
+         "logit_bias": ((3, 5.0),)},
+    ]
+    requests = [
+        Request([rng.randrange(3, 300) for _ in range(rng.randint(4, 20))],
+                Sampling(max_tokens=rng.randint(8, 20), ignore_eos=True, **kinds[i % len(kinds)]),
+                rng.randint(0, 8))
+        for i in range(12)
+    ]
+    run = drive(engine, requests)
+    assert engine.stats().preemptions >= 1
+    expected = transformers_greedy(tiny_checkpoint, [r.prompt for r in requests],
+                                   [r.sampling.max_tokens for r in requests], [r.sampling for r in requests])
+    assert [run.tokens[i] for i in range(len(requests))] == expected
+    plain = transformers_greedy(tiny_checkpoint, [r.prompt for r in requests],
+                                [r.sampling.max_tokens for r in requests])
+    # What moved a random model's answers (its top logits lie ~12 apart, which a presence penalty,
+    # at most 2, cannot bridge: its arithmetic is tests/engine/test_sampler.py's)
+    changed = {i % len(kinds) for i, (a, b) in enumerate(zip(expected, plain, strict=True)) if a != b}
+    assert changed >= {1, 2, 4}
+
+
 def test_prefix_cache_hits_serve_the_same_tenant_only_and_change_no_answer(tiny_checkpoint):
     runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=24)
     engine = engine_over(runner, max_batch_tokens=32, max_seqs=4)

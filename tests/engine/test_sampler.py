@@ -116,3 +116,51 @@ def test_a_seeded_row_on_cuda_is_reproducible():
     logits = random_logits(3, seed=2).cuda()
     params = [sample(seed=3, index=1), sample(temperature=0.0), sample()]
     assert sampler(logits, params)[:2] == sampler(logits, params)[:2]
+
+
+def adjusted(logits: torch.Tensor, **params) -> Sample:
+    """A greedy row with ``params`` (penalties, bias) over ``logits``' tokens."""
+    prompt, output = params.pop("prompt", ()), params.pop("output", ())
+    return Sample(Sampling(temperature=0.0, **params), len(output), prompt, output)
+
+
+def test_logit_bias_moves_a_greedy_row_and_leaves_its_batch_mates_alone():
+    logits = random_logits(3, seed=3)
+    best = logits.argmax(-1).tolist()
+    target = (best[1] + 1) % VOCAB
+    rows = [sample(temperature=0.0), adjusted(logits, logit_bias=((target, 100.0),)), sample(temperature=0.0)]
+    assert Sampler(torch.device("cpu"))(logits, rows) == [best[0], target, best[2]]
+    banned = adjusted(logits, logit_bias=((best[1], -100.0),))
+    assert Sampler(torch.device("cpu"))(logits[1:2], [banned])[0] != best[1]
+
+
+def test_penalties_follow_vllm_s_arithmetic():
+    logits = torch.tensor([[2.0, -1.0, 1.5, 0.5, 1.9]])
+    sampler = Sampler(torch.device("cpu"))
+    # repetition 2: token 0 (in the prompt) 2.0 -> 1.0, token 4 (in the output) 1.9 -> 0.95: token 2 wins
+    assert sampler(logits, [adjusted(logits, repetition_penalty=2.0, prompt=[0], output=[4])]) == [2]
+    # frequency 0.3 on token 0 seen twice: 2.0 - 0.6 = 1.4 < 1.5 (token 2) and < 1.9 (token 4)
+    assert sampler(logits, [adjusted(logits, frequency_penalty=0.3, output=[0, 0])]) == [4]
+    # presence 0.2 counts once: 2.0 - 0.2 = 1.8 < 1.9
+    assert sampler(logits, [adjusted(logits, presence_penalty=0.2, output=[0, 0, 0])]) == [4]
+    # a negative repetition-penalized logit is multiplied: -1.0 * 2 = -2.0, still not picked
+    assert sampler(logits, [adjusted(logits, repetition_penalty=2.0, prompt=[1])]) == [0]
+
+
+def test_min_p_keeps_tokens_at_least_that_share_of_the_most_likely():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    drawn = collections.Counter(
+        sampler(logits, [Sample(Sampling(temperature=1.0, min_p=0.5), 0)])[0] for _ in range(400)
+    )
+    assert set(drawn) == {0, 1}  # 0.15 and 0.05 are under half of 0.5
+
+
+def test_adjusted_rows_keep_their_seeded_draws_apart_from_their_batch_mates():
+    logits = random_logits(6, seed=4)
+    params = Sampling(temperature=0.9, seed=5, presence_penalty=0.5, logit_bias=((7, 3.0),))
+    mine = Sample(params, 2, [1, 2], [7, 7])
+    sampler = Sampler(torch.device("cpu"))
+    alone = sampler(logits[:1], [mine])[0]
+    mates = [adjusted(logits, frequency_penalty=1.0, output=[i]) for i in range(5)]
+    assert sampler(logits, [mine, *mates])[0] == alone

@@ -69,7 +69,7 @@ def test_an_answer_blocked_before_anything_was_shown_is_replaced_by_the_refusal(
         answer = Answer((), 100, BYTES, Blocklist(["sacred"]), streaming=streaming)
         answer.push([Started(0.0), Delta("a sacred text", 13), END])
         completion = answer.completion()
-        assert (completion.text, completion.stop_reason) == ("I can't help with that.", "end_turn")
+        assert (completion.text, completion.stop_reason) == ("I can't help with that.", "refusal")
         assert completion.output_tokens == BYTES.count("I can't help with that.")
 
 

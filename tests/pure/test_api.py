@@ -18,6 +18,7 @@ from gateway.text.answer import Answer
 from gateway.text.chat import Labelled
 from gateway.text.tokenizer import ByteTokenizer, make_tokenizer
 from gateway.wire import anthropic, api
+from gateway.wire.anthropic import Messages
 
 BYTES = ByteTokenizer()
 
@@ -60,7 +61,7 @@ def test_text_blocks_are_joined_and_ignored_fields_pass():
         (b"[1]", "body: expected a JSON object, got an array"),
         (b"[" * 100_000 + b"]" * 100_000, "body: expected a JSON object"),
         (body(model=...), "model: field required"),
-        (body(model=7), "model: expected a string, got a number"),
+        (body(model=7), "model: expected a string, got 7"),
         (body(model=""), "model: expected a model name"),
         (body(messages=...), "messages: field required"),
         (body(messages=[]), "messages: expected a non-empty array"),
@@ -74,7 +75,8 @@ def test_text_blocks_are_joined_and_ignored_fields_pass():
         ),
         (
             body(messages=[{"role": "user", "content": [{"type": "image"}]}]),
-            "messages.0.content.0.type: ferry's models take 'text' blocks only",
+            "messages.0.content.0.type: \"image\" blocks are not supported by this server; its models read "
+            "'text' blocks only",
         ),
         (
             body(messages=[{"role": "user", "content": [{"type": "text"}]}]),
@@ -82,7 +84,7 @@ def test_text_blocks_are_joined_and_ignored_fields_pass():
         ),
         (
             body(messages=[{"role": "user", "content": "\ud800"}]),
-            "messages.0.content: expected valid Unicode",
+            "body: expected valid Unicode text, got a lone surrogate escape",
         ),
         (body(max_tokens=...), "max_tokens: field required"),
         (body(max_tokens=0), "max_tokens: expected an integer >= 1, got 0"),
@@ -116,19 +118,23 @@ def test_every_bad_field_is_named(raw, names):
 @pytest.mark.parametrize(
     ("raw", "names"),
     [
-        # Each count is refused before its items are read: these items are all malformed, and
-        # the error names the limit, not the first bad item.
-        (body(stop_sequences=[0] * 17), "stop_sequences: at most 16 stop sequences per request, got 17"),
+        (body(stop_sequences=["s"] * 17), "stop_sequences: at most 16 stop sequences per request, got 17"),
         (
             body(stop_sequences=["x" * 257]),
             "stop_sequences.0: at most 256 characters in a stop sequence, got 257",
         ),
-        (body(messages=[0] * 100_001), "messages: at most 100,000 messages per request, got 100,001"),
         (
-            body(messages=[{"role": "user", "content": [0] * 1001}]),
+            body(messages=[{"role": "user", "content": "x"}] * 100_001),
+            "messages: at most 100,000 messages per request, got 100,001",
+        ),
+        (
+            body(messages=[{"role": "user", "content": [{"type": "text", "text": "x"}] * 1001}]),
             "messages.0.content: at most 1,000 content blocks, got 1,001",
         ),
-        (body(system=[0] * 1001), "system: at most 1,000 content blocks, got 1,001"),
+        (
+            body(system=[{"type": "text", "text": "x"}] * 1001),
+            "system: at most 1,000 content blocks, got 1,001",
+        ),
         (
             body(system="s" * (1 << 20), messages=[{"role": "user", "content": "u" * ((1 << 20) + 1)}]),
             "messages: at most 2,097,152 characters of text in system and messages together, got 2,097,153",
@@ -199,11 +205,13 @@ def test_an_answer_stops_at_the_earliest_stop_sequence_then_at_max_tokens(
 
 
 def test_a_whole_message_has_the_messages_api_shape():
-    completion = api.Completion("olleh", "end_turn", None, 5)
+    completion = api.Completion("olleh", "end_turn", None, 5, cached_tokens=4)
     assert anthropic.message_body("msg_1", "m@1", completion, 7) == {
         "id": "msg_1", "type": "message", "role": "assistant", "model": "m@1",
         "content": [{"type": "text", "text": "olleh"}], "stop_reason": "end_turn", "stop_sequence": None,
-        "usage": {"input_tokens": 7, "output_tokens": 5},
+        # the prompt is 7 tokens: 4 from the prefix cache, 3 not
+        "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4,
+                  "output_tokens": 5},
     }
 
 
@@ -223,7 +231,8 @@ def parse_sse(data: bytes) -> list[tuple[str, dict]]:
 
 def test_a_stream_sends_the_events_in_the_messages_api_order():
     raw = (anthropic.stream_start("msg_1", "m@1", 7) + anthropic.PING + anthropic.BLOCK_START
-           + anthropic.text_delta("olleh") + anthropic.stream_stop("max_tokens", None, 5))
+           + anthropic.text_delta("olleh")
+           + anthropic.stream_stop("max_tokens", None, anthropic.usage(7, 4, 5)))
     events = parse_sse(raw)
     assert [name for name, _ in events] == [
         "message_start", "ping", "content_block_start", "content_block_delta",
@@ -234,18 +243,20 @@ def test_a_stream_sends_the_events_in_the_messages_api_order():
     assert (start["content"], start["stop_reason"], start["usage"]) == (
         [],
         None,
-        {"input_tokens": 7, "output_tokens": 0},
+        {"input_tokens": 7, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+         "output_tokens": 0},
     )
     assert events[3][1]["delta"] == {"type": "text_delta", "text": "olleh"}
     assert events[5][1] == {
         "type": "message_delta",
         "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
-        "usage": {"output_tokens": 5},
+        "usage": {"input_tokens": 3, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4,
+                  "output_tokens": 5},  # the cache's share is known at the end: the SDK takes it from here
     }
 
 
 def test_an_empty_answer_streams_no_delta_and_an_error_event_has_the_error_body():
-    empty = anthropic.BLOCK_START + anthropic.stream_stop("end_turn", None, 0)
+    empty = anthropic.BLOCK_START + anthropic.stream_stop("end_turn", None, anthropic.usage(1, 0, 0))
     names = [name for name, _ in parse_sse(empty)]
     assert names == ["content_block_start", "content_block_stop", "message_delta", "message_stop"]
     [(name, data)] = parse_sse(anthropic.stream_error(Overloaded("busy")))
@@ -295,9 +306,10 @@ def test_bare_statuses_map_through_the_same_table():
 
 
 def test_models_list_names_the_versions():
-    assert anthropic.models_body(["a@1", "b@2"], "2026-01-01T00:00:00Z") == {
+    assert anthropic.models_body([("a@1", 8192), ("b@2", 8192)], "2026-01-01T00:00:00Z") == {
         "data": [
-            {"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z"}
+            {"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z",
+             "max_input_tokens": 8191, "max_tokens": 8191}
             for n in ("a@1", "b@2")
         ],
         "has_more": False,
@@ -332,3 +344,69 @@ def test_aliases_resolve_to_one_version():
     assert catalog.resolve("m").name == catalog.resolve("latest").name == "m@2"
     with pytest.raises(api.NotFound, match="'m@1' is not served here; try one of: latest, m, m@2"):
         catalog.resolve("m@1")
+
+
+def test_consecutive_messages_of_one_role_are_one_turn_and_a_last_assistant_turn_is_a_prefill():
+    request = anthropic.parse_message_request(body(messages=[
+        {"role": "user", "content": "Name a colour. "},
+        {"role": "user", "content": [{"type": "text", "text": "Go."}]},
+        {"role": "assistant", "content": "My colour"},
+        {"role": "assistant", "content": " is"},
+    ]))
+    assert request.messages == (("user", "Name a colour. Go."), ("assistant", "My colour is"))
+    assert request.prefill and Messages(request).call.prefill
+    assert not anthropic.parse_message_request(body()).prefill
+
+
+def test_a_prefill_may_not_end_with_whitespace_as_the_api_says():
+    with pytest.raises(api.InvalidRequest, match=r"^messages.1.content: the final assistant content"):
+        anthropic.parse_message_request(body(messages=[{"role": "user", "content": "a"},
+                                                       {"role": "assistant", "content": "b "}]))
+
+
+def test_labelled_prompts_leave_a_prefill_open():
+    assert Labelled().render("", [("user", "Hi"), ("assistant", "Hello, I")], prefill=True) == (
+        "User: Hi\n\nAssistant: Hello, I")
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        ({"messages": [{"role": "user", "content": "x", "name": "b"}]}, "messages.0.name: not supported"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "citations": [{}]}]}]},
+            "messages.0.content.0.citations: not supported",
+        ),
+        ({"metadata": {"user_id": "u", "plan": "gold"}}, 'metadata.plan: not supported by this server'),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config: not supported by this"),
+        ({"speed": "fast"}, 'speed: not supported by this server, got "fast"'),
+        ({"inference_geo": "eu"}, 'inference_geo: not supported by this server, got "eu"'),
+    ],
+)
+def test_what_ferry_would_drop_is_refused_by_name(fields, names):
+    with pytest.raises(api.InvalidRequest) as caught:
+        anthropic.parse_message_request(body(**fields))
+    assert str(caught.value).startswith(names)
+
+
+def test_fields_that_mean_nothing_here_pass():
+    request = anthropic.parse_message_request(body(
+        output_config={"effort": None}, cache_control={"type": "ephemeral"}, service_tier="auto",
+        speed="standard",
+        messages=[{"role": "user",
+                   "content": [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]}],
+    ))
+    assert request.messages == (("user", "x"),)
+
+
+@pytest.mark.parametrize(
+    ("error", "retry"),
+    [
+        (Overloaded("busy"), True), (api.RateLimited("slow down", 1.0), True),
+        (api.RequestTimeout("late"), True), (api.ShuttingDown("bye"), True), (api.Unavailable("down"), True),
+        (RequestFailed("poison"), False),
+        (api.InvalidRequest("bad"), False), (api.NotFound("who"), False), (KeyError("bug"), False),
+    ],
+)
+def test_whether_a_retry_may_succeed_follows_the_error(error, retry):
+    assert api.should_retry(error) is retry

@@ -3,6 +3,7 @@ asks for, and every mistake names the file and the field."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import pathlib
 
@@ -10,6 +11,7 @@ import pytest
 
 from batcher.continuous.config import converted_dir
 from batcher.core.config import PoolConfig, QueueConfig
+from gateway import cli
 from gateway.config import default_config, load_config, parse_config
 from tests.support.minimal_config import MINIMAL
 
@@ -193,3 +195,69 @@ def test_a_missing_file_is_an_os_error(tmp_path):
 def test_the_configuration_reference_shows_the_example_file_as_it_is():
     reference = (EXAMPLE.parent.parent / "docs" / "configuration.md").read_text()
     assert "```toml\n" + EXAMPLE.read_text() + "```" in reference
+
+
+def test_ferry_variables_set_any_field_over_the_file():
+    environ = {"FERRY_SERVER__PORT": "9000", "FERRY_MODELS__0__MAX_BATCH": "32",
+               "FERRY_LIMITS__STORE": "redis", "FERRY_MODELS__0__WORKER": '["sleep", "--latency-ms", "5"]',
+               "FERRY_STATE__DIR": "/srv/ferry", "FERRY_ALIASES__CANARY": '{ "m@1" = 1 }', "OTHER": "ignored",
+               "FERRY_ADMIN_TOKEN": "not a field"}
+    config = parse_config(MINIMAL, "f.toml", environ)
+    assert (config.server.port, config.models[0].max_batch, config.limits.store) == (9000, 32, "redis")
+    assert config.models[0].worker == ("sleep", "--latency-ms", "5") and config.state.dir == "/srv/ferry"
+    assert config.aliases[0].name == "canary"
+    assert parse_config(MINIMAL, "f.toml") == parse_config(MINIMAL, "f.toml", {})  # none: the file alone
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"FERRY_SERVER__PORT": "-1"},
+            "f.toml: server.port: expected 0..65535, got -1 (set by FERRY_SERVER__PORT)",
+        ),
+        ({"FERRY_MODELS__3__WORKERS": "2"}, "f.toml: FERRY_MODELS__3__WORKERS: models[3]: no such table"),
+        ({"FERRY_TIERS__0__NAME__X": "1"}, "f.toml: FERRY_TIERS__0__NAME__X: tiers[0].name is not a table"),
+    ],
+)
+def test_a_variable_that_sets_a_bad_value_is_named(environ, message):
+    with pytest.raises(ValueError) as caught:
+        parse_config(MINIMAL, "f.toml", environ)
+    assert str(caught.value).startswith(message)
+
+
+SEVERAL = """
+[server]
+port = 70000
+max_body_bytes = 5
+colour = "blue"
+[[tiers]]
+name = "paid"
+wait_budget_ms = 0
+[[keys]]
+key = "short"
+tenant = "t"
+tier = "paid"
+[[models]]
+name = "m@1"
+worker = ["echo"]
+workers = 0
+max_batch = 0
+"""
+
+
+def test_check_config_finds_every_error_of_a_file_at_once(tmp_path, capsys):
+    path = tmp_path / "several.toml"
+    path.write_text(SEVERAL)
+    assert cli.check_config(argparse.Namespace(file=str(path))) == 1
+    printed = capsys.readouterr().out.splitlines()
+    where = [line.removeprefix(f"{path}: ").split(":")[0] for line in printed]
+    assert where == ["server", "server.port", "server.max_body_bytes", "tiers[0].wait_budget_ms",
+                     "keys[0].key", "models[0].max_batch", "models[0].workers"]
+    assert all(line.startswith(f"{path}: ") for line in printed)
+    with pytest.raises(ValueError, match="server: unknown field 'colour'"):  # a load stops at the first
+        load_config(path)
+    good = tmp_path / "good.toml"
+    good.write_text(MINIMAL)
+    assert cli.check_config(argparse.Namespace(file=str(good))) == 0
+    assert capsys.readouterr().out == f"{good}: ok\n"

@@ -44,14 +44,15 @@ def test_a_chat_body_parses_into_the_shared_call():
         )
     )
     assert parsed.call == Call("m", 9, "be\n\nbrief", (("user", "hi"), ("assistant", "yo"), ("user", "?")),
-                               sampling=Sampling(temperature=1.5, top_p=0.5, seed=7), stop_sequences=("##",),
+                               sampling=Sampling(temperature=1.5, top_p=0.5, seed=7, frequency_penalty=0.2),
+                               stop_sequences=("##",),
                                session="u-1")
     assert not parsed.include_usage
 
 
 def test_max_completion_tokens_wins_and_defaults_follow_openai():
     assert openai.ChatCompletions.parse(chat(max_tokens=5, max_completion_tokens=3)).call.max_tokens == 3
-    assert openai.ChatCompletions.parse(chat()).call.max_tokens is None  # the rest of the context window
+    assert openai.ChatCompletions.parse(chat()).call.max_tokens is None  # the model's default_max_tokens
     completion = openai.Completions.parse(
         json.dumps({"model": "m", "prompt": ["once"], "stop": ["a", "b"]}).encode()
     )
@@ -85,19 +86,19 @@ def test_max_completion_tokens_wins_and_defaults_follow_openai():
         (chat(top_p=0), "top_p: expected a number in (0, 1]"),
         (chat(seed=1.5), "seed: expected an integer, got 1.5"),
         (chat(stop=[""]), "stop: expected non-empty strings"),
-        (chat(stop=5), "stop: expected a string or an array of strings, got a number"),
+        (chat(stop=5), "stop: expected a string or an array of strings, got 5"),
         (chat(stop=["s"] * 17), "stop: at most 16 stop sequences per request, got 17"),
         (chat(stop="x" * 257), "stop.0: at most 256 characters in a stop sequence, got 257"),
         (chat(stream="yes"), "stream: expected a boolean"),
         (chat(stream_options={"include_usage": True}), "stream_options: only allowed when stream is true"),
         (
             chat(stream=True, stream_options={"include_usage": 1}),
-            "stream_options: expected {include_usage: boolean}",
+            "stream_options.include_usage: expected a boolean, got 1",
         ),
         (chat(tools=[{"type": "function"}]), "tools: not supported by this server"),
         (chat(logprobs=True), "logprobs: not supported by this server, got true"),
         (chat(response_format={"type": "json_object"}), "response_format: not supported"),
-        (chat(user=7), "user: expected a string, got a number"),
+        (chat(user=7), "user: expected a string, got 7"),
         (json.dumps({"model": "m", "prompt": ["a", "b"]}).encode(), "prompt: expected one string"),
         (json.dumps({"model": "m", "prompt": [1, 2]}).encode(), "prompt: expected one string"),
         (json.dumps({"model": "m", "prompt": "a", "echo": True}).encode(), "echo: not supported"),
@@ -118,7 +119,8 @@ def test_a_whole_chat_answer_and_a_whole_completion_have_openai_shapes():
         "id": "chatcmpl-7", "object": "chat.completion", "created": 1700000000, "model": "m@2",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "olleh", "refusal": None},
                      "logprobs": None, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
+        "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10,
+                  "prompt_tokens_details": {"cached_tokens": 0}},
     }
     legacy = openai.Completions.parse(json.dumps({"model": "m", "prompt": "x"}).encode())
     body = json.loads(legacy.whole(HEAD, api.Completion("ok", "stop_sequence", "##", 2), blocked=False))
@@ -175,8 +177,9 @@ def test_a_chat_stream_read_one_byte_at_a_time():
         {"role": "assistant", "content": ""}, {"content": "Hél"}, {"content": "lo"}, {}]
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, None, "stop"]
     assert all(c["usage"] is None for c in chunks[:-1])
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 6,
-                                                                   "total_tokens": 11}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
+        "prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_a_completion_stream_has_no_opening_and_no_usage_unless_asked():
@@ -295,6 +298,54 @@ def test_the_anthropic_codec_keeps_its_stream_and_passes_the_session():
 
 
 def test_models_list_in_openai_shape():
-    assert openai.models_body(["a@1", "a"], 1700000000) == {"object": "list", "data": [
-        {"id": "a@1", "object": "model", "created": 1700000000, "owned_by": "ferry"},
-        {"id": "a", "object": "model", "created": 1700000000, "owned_by": "ferry"}]}
+    assert openai.models_body([("a@1", 4096), ("a", 2048)], 1700000000) == {"object": "list", "data": [
+        {"id": "a@1", "object": "model", "created": 1700000000, "owned_by": "ferry", "max_model_len": 4096},
+        {"id": "a", "object": "model", "created": 1700000000, "owned_by": "ferry", "max_model_len": 2048}]}
+
+
+def test_penalties_logit_bias_and_vllm_s_sampling_fields_reach_the_sampling():
+    call = openai.ChatCompletions.parse(chat(
+        presence_penalty=0.5, frequency_penalty=-1, logit_bias={"42": -100, "7": 3.5}, top_k=-1,
+        min_p=0.05, repetition_penalty=1.1, max_tokens=9)).call
+    assert call.sampling == Sampling(presence_penalty=0.5, frequency_penalty=-1.0, top_k=0, min_p=0.05,
+                                     logit_bias=((7, 3.5), (42, -100.0)), repetition_penalty=1.1)
+    legacy = openai.Completions.parse(json.dumps({"model": "m", "prompt": "x", "top_k": 40}).encode()).call
+    assert legacy.sampling.top_k == 40
+
+
+@pytest.mark.parametrize(
+    ("fields", "names"),
+    [
+        (
+            {"logit_bias": {"x": 1}},
+            'logit_bias: expected an object of at most 300 token ids to biases in -100..100, got "x": 1',
+        ),
+        ({"logit_bias": {"5": 101}}, "logit_bias: expected an object"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias: at most 300 entries, got 301"),
+        ({"presence_penalty": 3}, "presence_penalty: expected a number in -2..2, got 3"),
+        ({"repetition_penalty": 0}, "repetition_penalty: expected a number in (0, 2], got 0"),
+        ({"min_p": 2}, "min_p: expected a number in 0..1, got 2"),
+        ({"top_k": -2}, "top_k: expected an integer >= -1"),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]},
+            "messages.0.tool_calls: not supported",
+        ),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role: expected one of system"),
+        ({"stream": True, "stream_options": {"include_obfuscation": True}}, "stream_options.include_obfusc"),
+    ],
+)
+def test_the_new_fields_name_what_is_wrong(fields, names):
+    with pytest.raises(api.InvalidRequest) as caught:
+        openai.ChatCompletions.parse(chat(**fields))
+    assert str(caught.value).startswith(names)
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_named():
+    assert api.outside_vocabulary(((3, 1.0), (255, 2.0)), 256) is None
+    error = api.outside_vocabulary(((3, 1.0), (256, 2.0)), 256)
+    assert str(error) == "logit_bias: token id 256 is not in this model's vocabulary of 256 tokens"
+
+
+def test_a_chat_request_without_max_tokens_leaves_it_to_the_model():
+    assert openai.ChatCompletions.parse(chat()).call.max_tokens is None
+    assert openai.ChatCompletions.parse(chat(safety_identifier="s")).call.session == "s"

@@ -7,6 +7,7 @@ from trio.testing import MockClock
 
 from gateway.accounting.limiter import LeasedLimiter, MemoryLimiter
 from gateway.accounting.ratelimit import Limits
+from gateway.wire import limit_headers
 
 PLAN = Limits(tokens_per_minute=600, requests_per_minute=5)  # refills 10 tokens/s, 1 request/12 s
 
@@ -102,3 +103,28 @@ async def test_a_lease_never_admits_more_than_the_shared_limit(clock):
 def test_bad_limits_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         Limits(**kwargs)
+
+
+async def test_a_verdict_says_the_levels_the_headers_show():
+    limiter = MemoryLimiter(clock=lambda: 0.0)
+    plan = Limits(tokens_per_minute=600, requests_per_minute=10)
+    assert (await limiter.acquire("k", plan, 100)).levels == (500.0, 9.0)
+    refused = await limiter.acquire("k", plan, 501)
+    assert not refused.admitted and refused.levels == (500.0, 9.0)  # nothing taken
+    assert (await limiter.acquire("u", Limits(requests_per_minute=5), 10**9)).levels == (math.inf, 4.0)
+
+
+def test_each_api_words_the_limits_its_own_way():
+    plan, levels, now = (600, None), (450.6, math.inf), 1_700_000_000.0
+    assert limit_headers.anthropic(plan, levels, now) == {
+        "anthropic-ratelimit-tokens-limit": "600",
+        "anthropic-ratelimit-tokens-remaining": "450",
+        "anthropic-ratelimit-tokens-reset": "2023-11-14T22:13:35Z",  # 149.4 tokens at 10/s: 15 s, rounded up
+    }
+    assert limit_headers.openai((600, 10), (599.0, 9.5), now) == {
+        "x-ratelimit-limit-tokens": "600", "x-ratelimit-remaining-tokens": "599",
+        "x-ratelimit-reset-tokens": "100ms", "x-ratelimit-limit-requests": "10",
+        "x-ratelimit-remaining-requests": "9", "x-ratelimit-reset-requests": "3s",
+    }
+    leased = limit_headers.openai((600, None), None)  # a lease's slice: the limits alone
+    assert leased == {"x-ratelimit-limit-tokens": "600"}

@@ -134,10 +134,10 @@ async def playing(backend: ScriptedBackend):
 
 @contextlib.asynccontextmanager
 async def in_process(backend: ScriptedBackend, config: str = CONFIG, state_dir: str | None = None,
-                     others: dict | None = None):
+                     others: dict | None = None, tracer: object = None):
     """A started bridge over ``backend`` (as model ``scripted@1``) and a client for its app.
     ``others`` are the backends of other versions by name, or what opens one (a function
-    returning an async context manager)."""
+    returning an async context manager); ``tracer`` an OpenTelemetry tracer for the app."""
     if state_dir is not None:
         config += f'\n[state]\ndir = "{state_dir}"\n'
     parsed = parse_config(config)
@@ -149,7 +149,7 @@ async def in_process(backend: ScriptedBackend, config: str = CONFIG, state_dir: 
 
     bridge = Bridge(launch, parsed.models, parsed.queue())
     await bridge.start()
-    client = TestClient(TestServer(make_app(parsed, bridge)))
+    client = TestClient(TestServer(make_app(parsed, bridge, tracer)))
     await client.start_server()
     try:
         yield client, bridge

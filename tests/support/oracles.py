@@ -1,4 +1,5 @@
-"""The test oracles: transformers' greedy ``generate``, and a plain Llama forward with no cache.
+"""The test oracles: transformers' greedy ``generate`` (with its own logits processors for a
+request's ``logit_bias`` and penalties), and a plain Llama forward with no cache.
 
 The naive forward reads the checkpoint's tensors as they are (separate Q, K, V, gate and up matrices), expands
 the KV heads, and recomputes the whole sequence for every token it generates, with
@@ -9,12 +10,14 @@ oracle checks independently).
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from workers.engine.checkpoint import read_config, read_tensors
+from workers.protocol import Sampling
 
 
 class NaiveLlama:
@@ -64,16 +67,39 @@ class NaiveLlama:
         return tokens[len(prompt) :]
 
 
-def transformers_greedy(model_dir: Path, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+def transformers_greedy(
+    model_dir: Path, prompts: list[list[int]], max_tokens: list[int], samplings: list[Sampling] | None = None
+) -> list[list[int]]:
     """transformers' ``LlamaForCausalLM.generate``, greedy, float32, one prompt at a time (no
-    padding), each run to its full length whatever EOS it meets."""
-    from transformers import GenerationConfig, LlamaForCausalLM
+    padding), each run to its full length whatever EOS it meets. A sampling's ``logit_bias`` is
+    transformers' ``sequence_bias`` of one-token sequences and its ``repetition_penalty`` its own;
+    transformers has no OpenAI penalties, so :class:`OpenAIPenalties` adds them after those two."""
+    from transformers import GenerationConfig, LlamaForCausalLM, LogitsProcessorList
 
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.generation_config.eos_token_id = None
     answers = []
-    for prompt, n in zip(prompts, max_tokens, strict=False):
-        config = GenerationConfig(max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
-        out = model.generate(torch.tensor([prompt]), generation_config=config)
+    for index, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=False)):
+        s = samplings[index] if samplings else Sampling()
+        bias = {(token,): value for token, value in s.logit_bias} or None
+        config = GenerationConfig(max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None,
+                                  repetition_penalty=s.repetition_penalty, sequence_bias=bias)
+        penalties = OpenAIPenalties(len(prompt), s.frequency_penalty, s.presence_penalty)
+        processors = LogitsProcessorList([penalties])
+        out = model.generate(torch.tensor([prompt]), generation_config=config, logits_processor=processors)
         answers.append(out[0, len(prompt) :].tolist())
     return answers
+
+
+class OpenAIPenalties:
+    """OpenAI's frequency and presence penalties over the generated tokens, as a transformers
+    logits processor (written here from OpenAI's formula, independently of the engine's)."""
+
+    def __init__(self, prompt_length: int, frequency: float, presence: float) -> None:
+        self.prompt_length, self.frequency, self.presence = prompt_length, frequency, presence
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for row in range(scores.shape[0]):
+            for token, count in collections.Counter(input_ids[row, self.prompt_length :].tolist()).items():
+                scores[row, token] -= self.frequency * count + self.presence
+        return scores

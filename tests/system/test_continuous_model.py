@@ -1,6 +1,7 @@
 """Continuous mode with real models over real HTTP: ``ferry serve`` with two engine workers of the
 tiny random checkpoint (its own tokenizer and ChatML template), driven by the official
-``anthropic`` SDK unchanged; and SmolLM2-135M-Instruct once, answering a real question.
+``anthropic`` SDK unchanged; and SmolLM2-135M-Instruct once, answering a real question (whole,
+streamed with its prefix from the cache, continuing a prefill) through both SDKs.
 
 The models are configured greedy (``temperature = 0.0``: the SDK sends none). The tiny
 checkpoint is untied (a tied one at this size greedily repeats its last token), greedy
@@ -15,6 +16,7 @@ import itertools
 
 import aiohttp
 import anthropic
+import openai
 import pytest
 
 from batcher.continuous.config import converted_dir
@@ -72,8 +74,10 @@ def test_the_sdk_creates_and_streams_the_same_answer(client):
         text = "".join(streaming.text_stream)
         final = streaming.get_final_message()
     assert text == reply.content[0].text == final.content[0].text
-    assert (final.stop_reason, final.usage.output_tokens, final.usage.input_tokens) == (
-        "max_tokens", 24, reply.usage.input_tokens)
+    prompt = reply.usage.input_tokens + reply.usage.cache_read_input_tokens
+    assert (final.stop_reason, final.usage.output_tokens) == ("max_tokens", 24)
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == prompt
+    assert final.usage.cache_read_input_tokens > 0  # the same prompt again: its prefix came from the cache
 
 
 def test_a_stop_sequence_split_across_two_tokens_is_honoured_and_never_shown(tiny, client):
@@ -135,6 +139,20 @@ def test_smollm2_answers_a_real_question_whole_and_streamed(tmp_path):
         assert "Paris" in reply.content[0].text and reply.stop_reason == "end_turn"
         with smol.messages.stream(model="smollm2@1", max_tokens=20, messages=question) as streaming:
             assert "".join(streaming.text_stream) == reply.content[0].text
+            repeated = streaming.get_final_message().usage  # the same prompt: its prefix is cached
+        prompt = reply.usage.input_tokens + reply.usage.cache_read_input_tokens
+        assert repeated.cache_read_input_tokens >= 16
+        assert repeated.input_tokens + repeated.cache_read_input_tokens == prompt
+        # A prefill: the answer continues the assistant's words, and does not repeat them
+        prefilled = smol.messages.create(model="smollm2@1", max_tokens=20, messages=[
+            *question, {"role": "assistant", "content": "The capital of France is"}])
+        assert prefilled.content[0].text.lstrip().startswith("Paris")
+        gpt = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=PAID, max_retries=0)
+        chat = [gpt.chat.completions.create(model="smollm2@1", max_tokens=20, messages=question)
+                for _ in range(2)]
+        assert chat[1].usage.prompt_tokens_details.cached_tokens >= 16
+        assert chat[0].choices[0].message.content == reply.content[0].text
+        assert smol.models.retrieve("smollm2@1").max_input_tokens == 8191
         converted = converted_dir(
             "smollm2-135m"
         )  # the one-time conversion says what it did, or that it is done

@@ -116,7 +116,17 @@ def test_a_field_whose_meaning_ferry_would_drop_is_refused_naming_it(gateway, pa
         assert body["error"]["param"] == field
 
 
+UNUSED = {"tools": [], "tool_choice": "none"}
+LEGACY_UNUSED = {"echo": False, "logprobs": None}  # the legacy route has no tools
+
+
 @pytest.mark.parametrize("path", ROUTES)
 def test_a_field_that_says_not_used_passes(gateway, path):
-    status, _, _ = gateway.request("POST", path, {**ROUTES[path], "tools": [], "tool_choice": "none"})
+    unused = LEGACY_UNUSED if path == "/v1/completions" else UNUSED
+    status, _, _ = gateway.request("POST", path, {**ROUTES[path], **unused})
     assert status == 200
+
+
+def test_a_field_the_route_s_api_does_not_have_is_refused_even_empty(gateway):
+    status, _, body = gateway.request("POST", "/v1/completions", {**ROUTES["/v1/completions"], **UNUSED})
+    assert status == 400 and body["error"]["message"] == "tools: not supported by this server, got an array"

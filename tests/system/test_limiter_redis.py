@@ -39,6 +39,7 @@ async def compare_with_the_core(redis_url: str) -> None:
             want, got = await memory.acquire(key, plan, tokens), await redis.acquire(key, plan, tokens)
             assert got.admitted == want.admitted, f"step {step}"
             assert got.retry_after == pytest.approx(want.retry_after, rel=1e-9), f"step {step}"
+            assert got.levels == pytest.approx(want.levels, rel=1e-9), f"step {step}"
     finally:
         await redis.aclose()
 

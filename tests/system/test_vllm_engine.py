@@ -18,6 +18,7 @@ import urllib.request
 
 import aiohttp
 import pytest
+from tokenizers import Tokenizer
 
 from gateway.accounting.usage import read_usage
 from tests.support.engine_reports import reported_after
@@ -87,10 +88,10 @@ def post(url: str, path: str, body: dict, key: str | None = PAID) -> dict:
         return json.loads(response.read())
 
 
-def chat(url: str, model: str, messages: list, max_tokens: int, key: str | None = PAID) -> dict:
-    """A whole greedy chat completion on the OpenAI route."""
+def chat(url: str, model: str, messages: list, max_tokens: int, key: str | None = PAID, **fields) -> dict:
+    """A whole greedy chat completion on the OpenAI route (``fields``: more sampling)."""
     return post(url, "/v1/chat/completions", {"model": model, "messages": messages, "max_tokens": max_tokens,
-                                               "temperature": 0}, key)
+                                               "temperature": 0, **fields}, key)
 
 
 async def watched_stream(session, url: str, request: dict, seen: dict) -> dict:
@@ -123,13 +124,23 @@ def settled(gateway: Gateway) -> float:
 
 
 def test_a_greedy_answer_is_the_one_vllms_own_openai_server_gives(gateway, smollm2, tmp_path):
+    # The same answer with penalties, a logit bias and vLLM's own fields: ferry passes each to
+    # vLLM's SamplingParams as vLLM's server does (the bias bans the plain answer's first token)
+    banned = Tokenizer.from_file(str(smollm2 / "tokenizer.json")).encode("The").ids[0]
+    adjusted = {"repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.5, "min_p": 0.05,
+                "top_k": 20, "logit_bias": {str(banned): -100}}
     ours = chat(gateway.url, MODEL, QUESTION, 40)
+    ours_adjusted = chat(gateway.url, MODEL, QUESTION, 40, **adjusted)
     peer = VllmOpenAIServer(str(smollm2), tmp_path / "vllm.log", kv_memory_gb=1)
     peer.start()
     try:
         theirs = chat(peer.url, str(smollm2), QUESTION, 40, key=None)
+        theirs_adjusted = chat(peer.url, str(smollm2), QUESTION, 40, key=None, **adjusted)
     finally:
         peer.stop()
+    text = ours_adjusted["choices"][0]["message"]["content"]
+    assert text == theirs_adjusted["choices"][0]["message"]["content"]
+    assert text != ours["choices"][0]["message"]["content"] and not text.startswith("The")
     assert ours["choices"][0]["message"]["content"] == theirs["choices"][0]["message"]["content"]
     counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # the same chat template rendering too
     assert {k: ours["usage"][k] for k in counts} == {k: theirs["usage"][k] for k in counts}

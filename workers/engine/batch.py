@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
 from workers.engine.scheduler import Schedule
+from workers.engine.sequence import Sequence as EngineSequence
 from workers.protocol import Sampling
 
 
@@ -40,11 +42,15 @@ class Sample:
 
     ``index`` is the number of output tokens the sequence already has. A seeded sampler draws
     from a generator keyed by ``(seed, index)``, so a token depends neither on the sequence's
-    batch mates nor on whether it was preempted and recomputed.
+    batch mates nor on whether it was preempted and recomputed. A penalty reads the sequence's
+    tokens: its ``output`` (and ``prompt``, for the repetition penalty), the sequence's own
+    lists, handed over only when its sampling has a penalty.
     """
 
     params: Sampling
     index: int
+    prompt: Sequence[int] = ()
+    output: Sequence[int] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,6 +104,12 @@ class BatchRunner:
         raise NotImplementedError
 
 
+def _sample(seq: EngineSequence) -> Sample:
+    if seq.sampling.penalized:
+        return Sample(seq.sampling, len(seq.output_ids), seq.prompt_ids, seq.output_ids)
+    return Sample(seq.sampling, len(seq.output_ids))
+
+
 def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
     """The flat batch for ``schedule``, before its sequences' ``num_computed`` moves on.
 
@@ -112,7 +124,7 @@ def forward_batch(schedule: Schedule, block_size: int) -> ForwardBatch:
         query_lens.append(n)
         context_lens.append(end)
         tables.append(list(seq.block_table))
-        samples.append(Sample(seq.sampling, len(seq.output_ids)) if end == seq.num_tokens else None)
+        samples.append(_sample(seq) if end == seq.num_tokens else None)
     counts, ends = np.array(query_lens), np.array(context_lens)
     first_token = np.cumsum(counts) - counts  # each sequence's first index in the flat batch
     positions = np.arange(len(input_ids)) + np.repeat(ends - counts - first_token, counts)

@@ -1,11 +1,14 @@
-"""Pick each sequence's next token from its logits: greedy, or temperature, top-k and top-p.
+"""Pick each sequence's next token from its logits: greedy, or temperature, min-p, top-k and
+top-p, after the request's own changes to them (``logit_bias`` and penalties:
+:mod:`workers.engine.logits`).
 
 Sampling is an exponential race: with ``E_i`` drawn from Exp(1), ``argmax_i p_i / E_i`` is token
 ``i`` with probability ``p_i`` (the Gumbel-max trick in another dress), so a row's draw is one
 vector of noise and an argmax, vectorized over the batch. A row with a seed draws its noise from
 a generator seeded by ``(seed, index)``, ``index`` being how many tokens the sequence has: its
 token depends neither on its batch mates nor on a preemption that made it recompute. Filters run
-in temperature, top-k, top-p order; a filter is off at its neutral value (top_k 0, top_p 1).
+in temperature, min-p, top-k, top-p order (vLLM's); a filter is off at its neutral value (min_p
+0, top_k 0, top_p 1).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from workers.engine.batch import Sample
+from workers.engine.logits import adjust
 
 _MASK64 = (1 << 64) - 1
 
@@ -39,6 +43,7 @@ class Sampler:
         self.seeded = torch.Generator(device=device)  # re-seeded for each seeded row it draws
 
     def __call__(self, logits: torch.Tensor, samples: Sequence[Sample]) -> list[int]:
+        logits = adjust(logits, samples)
         tokens = argmax(logits)
         drawn = [row for row, sample in enumerate(samples) if not sample.params.greedy]
         if drawn:
@@ -50,6 +55,8 @@ class Sampler:
         params = [sample.params for sample in samples]
         temperature = torch.tensor([p.temperature for p in params], device=logits.device)
         logits = logits / temperature[:, None]
+        if any(p.min_p for p in params):
+            logits = _min_p(logits, [p.min_p for p in params])
         if any(p.top_k or p.top_p < 1.0 for p in params):
             logits = _filter(logits, [p.top_k for p in params], [p.top_p for p in params])
         probs = torch.softmax(logits, dim=-1)
@@ -77,6 +84,13 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     if logits.device.type != "cpu":
         return logits.argmax(dim=-1)
     return torch.from_numpy(logits.numpy().argmax(axis=-1))
+
+
+def _min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    """Logits of tokens less likely than ``min_p`` times the row's most likely one set to -inf."""
+    probs = torch.softmax(logits, dim=-1)
+    floor = probs.max(dim=-1, keepdim=True).values * torch.tensor(min_p, device=logits.device)[:, None]
+    return logits.masked_fill(probs < floor, float("-inf"))
 
 
 def _filter(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
