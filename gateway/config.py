@@ -305,8 +305,9 @@ def _aliases(table: object) -> tuple[AliasConfig, ...]:
     return tuple(aliases)
 
 
-def parse_config(text: str, source: str = "<config>") -> FerryConfig:
-    """A checked :class:`FerryConfig` from TOML text; ``ValueError`` names the source and field."""
+def parse_config(text: str, source: str = "<config>", base: str = ".") -> FerryConfig:
+    """A checked :class:`FerryConfig` from TOML text; ``ValueError`` names the source and field.
+    Paths a model table reads relative to its file (``pythonpath``) are relative to ``base``."""
     try:
         document = tomllib.loads(text)
         unknown = sorted(set(document) - set(_TABLES))
@@ -317,7 +318,8 @@ def parse_config(text: str, source: str = "<config>") -> FerryConfig:
         for name in ("tiers", "keys", "models"):
             tables = document.get(name, [])
             require(isinstance(tables, list), name, "an array of tables ([[...]])", tables)
-            build = model_table if name == "models" else functools.partial(build_table, _TABLES[name])
+            build = (functools.partial(model_table, base=base) if name == "models"
+                     else functools.partial(build_table, _TABLES[name]))
             lists[name] = tuple(build(t, f"{name}[{i}]") for i, t in enumerate(tables))
         aliases = _aliases(document.get("aliases", {}))
         return FerryConfig(**single, **lists, aliases=aliases)  # type: ignore[arg-type]
@@ -330,9 +332,14 @@ def parse_config(text: str, source: str = "<config>") -> FerryConfig:
 def load_config(path: str | os.PathLike[str]) -> FerryConfig:
     """Read and check a configuration file."""
     with open(path, encoding="utf-8") as file:
-        return parse_config(file.read(), os.fspath(path))
+        return parse_config(file.read(), os.fspath(path), os.path.dirname(os.path.abspath(path)))
+
+
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The directory holding ferry's packages: in a checkout, the repository (its ``examples/``)."""
 
 
 def default_config() -> FerryConfig:
-    """The embedded default (:data:`DEFAULT_TOML`): what ``ferry serve`` runs with no file."""
-    return parse_config(DEFAULT_TOML, "<embedded default>")
+    """The embedded default (:data:`DEFAULT_TOML`): what ``ferry serve`` runs with no file; its
+    paths are relative to the repository (:data:`SOURCE_ROOT`)."""
+    return parse_config(DEFAULT_TOML, "<embedded default>", SOURCE_ROOT)

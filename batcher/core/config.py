@@ -95,6 +95,30 @@ def _check_tokenizer(spec: str) -> None:
 
 
 PLACEMENTS = ("local", "ray")
+KINDS = ("text", "embedding")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outputs:
+    """What a model answers each input with: ``text``, or (``embedding``) a vector of
+    ``dimensions`` float32 values, which a request may ask to shorten to its first N values
+    (re-normalised) only where ``shortenable`` says the model was trained for it (Matryoshka)."""
+
+    kind: str = "text"
+    dimensions: int = 0
+    shortenable: bool = False
+
+    def __post_init__(self) -> None:
+        require(self.kind in KINDS, "kind", f"one of {list(KINDS)}", self.kind)
+        if self.kind == "embedding":
+            require(1 <= self.dimensions <= 65536, "dimensions", "1..65536 for an embedding model",
+                    self.dimensions)
+        else:
+            require(self.dimensions == 0 and not self.shortenable, "dimensions",
+                    "none for a text model (they are an embedding's)", self.dimensions)
+
+
+TEXT = Outputs()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,6 +171,16 @@ class ModelConfig:
             require(os.path.isfile(path) and os.access(path, os.X_OK), "python",
                      f"an executable Python interpreter for model {self.name!r}'s workers", self.python)
         self._check_files()
+
+    @property
+    def outputs(self) -> Outputs:
+        """What it answers each input with (text, unless its mode says otherwise)."""
+        return TEXT
+
+    def located(self, base: str) -> ModelConfig:
+        """This table with the paths its mode reads relative to the configuration file resolved
+        against ``base``, that file's directory (none, unless its mode has some)."""
+        return self
 
     @property
     def interpreter(self) -> str:

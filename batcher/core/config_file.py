@@ -32,12 +32,17 @@ class TierConfig:
         require(self.wait_budget_ms > 0, "wait_budget_ms", "milliseconds > 0", self.wait_budget_ms)
 
 
-def model_table(table: object, where: str) -> ModelConfig:
-    """A model table, built and checked by the class of its ``mode``."""
+def model_table(table: object, where: str, base: str = ".") -> ModelConfig:
+    """A model table, built and checked by the class of its ``mode``, its paths relative to the
+    configuration file resolved against ``base`` (:meth:`ModelConfig.located`)."""
     mode = table.get("mode", "fixed") if isinstance(table, dict) else None
-    if isinstance(mode, str) and mode in MODES:
-        return build_table(config_class(mode), table, where)  # type: ignore[return-value]
-    raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
+    model: ModelConfig = build_table(config_class(mode), table, where)  # type: ignore[assignment]
+    try:
+        return model.located(base)
+    except ValueError as exc:
+        raise ValueError(f"{where}.{exc}") from None
 
 
 def build_table(cls: type, table: object, where: str) -> object:

@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterator
 
 import trio
 
-from batcher.core.config import PoolConfig
+from batcher.core.config import TEXT, Outputs, PoolConfig
 from batcher.core.errors import RequestFailed, WorkersFailed
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
 from batcher.fixed.counters import BatchCounters
 from batcher.fixed.request import Batch, Request, RequestState
 from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
-from workers.protocol import Error, NotDelivered, ProtocolError, RunBatch, WorkerLost
+from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
 
 log = logging.getLogger("ferry.pool")
 
@@ -39,9 +39,26 @@ MAX_STRETCH = 8.0
 """However slow the fleet, a call that runs past this many hang_timeouts is hung."""
 
 
+def wrong_outputs(reply: Result, expected: Outputs) -> str:
+    """Why a reply's outputs are not what the model answers with (empty if they are): vectors
+    from a text model, texts from an embedding model, or a vector of the wrong length."""
+    if expected.kind == "text":
+        return "the model returned vectors, not texts" if reply.vectors else ""
+    if reply.outputs:
+        return "the model returned texts, not vectors"
+    size = 4 * expected.dimensions
+    wrong = next((len(vector) for vector in reply.vectors if len(vector) != size), None)
+    if wrong is None:
+        return ""
+    return f"the model returned a vector of {wrong / 4:g} values, not {expected.dimensions}"
+
+
 class WorkerPool:
-    def __init__(self, config: PoolConfig, spawn: Spawn, counters: BatchCounters | None = None) -> None:
+    def __init__(self, config: PoolConfig, spawn: Spawn, counters: BatchCounters | None = None,
+                 outputs: Outputs = TEXT) -> None:
         self.config = config
+        self.outputs = outputs
+        """What every answer must be (a reply of another kind fails its call)."""
         self.counters = counters if counters is not None else BatchCounters()
         self.on_idle: Callable[[], None] = lambda: None
         """Called when a worker frees up with no retry to take: the batcher's wake-up."""
@@ -183,15 +200,17 @@ class WorkerPool:
                 log.warning("worker %d: the model raised %s on batch %d of %d inputs",
                             slot.index, kind, batch.id, len(requests))
                 self._failed(batch, slot, f"the model raised {kind}")
-            elif len(reply.outputs) != len(requests):
+            elif len(reply.answers) != len(requests):
                 self._failed(
-                    batch, slot, f"the model returned {len(reply.outputs)} outputs for {len(requests)} inputs"
+                    batch, slot, f"the model returned {len(reply.answers)} outputs for {len(requests)} inputs"
                 )
+            elif wrong := wrong_outputs(reply, self.outputs):
+                self._failed(batch, slot, wrong)
             else:
                 answered = True
                 now = trio.current_time()
                 self._answered(len(requests), now - started)
-                for request, output in zip(requests, reply.outputs, strict=False):
+                for request, output in zip(requests, reply.answers, strict=False):
                     request.finish(output, now)
         return answered
 

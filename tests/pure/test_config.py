@@ -106,7 +106,7 @@ def test_a_minimal_file_takes_the_defaults():
         (MINIMAL + "context_window = 0\n", "f.toml: models[0].context_window: expected 1..16777216"),
         (
             MINIMAL.replace('worker = ["echo"]', "worker = 'echo'"),
-            "f.toml: models[0].worker: expected a list",
+            "f.toml: models[0].worker: expected an import path 'module:Name'",
         ),
         (MINIMAL.replace('["echo"]', "['echo', 1]"), "f.toml: models[0].worker[1]: expected str, got 1"),
         (
