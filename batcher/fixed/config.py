@@ -76,7 +76,7 @@ class FixedModelConfig(ModelConfig):
     def located(self, base: str) -> FixedModelConfig:
         """This table with ``pythonpath`` relative to ``base`` (the configuration file's
         directory), each checked to be a directory."""
-        paths = tuple(os.path.join(base, os.path.expanduser(path)) for path in self.pythonpath)
+        paths = tuple(os.path.abspath(os.path.join(base, os.path.expanduser(p))) for p in self.pythonpath)
         for path in paths:
             require(os.path.isdir(path), "pythonpath", "directories", path)
         return dataclasses.replace(self, pythonpath=paths)

@@ -33,6 +33,7 @@ from gateway.accounting.limiter import Limiter, open_limiter
 from gateway.accounting.usage import UsageLog
 from gateway.bridge import Bridge, Handle
 from gateway.config import FerryConfig
+from gateway.http import rows
 from gateway.http.connections import key_before_body, read_body
 from gateway.metrics import Metrics
 from gateway.ops.models import Catalog, ServedModel
@@ -87,10 +88,19 @@ class Gateway:
         await self.ledger.limiter.aclose()
 
     async def admit(self, entry: Entry, model: ServedModel, job: Job) -> Handle:
+        """A request of one job passes to the core (:meth:`admit_each`)."""
+        return (await self.admit_each(entry, model, [job]))[0]
+
+    async def admit_each(self, entry: Entry, model: ServedModel, jobs: list[Job]) -> list[Handle]:
         """The one place a checked request passes to the core: charge its key (429), then queue
-        it; the core sheds it at once (529) if its tier's wait budget cannot be met."""
+        its jobs (a request of many inputs has one each: gateway/http/rows.py); the core sheds
+        each at once (529) if its tier's wait budget cannot be met."""
         await self.ledger.charge(entry)
-        return self.bridge.submit(model.name, job)  # the tier's budget is its deadline
+        return [self.bridge.submit(model.name, job) for job in jobs]  # the tier's budget is its deadline
+
+    def new_id(self, prefix: str) -> str:
+        """A request id: the route's prefix, this process, a count."""
+        return f"{prefix}{self._id_prefix}{next(self._ids)}"
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, Messages)
@@ -109,6 +119,8 @@ class Gateway:
         codec = route.parse(body)
         call = codec.call
         model = self.catalog.resolve(call.model, call.session or principal.key_id)
+        if (kind := model.config.outputs.kind) != "text":
+            raise api.InvalidRequest(f"model: {model.name} answers with {kind}s, not text (docs/http-api.md)")
         prompt, prompt_tokens = self._prompt(call, model)
         if rule := self.safety.screen_input(prompt):
             self.metrics.safety_blocks.labels(model.name, "input").inc()
@@ -118,7 +130,7 @@ class Gateway:
         if error := api.context_overflow(len(prompt_tokens), max_tokens, window):
             raise error
         entry = Entry(
-            f"{codec.id_prefix}{self._id_prefix}{next(self._ids)}", principal.tenant, principal.key_id,
+            self.new_id(codec.id_prefix), principal.tenant, principal.key_id,
             principal.tier, model.name, principal.limits, len(prompt_tokens), max_tokens, started,
         )
         request[REQUEST_ID] = entry.request_id  # every answer names it (the request-id header)
@@ -391,4 +403,5 @@ def make_app(config: FerryConfig, bridge: Bridge) -> web.Application:
     app.router.add_get("/v1/models", gateway.models)
     app.router.add_get("/healthz", gateway.healthz)
     app.router.add_get("/readyz", gateway.readyz)
+    rows.add_routes(app, gateway, expect)  # /v1/embeddings and the Open Inference Protocol
     return app

@@ -15,9 +15,10 @@ import logging
 
 from aiohttp import web
 
-from gateway.wire import api, openai
+from gateway.wire import api, oip, openai
 from gateway.wire.anthropic import Messages
 from gateway.wire.codec import Codec
+from gateway.wire.embeddings import Embeddings
 
 log = logging.getLogger("ferry.gateway")
 
@@ -25,6 +26,7 @@ REQUEST_ID = web.RequestKey("request_id", str)  # the id an answer's usage recor
 OPENAI_ROUTES: dict[str, type[Codec]] = {
     "/v1/chat/completions": openai.ChatCompletions,
     "/v1/completions": openai.Completions,
+    "/v1/embeddings": Embeddings,  # type: ignore[dict-item]  # errors alone: a Rows codec
 }
 ANTHROPIC_VERSION = "anthropic-version"  # the header every Anthropic SDK request carries
 
@@ -34,8 +36,11 @@ def speaks_anthropic(request: web.Request) -> bool:
 
 
 def error_shape(request: web.Request) -> type[Codec]:
-    """Whose error shape a request gets: its route's; on ``/v1/models`` OpenAI's unless the
-    client speaks Anthropic; Anthropic's everywhere else (the first API ferry served)."""
+    """Whose error shape a request gets: its route's (the Open Inference Protocol's under
+    ``/v2/``); on ``/v1/models`` OpenAI's unless the client speaks Anthropic; Anthropic's
+    everywhere else (the first API ferry served)."""
+    if request.path.startswith("/v2/") or request.path == "/v2":
+        return oip.Infer  # type: ignore[return-value]  # errors alone
     route = OPENAI_ROUTES.get(request.path)
     if route is None and request.path == "/v1/models" and not speaks_anthropic(request):
         route = openai.ChatCompletions
