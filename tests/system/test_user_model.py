@@ -229,11 +229,17 @@ def test_its_hang_is_killed_and_answered_within_the_deadline_and_the_fleet_serve
         served_in_full(text) for text in texts]
 
 
+def idle_shouters(models: dict) -> bool:
+    return all(worker["state"] == "idle" for worker in models["shout@1"]["workers"])
+
+
 def test_close_runs_at_shutdown_and_a_model_that_cannot_be_built_is_a_start_error_naming_it(tmp_path, served):
     gateway, logs = served
+    shouting = gateway.wait_for(idle_shouters,
+                                what="both Shout workers up and idle")
+    alive = {f"closed-{w['pid']}" for w in shouting["shout@1"]["workers"]}
     assert gateway.stop() == 0
-    closed = list(logs.glob("closed-*"))
-    assert len(closed) >= 2  # every Shout worker alive at shutdown closed its model
+    assert alive <= {path.name for path in logs.glob("closed-*")}  # each closed its model as it stopped
     broken = config(tmp_path / "src", tmp_path / "logs").replace("serving:Embed", "serving:broken")
     write_user_package(tmp_path)
     with pytest.raises(RuntimeError) as failed:
