@@ -30,7 +30,7 @@ def test_the_example_file_loads_with_every_field():
     acme, hobbyist = config.keys
     assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
     assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()
-    fixed, echo, canary, smollm2 = config.models
+    fixed, echo, minilm, canary, smollm2 = config.models
     assert (fixed.name, fixed.aliases, fixed.mode, fixed.worker) == (
         "ferry-fixed@1", (), "fixed", ("sleep", "--latency-ms", "200"))
     assert (fixed.max_batch, fixed.max_wait_ms, fixed.context_window, fixed.tokenizer) == (
@@ -42,6 +42,9 @@ def test_the_example_file_loads_with_every_field():
     assert fixed.pool() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3, model="ferry-fixed@1")
     assert (echo.name, echo.workers, echo.max_wait_ms) == ("echo@1", 2, 5)
     assert (canary.name, canary.policy) == ("ferry-fixed@2", "idle_aware")
+    assert (minilm.worker, minilm.pythonpath, minilm.worker_options) == (
+        "minilm:MiniLM", (str(EXAMPLE.parent / "embeddings"),), {"threads": 1})
+    assert minilm.outputs == Outputs("embedding", 384)
     [alias] = config.aliases
     assert (alias.name, alias.weights) == ("ferry-fixed", (("ferry-fixed@1", 95), ("ferry-fixed@2", 5)))
     assert config.admin.socket == "" and config.admin_socket().endswith("/admin.sock")
