@@ -224,7 +224,8 @@ async def wait_healthy(url: str, process: subprocess.Popen, within: float = 180.
 async def bench(server: Server, rates: list[float], duration: float, log: pathlib.Path) -> list[dict]:
     with log.open("wb") as out:
         process = subprocess.Popen(  # noqa: ASYNC220 - started once, before the measured part
-            server.argv, cwd=ROOT, stdout=out, stderr=out, start_new_session=True, env={**os.environ, **server.env})
+            server.argv, cwd=ROOT, stdout=out, stderr=out, start_new_session=True,
+            env={**os.environ, **server.env})
     rows = []
     try:
         started = time.monotonic()

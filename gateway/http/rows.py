@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from batcher.core.backend import Failed, Job, Sampling, Vector
+from batcher.core.backend import TERMINAL_EVENTS, Event, Failed, Job, Sampling, Vector
 from gateway.accounting.ledger import Entry
 from gateway.http.connections import read_body
 from gateway.version import version
@@ -29,6 +29,7 @@ from gateway.wire.errors import REQUEST_ID
 from gateway.wire.rows import Rows
 
 if TYPE_CHECKING:  # the app imports this module to register its routes
+    from gateway.bridge import Handle
     from gateway.http.app import Gateway
 
 
@@ -99,24 +100,19 @@ async def _idempotent(gateway: Gateway, request: web.Request, entry: Entry, scop
 
 
 async def _answer(gateway: Gateway, entry: Entry, codec: Rows, model, jobs: list[Job]) -> tuple[int, bytes]:
-    """Every job's output, in order, once all have one; the first failure fails the request."""
+    """Every job's output, in order, once all have one; the first failure fails the request. A
+    text passes through an :class:`~gateway.text.answer.Answer` (max_tokens, safety), a vector as is."""
     handles = await gateway.admit_each(entry, model, jobs)
+    text = model.config.outputs.kind == "text"
     outputs: list = []
     try:
         for job, handle in zip(jobs, handles, strict=True):
-            answer = gateway._answer(job, model, streaming=False)
-            vector = None
-            while not answer.done:
-                events = await handle.wait()
-                for event in events:
-                    if isinstance(event, Failed):
-                        raise event.error
-                    if isinstance(event, Vector):
-                        vector = event.data
-                answer.push(events)
-            if vector is not None:
-                outputs.append(vector)
+            events = await _ended(handle)
+            if not text:
+                outputs.append(next(event.data for event in events if isinstance(event, Vector)))
                 continue
+            answer = gateway._answer(job, model, streaming=False)
+            answer.push(events)
             completion = answer.completion()
             gateway._count_blocked(answer, model)
             entry.owed += completion.output_tokens
@@ -127,6 +123,16 @@ async def _answer(gateway: Gateway, entry: Entry, codec: Rows, model, jobs: list
     entry.stop_reason = "end_turn"
     head = Head(entry.request_id, entry.model, entry.input_tokens, int(time.time()))
     return 200, codec.whole(head, outputs)
+
+
+async def _ended(handle: Handle) -> list[Event]:
+    """A job's events up to its last; its error raised if it failed."""
+    events: list[Event] = []
+    while not events or not isinstance(events[-1], TERMINAL_EVENTS):
+        events += await handle.wait()
+    if isinstance(events[-1], Failed):
+        raise events[-1].error
+    return events
 
 
 # --- The Open Inference Protocol's other routes ---------------------------------------------
