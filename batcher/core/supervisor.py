@@ -27,8 +27,8 @@ from workers.protocol import ModelUnloadable, ProtocolError, WorkerLost
 log = logging.getLogger("ferry.pool")
 
 SHUTDOWN_GRACE = 2.0
-"""Seconds a worker of a fleet that is stopping gets, after the end of its input, to close its
-model and exit before it is killed; a worker that failed (crashed, hung) is killed at once."""
+"""Seconds an idle worker of a fleet that is stopping gets, after the end of its input, to close
+its model and exit before it is killed; one in a call, or one that failed, is killed at once."""
 
 
 class Process(Protocol):
@@ -61,6 +61,10 @@ def _nothing() -> None:
     pass
 
 
+def _busy() -> bool:
+    return False
+
+
 def _why(exc: BaseException) -> str:
     """Why a worker did not start: the model's own exception (type and message) when it could
     not be built, else what supervision saw."""
@@ -87,6 +91,7 @@ class Supervisor(Generic[W]):
         serve: Callable[[W], Awaitable[bool]],
         on_exit: Callable[[], None] = _nothing,
         on_down: Callable[[], None] = _nothing,
+        idle: Callable[[], bool] = _busy,
     ) -> None:
         self.index = index
         self.worker: W | None = None
@@ -99,6 +104,7 @@ class Supervisor(Generic[W]):
         self._serve = serve
         self._on_exit = on_exit
         self._on_down = on_down
+        self._idle = idle  # at shutdown, an idle worker gets SHUTDOWN_GRACE to close its model
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the first worker (raise if it cannot: :func:`start_slots` reports it), report
@@ -143,10 +149,11 @@ class Supervisor(Generic[W]):
             return served
         finally:
             self.up = False
-            self._on_down()
             shutting_down = trio.current_effective_deadline() == -math.inf  # cancelled from outside
+            closing = shutting_down and self._idle()  # one in a call (hung, say) is killed at once
+            self._on_down()
             with trio.CancelScope(shield=True):
-                await worker.stop(SHUTDOWN_GRACE if shutting_down else 0.0)
+                await worker.stop(SHUTDOWN_GRACE if closing else 0.0)
 
     async def _watch(self, worker: W) -> None:
         await worker.wait_exit()

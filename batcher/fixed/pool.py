@@ -71,6 +71,7 @@ class WorkerPool:
             slot.supervisor = Supervisor(
                 slot.index, spawn, config, self.counters, functools.partial(self._serve, slot),
                 on_exit=functools.partial(self._exited, slot), on_down=functools.partial(self._down, slot),
+                idle=functools.partial(self._is_idle, slot),
             )
         self._idle: list[Slot] = []  # by slot index: the lowest idle GPU takes the next batch
         self._retry: deque[Batch] = deque()
@@ -326,6 +327,10 @@ class WorkerPool:
             )
             self._down(slot)
             slot.idle_scope.cancel()
+
+    @staticmethod
+    def _is_idle(slot: Slot) -> bool:
+        return slot.state is SlotState.IDLE
 
     def _down(self, slot: Slot) -> None:
         """The slot has no worker until its supervisor starts another: it takes no work."""
