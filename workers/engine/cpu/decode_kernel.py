@@ -7,13 +7,15 @@ torch's CPU attention reads K and V at a fraction of the memory bandwidth at dec
 ``decode_attention.cpp`` does one pass over a head's keys for all its query rows and one over
 its values, in float32 registers, stopping at each sequence's length (docs/engine.md; measured
 in experiments/docs/engine-vs-vllm.md). It is the only C++ in ferry, compiled with the system's
-compiler against the installed torch into ``build/``. The engine uses it for bfloat16 decode
+compiler against the installed torch into ``build/`` (an installed wheel: the user's cache,
+``~/.cache/ferry/kernels``, beside converted models). The engine uses it for bfloat16 decode
 groups on an AVX-512 CPU with heads it takes; :func:`load` says which, once per process.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +25,9 @@ import torch
 from workers.engine.attention import DecodeAttention
 
 SOURCE = Path(__file__).with_name("decode_attention.cpp")
-BUILD = Path(__file__).resolve().parents[3] / "build" / "kernels"
+_ROOT = Path(__file__).resolve().parents[3]  # a checkout's root, or site-packages for a wheel
+_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ferry"
+BUILD = (_ROOT / "build" if (_ROOT / "pyproject.toml").is_file() else _CACHE) / "kernels"
 FLAGS = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512dq",
          "-mavx512vl", "-mfma"]
 
