@@ -224,15 +224,17 @@ class Add(Frame, tag="add", frozen=True):
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     logit_bias: list[tuple[int, float]] = []
+    weight: float = 1.0  # its tenant's weight within its tier (workers.shares)
 
     @classmethod
-    def of(cls, rid: int, prompt_tokens: list[int], tier: int, tenant: str, sampling: Sampling) -> Add:
+    def of(cls, rid: int, prompt_tokens: list[int], tier: int, tenant: str, sampling: Sampling,
+           weight: float = 1.0) -> Add:
         """The frame of a sequence whose ``sampling`` names its temperature."""
         s = sampling
         assert s.temperature is not None, "the pool sends the model's default temperature"
         return cls(rid, prompt_tokens, s.max_tokens, tier, tenant, s.temperature, s.top_p, s.top_k, s.seed,
                    list(s.stop_token_ids), s.ignore_eos, s.presence_penalty, s.frequency_penalty,
-                   s.repetition_penalty, s.min_p, list(s.logit_bias))
+                   s.repetition_penalty, s.min_p, list(s.logit_bias), weight)
 
     @property
     def sampling(self) -> Sampling:

@@ -110,8 +110,9 @@ class VllmEngine:
         return bool(self.live or self._ended)
 
     def add(self, prompt_ids: list[int], sampling: Sampling, *, tier: int = 0, tenant: str = "",
-            rid: int | None = None) -> int:
-        """Queue ``rid`` in vLLM; one it refuses (longer than its max_model_len) ends as too_long."""
+            rid: int | None = None, weight: float = 1.0) -> int:
+        """Queue ``rid`` in vLLM; one it refuses (longer than its max_model_len) ends as too_long.
+        vLLM's own scheduler orders its queue: the tenant's ``weight`` is the gateway's to apply."""
         if rid is None or rid in self.live or not prompt_ids:
             raise ValueError(f"rid {rid}: a new rid and a prompt are needed")
         params = self._sampling(  # ids only, each step's new ones: the gateway detokenizes

@@ -38,6 +38,7 @@ bills what was delivered. Jobs only queued for the dead replica go to the others
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import math
@@ -119,7 +120,8 @@ class EnginePool:
         if error is None:
             replica = self._route(ticket)
             if self.admission is not None:
-                error = self.admission.shed(self.load(), tier, now, ticket.cost)
+                load = self._seen_by(self.load(), tier, job.tenant)
+                error = self.admission.shed(load, tier, now, ticket.cost, job.tenant)
                 if error is not None:
                     self.counters.shed[tier] += 1
         if error is not None:
@@ -161,6 +163,14 @@ class EnginePool:
         arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
         return TokenLoad(tuple(self._prompts), rate, arrivals, room, sum(r.prefilling for r in up))
 
+    def _seen_by(self, load: TokenLoad, tier: int, tenant: str) -> TokenLoad:
+        """``load`` as a new job of ``tenant`` in ``tier`` sees it: of its tier's queued prompts,
+        the part fair shares take before it on each replica (all of them while one tenant queues)."""
+        ahead = sum(r.queue.ahead(tier, tenant) for r in self._replicas)
+        if ahead == load.queued[tier]:
+            return load
+        return dataclasses.replace(load, queued=(*load.queued[:tier], ahead, *load.queued[tier + 1:]))
+
     def snapshot(self) -> Snapshot[ContinuousCounters]:
         """Each replica's engine as last reported, the pool's counters, the load in tokens."""
         counters = self.counters.copy()
@@ -183,6 +193,8 @@ class EnginePool:
         if queue.tiers != opened:
             raise ValueError(f"tiers: expected {list(opened)} as opened, got {list(queue.tiers)}")
         self.queue_config = queue
+        for r in self._replicas:
+            r.queue.reweigh(queue.weights)
         if self.admission is not None and queue.wait_budgets is not None:
             self.admission.budgets = queue.wait_budgets
 
@@ -271,7 +283,8 @@ class EnginePool:
         if expired:
             load = self.load()
             for ticket in expired:
-                retry_after = self.admission.retry_after(load, ticket.tier, now) if self.admission else 1.0
+                retry_after = (self.admission.retry_after(load, ticket.tier, now, tenant=ticket.tenant)
+                               if self.admission else 1.0)
                 self._count(ticket, -1)
                 self.counters.expired += 1
                 error = Expired(f"not started within {now - ticket.arrival:.3f}s of arrival", retry_after)
@@ -296,7 +309,8 @@ class EnginePool:
             self.router.sent(r.index, ticket.hashes)
             if sampling.temperature is None:
                 sampling = sampling.replace(temperature=config.temperature)  # the model's default
-            add = Add.of(next(self._rids), list(job.prompt_tokens), ticket.tier, job.tenant, sampling)
+            weight = self.queue_config.weights.get(job.tenant, 1.0)
+            add = Add.of(next(self._rids), list(job.prompt_tokens), ticket.tier, job.tenant, sampling, weight)
             r.start(ticket, add, blocks(len(job.prompt_tokens) + 1, config.block_size), now)
 
     # --- engines coming and going -------------------------------------------------------

@@ -93,11 +93,13 @@ class Ticket:
         "rerun_due",
         "rid",
         "state",
+        "tenant",
         "tier",
     )
 
     def __init__(self, out: Output, tier: int, arrival: float, deadline: float, hashes: list[bytes]) -> None:
         self.out, self.tier, self.arrival, self.deadline, self.hashes = out, tier, arrival, deadline, hashes
+        self.tenant = out.job.tenant
         self.state = Stage.QUEUED
         self.cost = 0  # tokens it adds where it waits: prompt not held by its replica + max_tokens
         self.replica = -1
@@ -120,6 +122,16 @@ class Ticket:
         """Seconds it waited in the pool before its engine got it."""
         return self.dispatched_at - self.arrival
 
+    @property
+    def prompt(self) -> int:
+        """Its prompt's tokens its replica must prefill (less the prefix it holds): its work in
+        the queues, and what its tenant is charged when it is taken."""
+        return self.cost - self.out.job.max_tokens
+
+
+def prompt_of(ticket: Ticket) -> float:
+    return ticket.prompt
+
 
 class Replica:
     """One engine worker slot and the tickets the pool gave it (see the module doc)."""
@@ -130,7 +142,8 @@ class Replica:
         self.supervisor: Supervisor[EngineWorker]
         self.up = False
         self.queue: TierQueues[Ticket] = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share,
-                                                    waiting=Stage.QUEUED, taken=Stage.PREFILLING)
+                                                    waiting=Stage.QUEUED, taken=Stage.PREFILLING,
+                                                    weights=queue.weights, cost=prompt_of)
         self.reruns: deque[Ticket] = deque()  # lost by another replica: they go first
         self.live: dict[int, Ticket] = {}  # rid -> ticket, sent to the engine
         self.load = 0
@@ -309,6 +322,7 @@ class Replica:
             return
         job = ticket.job
         self._prefilled(ticket)
+        self.queue.charge(ticket.tier, ticket.tenant, len(frame.ids))  # its share: answer tokens as made
         if ticket.out.push(frame.ids, ticket.queued):  # a whole answer reached a stop sequence
             self.end(ticket)
             usage = Usage(len(job.prompt_tokens), cached_tokens=0, output_tokens=ticket.out.generated)

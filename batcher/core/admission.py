@@ -64,7 +64,7 @@ class BatchLoad:
     costs the same at any size.
     """
 
-    queued: tuple[int, ...]
+    queued: tuple[float, ...]
     free_in: tuple[float, ...]
     batch: int
     call: float
@@ -171,21 +171,29 @@ class Rate:
         return self._value * math.exp((self._updated - now) / self.tau)
 
 
+TENANTS_KEPT = 1024
+"""Tenants per tier whose newest admitted job's due time is kept; past it, those already due go."""
+
+
 class AdmissionControl:
     """Judges each arrival at one backend, and remembers what later judgements need: each tier's
-    rate of admitted arrivals, and when its newest admitted request is due to be taken."""
+    rate of admitted arrivals, and when its newest admitted request is due to be taken, in all
+    and by tenant (a tenant's Retry-After is its own backlog's, within its tier)."""
 
     def __init__(self, budgets: Sequence[float]) -> None:
         self.budgets = tuple(budgets)
         self._arrivals = [Rate() for _ in self.budgets]
         self._due = [-math.inf] * len(self.budgets)
+        self._tenant_due: list[dict[str, float]] = [{} for _ in self.budgets]
 
     def arrivals(self, now: float) -> tuple[float, ...]:
         """Admitted work per second, per tier, as of ``now``: what a :class:`Load` needs."""
         return tuple(rate.at(now) for rate in self._arrivals)
 
-    def judge(self, load: Load, tier: int, now: float, cost: float = 1.0) -> Admission:
-        """Admit or shed one new job of ``tier`` (0 is the highest) and ``cost`` arriving at ``now``."""
+    def judge(self, load: Load, tier: int, now: float, cost: float = 1.0, tenant: str = "") -> Admission:
+        """Admit or shed one new job of ``tier`` (0 is the highest), ``cost`` and ``tenant``
+        arriving at ``now``; ``load`` as that tenant's job sees it (its tier's work that fair
+        shares take before it)."""
         if not 0 <= tier < len(self.budgets) or len(load.queued) != len(self.budgets):
             raise ValueError(f"tier {tier} of {len(self.budgets)} budgets, load for {len(load.queued)} tiers")
         wait = load.wait(tier, cost)
@@ -193,13 +201,17 @@ class AdmissionControl:
         if not load.measured or (wait <= allowed and allowed > 0):
             self._arrivals[tier].add(now, cost)
             self._due[tier] = now + wait
+            dues = self._tenant_due[tier]
+            if len(dues) >= TENANTS_KEPT and tenant not in dues:
+                self._tenant_due[tier] = dues = {name: due for name, due in dues.items() if due > now}
+            dues[tenant] = now + wait
             return Admission(True, wait, allowed)
-        return Admission(False, wait, allowed, self.retry_after(load, tier, now, cost))
+        return Admission(False, wait, allowed, self.retry_after(load, tier, now, cost, tenant))
 
-    def shed(self, load: Load, tier: int, now: float, cost: float = 1.0) -> Shed | None:
+    def shed(self, load: Load, tier: int, now: float, cost: float = 1.0, tenant: str = "") -> Shed | None:
         """The one shedding rule every backend calls: None to admit the job, else the
         :class:`~batcher.core.errors.Shed` error to fail it with (its ``retry_after`` set)."""
-        verdict = self.judge(load, tier, now, cost)
+        verdict = self.judge(load, tier, now, cost, tenant)
         if verdict.admitted:
             return None
         if math.isinf(verdict.wait):  # the higher tiers' arrivals take all of the drain
@@ -208,10 +220,14 @@ class AdmissionControl:
             message = f"estimated wait {verdict.wait:.3f}s is over the budget of {verdict.budget:.3f}s"
         return Shed(message, verdict.retry_after)
 
-    def retry_after(self, load: Load, tier: int, now: float, cost: float = 1.0) -> float:
+    def retry_after(
+        self, load: Load, tier: int, now: float, cost: float = 1.0, tenant: str | None = None
+    ) -> float:
         """When the work ahead of a job of ``tier`` is due to have left the queue, as predicted
-        for the newest of it when it was admitted; never less than the job's own share of the
-        fleet's drain rate."""
-        due = max(self._due[: tier + 1]) - now
+        for the newest of it when it was admitted: of the higher tiers, and of its own tier, or
+        of its ``tenant`` in its tier (the backlog its own share implies); never less than the
+        job's own share of the fleet's drain rate."""
+        own = self._due[tier] if tenant is None else self._tenant_due[tier].get(tenant, -math.inf)
+        due = max([*self._due[:tier], own]) - now
         rate = load.drain_rate
         return max(due, cost / rate if rate > 0 else 1.0)

@@ -14,6 +14,7 @@ import importlib.util
 import math
 import os
 import sys
+from collections.abc import Mapping
 
 
 def require(condition: bool, field: str, expected: str, value: object) -> None:
@@ -23,13 +24,16 @@ def require(condition: bool, field: str, expected: str, value: object) -> None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class QueueConfig:
-    """How requests wait: tiers in priority order, their deadline, and aging of lower tiers."""
+    """How requests wait: tiers in priority order, their deadline, aging of lower tiers, and the
+    tenants' weights within a tier."""
 
     tiers: tuple[str, ...] = ("paid", "free")
     queue_timeout: float = 30.0  # a request not dispatched this long after arrival: Overloaded
     age_limit: float = 1.0  # a lower-tier request this old is aged...
     aged_share: float = 0.1  # ...and aged requests may take this share of dispatched slots
     wait_budgets: tuple[float, ...] | None = None  # seconds per tier; set: shed over-budget arrivals
+    # tenant -> its weight within its tier (docs/admission.md, "Shares"); a tenant not named: 1
+    weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
@@ -43,6 +47,8 @@ class QueueConfig:
                 len(budgets) == len(self.tiers), "wait_budgets", f"one per tier ({len(self.tiers)})", budgets
             )
             require(all(b > 0 for b in budgets), "wait_budgets", "seconds > 0", budgets)
+        for tenant, weight in self.weights.items():
+            require(0 < weight < math.inf, f"weights.{tenant}", "a weight > 0", weight)
 
     def deadline(self, tier: int) -> float:
         """Seconds a request of this tier may wait for dispatch: its budget, else the timeout."""

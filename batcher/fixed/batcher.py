@@ -22,6 +22,7 @@ trigger, or a worker freeing up. It never polls.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import math
@@ -107,7 +108,7 @@ class Batcher:
     def submit(self, job: Job, on_event: OnEvent) -> Request:
         """Queue a job; its events go to ``on_event``. Raises ``ValueError`` for an unknown tier."""
         emit = functools.partial(self._emit, on_event, len(job.prompt_tokens))
-        request = self.request(job.prompt, job.tier, job.deadline, on_done=emit)
+        request = self.request(job.prompt, job.tier, job.deadline, on_done=emit, tenant=job.tenant)
         self.enqueue(request)
         return request
 
@@ -159,6 +160,7 @@ class Batcher:
         if queue.tiers != self.config.tiers:
             raise ValueError(f"tiers: expected {list(self.config.tiers)} as opened, got {list(queue.tiers)}")
         self.config = queue
+        self.queue.reweigh(queue.weights)
         if self.admission is not None and queue.wait_budgets is not None:
             self.admission.budgets = queue.wait_budgets
 
@@ -169,17 +171,18 @@ class Batcher:
         timeout: float | None = None,
         on_done: Callable[[Request], None] = _ignore,
         arrival: float | None = None,
+        tenant: str = "",
     ) -> Request:
         """A new request arriving now, or at ``arrival`` (one of :class:`Arrivals`, made when due).
 
         ``tier`` defaults to the lowest; ``timeout`` (seconds after arrival) to the tier's wait
         budget where the config has budgets (the same budget admission judges by), else to its
-        ``queue_timeout``.
+        ``queue_timeout``; ``tenant`` is who pays (its share of its tier).
         """
         now = trio.current_time() if arrival is None else arrival
         index = len(self.config.tiers) - 1 if tier is None else self.config.tier_index(tier)
         wait = timeout if timeout is not None else self.config.deadline(index)
-        return Request(next(self._ids), input, index, now, now + wait, on_done)
+        return Request(next(self._ids), input, index, now, now + wait, on_done, tenant=tenant)
 
     def enqueue(self, request: Request) -> None:
         """Queue a request (trio thread, no await); its outcome arrives through ``on_done``.
@@ -200,7 +203,8 @@ class Batcher:
         """Admission by load (:mod:`batcher.core.admission`), judged at arrival: False if shed."""
         if self.admission is None:
             return True
-        error = self.admission.shed(self.load(), request.tier, request.arrival)
+        load = self._seen_by(self.load(), request.tier, request.tenant)
+        error = self.admission.shed(load, request.tier, request.arrival, tenant=request.tenant)
         if error is None:
             return True
         self.counters.shed[request.tier] += 1
@@ -282,11 +286,20 @@ class Batcher:
         arrivals = self.admission.arrivals(now) if self.admission is not None else ()
         return BatchLoad(queued, tuple(self.pool.free_in(now)), batch, self.pool.call_seconds, arrivals)
 
-    def _retry_after(self, load: BatchLoad, tier: int, now: float) -> float:
-        """When the queue ahead of a request of ``tier`` should have drained (its 529's Retry-After)."""
+    def _seen_by(self, load: BatchLoad, tier: int, tenant: str) -> BatchLoad:
+        """``load`` as a new request of ``tenant`` in ``tier`` sees it: of its tier's queue, the
+        part fair shares take before it (all of it while one tenant queues)."""
+        ahead = self.queue.ahead(tier, tenant)
+        if ahead == load.queued[tier]:
+            return load
+        return dataclasses.replace(load, queued=(*load.queued[:tier], ahead, *load.queued[tier + 1:]))
+
+    def _retry_after(self, load: BatchLoad, request: Request, now: float) -> float:
+        """When the queue ahead of ``request`` should have drained (its 529's Retry-After): its
+        tenant's own backlog, within its tier."""
         if self.admission is not None:
-            return self.admission.retry_after(load, tier, now)
-        return max(load.dispatch_in(tier), 1.0 / load.drain_rate if load.drain_rate else 1.0)
+            return self.admission.retry_after(load, request.tier, now, tenant=request.tenant)
+        return max(load.dispatch_in(request.tier), 1.0 / load.drain_rate if load.drain_rate else 1.0)
 
     def _expire(self, now: float) -> None:
         """Fail the queued requests past their deadline, or too near it for the policy."""
@@ -297,7 +310,7 @@ class Batcher:
         for request in expired:
             self.counters.expired += 1
             waited = now - request.arrival
-            retry_after = self._retry_after(load, request.tier, now)
+            retry_after = self._retry_after(load, request, now)
             if self._drop_before:
                 left = request.deadline - now
                 message = f"{left:.3f}s left before its deadline after {waited:.3f}s"

@@ -47,6 +47,7 @@ class Request:
     error: FerryError | None = None
     dispatched_at: float | None = None
     finished_at: float | None = None
+    tenant: str = ""  # who pays: its share of its tier (batcher.core.tier_queue)
 
     @property
     def done(self) -> bool:

@@ -88,7 +88,7 @@ def test_when_blocks_run_out_the_lowest_tier_newest_sequence_is_preempted():
     assert [seq.rid for seq in plan.preempted] == [2]
     assert free1.status is SequenceStatus.WAITING and free1.num_computed == 0 and free1.block_table == []
     assert free1.output_ids == [7] and free1.preemptions == [2.0]
-    assert list(s.waiting[1]) == [free1, late]  # back at the head of its tier; nothing admitted
+    assert s.queued(1) == [free1, late]  # back at the head of its tier; nothing admitted
     assert [seq.rid for seq in s.running] == [0, 3, 1] and s.preemptions == 1
     assert (paid0.num_computed, paid1.num_computed, free0.num_computed) == (5, 5, 5)
 
@@ -115,7 +115,7 @@ def test_strict_priority_a_paid_prompt_that_does_not_fit_holds_back_smaller_free
     add(s, 1, 8, tier=0)
     add(s, 2, 1, tier=1)
     assert planned(step(s)) == [(0, 1)]
-    assert [seq.rid for seq in s.waiting[0]] == [1] and [seq.rid for seq in s.waiting[1]] == [2]
+    assert [seq.rid for seq in s.queued(0)] == [1] and [seq.rid for seq in s.queued(1)] == [2]
 
 
 def test_the_running_cap_limits_admissions():

@@ -136,9 +136,10 @@ class Ticket:
     arrival: float = 0.0
     deadline: float = math.inf
     state: Stage = Stage.WAITING
+    tenant: str = ""
 
 
-def test_the_queues_hold_anything_with_a_tier_times_and_a_state_in_its_own_states():
+def test_the_queues_hold_anything_with_a_tier_a_tenant_times_and_a_state_in_its_own_states():
     queues = TierQueues(2, waiting=Stage.WAITING, taken=Stage.SENT)
     free, paid, late, gone = (Ticket("free", FREE), Ticket("paid", PAID), Ticket("late", FREE, deadline=1.0),
                               Ticket("gone", PAID))

@@ -54,12 +54,14 @@ class Engine:
         tier: int = 0,
         tenant: str = "",
         rid: int | None = None,
+        weight: float = 1.0,
     ) -> int:
         """Queue a sequence; returns its rid (``rid``, or the next free number). It runs from the
         next step on; one that could never fit the cache is reported finished by that step."""
         if rid is None:
             rid = next(r for r in self._rids if r not in self.scheduler.sequences)
-        seq = Sequence(rid, list(prompt_ids), sampling, tier=tier, tenant=tenant, arrival=self.clock())
+        seq = Sequence(rid, list(prompt_ids), sampling, tier=tier, tenant=tenant, arrival=self.clock(),
+                       weight=weight)
         self.scheduler.add(seq)
         return rid
 

@@ -51,9 +51,11 @@ class EngineCore(Protocol):
         tier: int = 0,
         tenant: str = "",
         rid: int | None = None,
+        weight: float = 1.0,
     ) -> int:
         """Queue a sequence (as ``rid``, or a free number); returns its rid. ValueError for one it
-        refuses outright; one too long for it ends at the next step."""
+        refuses outright; one too long for it ends at the next step. ``weight`` is its tenant's
+        within its tier, where the engine shares a tier's queue among tenants."""
 
     def abort(self, rid: int) -> bool:
         """End ``rid`` at the next step (False if it holds no such sequence)."""

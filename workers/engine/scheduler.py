@@ -4,8 +4,9 @@ Theory of operation. Each step has ``max_batch_tokens`` to spend. Running sequen
 in priority order (tier, then arrival): a decode costs one token, a sequence still prefilling
 takes a chunk of what is left, less one token for each decode behind it, so a 50,000-token
 prompt advances ~500 tokens a step while every running decode still gets its token. Then, with
-what is left, waiting sequences are admitted by tier (0, paid, before 1, free), FIFO within a
-tier, each with a first chunk that fits the budget and the block manager's watermark::
+what is left, waiting sequences are admitted by tier (0, paid, before 1, free), preempted ones
+first, then by the tenants' fair shares (:mod:`workers.shares`: uncached prompt and answer
+tokens; one tenant is FIFO), each with a first chunk that fits the budget and the watermark::
 
     budget 512   [ A decode 1 ][ B last 400 of its prompt ][ C decode 1 ][ D admitted: first 110 ]
                   running, tier then arrival order ...........................   waiting, by tier
@@ -30,6 +31,7 @@ from workers.engine.block_manager import BlockManager, cdiv
 from workers.engine.config import EngineConfig
 from workers.engine.decode_run import DecodeRun
 from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
+from workers.shares import FairQueue
 
 
 class Schedule(NamedTuple):
@@ -45,6 +47,18 @@ class Schedule(NamedTuple):
 
 def priority(seq: Sequence) -> tuple[int, float, int]:
     return seq.tier, seq.arrival, seq.rid
+
+
+def _tenant(seq: Sequence) -> str:
+    return seq.tenant
+
+
+def _waits(seq: Sequence) -> bool:
+    return seq.status is SequenceStatus.WAITING
+
+
+def _prompt(seq: Sequence) -> float:
+    return seq.num_prompt
 
 
 class Scheduler:
@@ -64,7 +78,9 @@ class Scheduler:
         self.blocks = BlockManager(
             config.num_blocks, config.block_size, config.watermark_blocks, config.model_version
         )
-        self.waiting: dict[int, deque[Sequence]] = {}  # tier -> FIFO
+        self.waiting: dict[int, FairQueue[Sequence]] = {}  # tier -> its tenants' shares
+        self.resumed: dict[int, deque[Sequence]] = {}  # tier -> preempted sequences, the latest first
+        self.weights: dict[str, float] = {}  # tenant -> its weight, as its last sequence said
         self.running: list[Sequence] = []  # in priority order
         self.sequences: dict[int, Sequence] = {}  # every unfinished sequence, by rid
         self.finished: list[Sequence] = []  # finished since the engine last took them
@@ -74,7 +90,18 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return sum(len(queue) for queue in self.waiting.values())
+        return sum(len(queue) for queue in self.waiting.values()) + sum(map(len, self.resumed.values()))
+
+    def queued(self, tier: int) -> list[Sequence]:
+        """The sequences waiting in ``tier``: the preempted ones, then the others by tenant."""
+        return [*self.resumed.get(tier, ()), *self.waiting.get(tier, ())]
+
+    def _queue(self, tier: int) -> FairQueue[Sequence]:
+        queue = self.waiting.get(tier)
+        if queue is None:
+            queue = self.waiting[tier] = FairQueue(self.weights, _tenant, _waits, _prompt)
+            self.resumed[tier] = deque()
+        return queue
 
     def add(self, seq: Sequence) -> None:
         if seq.rid in self.sequences:
@@ -91,7 +118,11 @@ class Scheduler:
         elif needed > self.config.num_blocks:
             self.finish(seq, FinishReason.TOO_LONG, seq.arrival, self._too_long(needed))
         else:
-            self.waiting.setdefault(seq.tier, deque()).append(seq)
+            if self.weights.get(seq.tenant, 1.0) != seq.weight:
+                self.weights[seq.tenant] = seq.weight
+                for queue in self.waiting.values():
+                    queue.reweigh(self.weights)
+            self._queue(seq.tier).push(seq)
 
     def abort(self, rid: int, now: float) -> bool:
         """End ``rid`` and free its blocks now; False if no such sequence is in the engine."""
@@ -100,8 +131,10 @@ class Scheduler:
             return False
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+        elif seq.preemptions:  # a waiting sequence that ran before waits among the resumed
+            self.resumed[seq.tier].remove(seq)
         else:
-            self.waiting[seq.tier].remove(seq)
+            self.waiting[seq.tier].forget(seq)
         self.finish(seq, FinishReason.ABORTED, now)
         return True
 
@@ -165,16 +198,25 @@ class Scheduler:
         return Schedule(seqs, counts, preempted)
 
     def _admit(self, budget: int, now: float, seqs: list[Sequence], counts: list[int]) -> None:
-        """Admit waiting sequences by tier, then FIFO, while budget, blocks and the cap allow."""
+        """Admit waiting sequences by tier, the preempted first, then by the tenants' shares,
+        while budget, blocks and the cap allow."""
         for tier in sorted(self.waiting):
-            queue = self.waiting[tier]
-            while queue and budget > 0 and len(self.running) < self.config.max_seqs:
-                seq = queue[0]
+            resumed, queue = self.resumed[tier], self.waiting[tier]
+            if queue.tenants > 1:
+                self._settle(tier)
+            while budget > 0 and len(self.running) < self.config.max_seqs:
+                seq = resumed[0] if resumed else queue.front()
+                if seq is None:
+                    break
                 hits = self.blocks.lookup(seq)
-                n = min(seq.num_tokens - len(hits) * self.config.block_size, budget)
+                uncached = seq.num_tokens - len(hits) * self.config.block_size
+                n = min(uncached, budget)
                 if not self.blocks.admit(seq, hits, n):
                     return  # strict priority: nothing behind it jumps the queue
-                queue.popleft()
+                if resumed:
+                    resumed.popleft()
+                else:
+                    queue.pop(charge=uncached)
                 seq.status = SequenceStatus.RUNNING
                 if seq.first_scheduled is None:
                     seq.first_scheduled = now
@@ -189,8 +231,17 @@ class Scheduler:
         seq.num_computed = 0
         seq.status = SequenceStatus.WAITING
         seq.preemptions.append(now)
-        self.waiting.setdefault(seq.tier, deque()).appendleft(seq)
+        self.resumed[seq.tier].appendleft(seq)
         self.preemptions += 1
+
+    def _settle(self, tier: int) -> None:
+        """Charge the tenants of ``tier`` for the answer tokens made since last charged."""
+        queue = self.waiting[tier]
+        for seq in self.running:
+            made = len(seq.output_ids) - seq.charged
+            if made and seq.tier == tier:
+                queue.charge(seq.tenant, made)
+                seq.charged += made
 
     def postprocess(self, schedule: Schedule, tokens: list[int | None], now: float) -> dict[int, int]:
         """Record what the step computed and sampled; returns each sequence's new token by rid."""
@@ -266,6 +317,9 @@ class Scheduler:
         """Mark ``seq`` finished and free its blocks; the caller takes it out of its queue."""
         self.blocks.free_blocks(seq)
         self._run = None
+        made = len(seq.output_ids) - seq.charged
+        if made:
+            self.waiting[seq.tier].charge(seq.tenant, made)  # its tenant's share: the tokens it made
         seq.status, seq.finish_reason, seq.finished_at = SequenceStatus.FINISHED, reason, now
         del self.sequences[seq.rid]
         self.finished.append(seq)

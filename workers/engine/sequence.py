@@ -46,7 +46,8 @@ class Sequence:
     prompt_ids: list[int]
     sampling: Sampling = Sampling()
     tier: int = 0  # 0 is served first
-    tenant: str = ""  # salts the prefix cache: two tenants never share a block
+    tenant: str = ""  # salts the prefix cache: two tenants never share a block; has a share of its tier
+    weight: float = 1.0  # its tenant's weight within its tier (workers.shares)
     arrival: float = 0.0
     output_ids: list[int] = dataclasses.field(default_factory=list)
     num_computed: int = 0
@@ -59,6 +60,7 @@ class Sequence:
     first_token: float | None = None
     finished_at: float | None = None
     preemptions: list[float] = dataclasses.field(default_factory=list)
+    charged: int = 0  # output tokens its tenant's share has been charged for
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
