@@ -41,7 +41,8 @@ def stopped_in_a_call(gateway: Gateway) -> dict:
     the kill that follows lands in the call, not in the moment after its answer."""
     while True:
         busy = gateway.wait_for(
-            lambda models: any(w["state"] == "busy" for w in models["sleepy@1"]["workers"]), what="a busy worker"
+            lambda models: any(w["state"] == "busy" for w in models["sleepy@1"]["workers"]),
+            what="a busy worker",
         )
         victim = next(w for w in busy["sleepy@1"]["workers"] if w["state"] == "busy")
         os.kill(victim["pid"], signal.SIGSTOP)
