@@ -141,6 +141,10 @@ class ServerConfig:
         require(self.access_log_per_second >= 0, "access_log_per_second", ">= 0", self.access_log_per_second)
 
 
+MAX_WEIGHT = 1000.0
+"""The largest tenant weight: a tenant of weight 1 still gets a thousandth of a busy tier."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyConfig:
     """An API key (or only its sha256, so the file need not hold the secret) and who holds it."""
@@ -151,6 +155,7 @@ class KeyConfig:
     key_sha256: str | None = None
     tokens_per_minute: int | None = None  # per-key limits, charged at admission (docs/admission.md)
     requests_per_minute: int | None = None
+    weight: float = 1.0  # its tenant's share of its tier beside the tier's other tenants (docs/admission.md)
 
     def __post_init__(self) -> None:
         require((self.key is None) != (self.key_sha256 is None), "key", "exactly one of key, key_sha256",
@@ -165,6 +170,7 @@ class KeyConfig:
         for name in ("tokens_per_minute", "requests_per_minute"):
             value = getattr(self, name)
             require(value is None or value > 0, name, "> 0", value)
+        require(0 < self.weight <= MAX_WEIGHT, "weight", f"a weight in (0, {MAX_WEIGHT}]", self.weight)
 
     @property
     def digest(self) -> str:
@@ -292,6 +298,11 @@ class FerryConfig:
         names = [tier.name for tier in self.tiers]
         for index, key in enumerate(self.keys):
             require(key.tier in names, f"keys[{index}].tier", f"one of {names}", key.tier)
+        weights: dict[str, float] = {}
+        for index, key in enumerate(self.keys):
+            weight = weights.setdefault(key.tenant, key.weight)
+            require(key.weight == weight, f"keys[{index}].weight",
+                    f"the weight of tenant {key.tenant!r}'s other keys ({weight})", key.weight)
         digests = [key.digest for key in self.keys]
         require(len(set(digests)) == len(digests), "keys", "distinct keys", "a key listed twice")
         seen: dict[str, str] = {}
@@ -316,10 +327,12 @@ class FerryConfig:
         return os.path.expanduser(self.admin.socket) if self.admin.socket else self.state.path(ADMIN_SOCKET)
 
     def queue(self) -> QueueConfig:
-        """The batchers' queue settings: these tiers, in this priority order, with their budgets."""
+        """The batchers' queue settings: these tiers, in this priority order, with their budgets,
+        and the tenants' weights within a tier (those not 1)."""
         return QueueConfig(
             tiers=tuple(tier.name for tier in self.tiers),
             wait_budgets=tuple(tier.wait_budget_ms / 1000 for tier in self.tiers),
+            weights={key.tenant: key.weight for key in self.keys if key.weight != 1.0},
         )
 
 

@@ -91,7 +91,8 @@ class Batcher:
         self.config = queue
         self.counters = pool.counters
         self.queue: TierQueues[Request] = TierQueues(len(queue.tiers), queue.age_limit, queue.aged_share,
-                                waiting=RequestState.QUEUED, taken=RequestState.DISPATCHED)
+                                waiting=RequestState.QUEUED, taken=RequestState.DISPATCHED,
+                                weights=queue.weights)
         self._tokens = tokens  # counts an output's tokens for its events: the model's tokenizer
         self._ids = itertools.count(1)
         self._wakeup = trio.Event()

@@ -28,7 +28,7 @@ def test_the_example_file_loads_with_every_field():
         4 << 20,
     )
     assert [(t.name, t.wait_budget_ms) for t in config.tiers] == [("paid", 1000), ("free", 300)]
-    assert config.queue() == QueueConfig(tiers=("paid", "free"), wait_budgets=(1.0, 0.3))
+    assert config.queue() == QueueConfig(tiers=("paid", "free"), wait_budgets=(1.0, 0.3), weights={"acme": 4.0})
     acme, hobbyist = config.keys
     assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
     assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()
@@ -157,6 +157,15 @@ def test_a_minimal_file_takes_the_defaults():
             MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\n"
             "[[keys]]\nkey = 'sk-000000001'\ntenant = 'u'\ntier = 'paid'\n",
             "f.toml: keys: expected distinct keys",
+        ),
+        (
+            MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\nweight = 0\n",
+            "f.toml: keys[0].weight: expected a weight in (0, 1000.0], got 0",
+        ),
+        (
+            MINIMAL + "[[keys]]\nkey = 'sk-000000001'\ntenant = 't'\ntier = 'paid'\nweight = 2\n"
+            "[[keys]]\nkey = 'sk-000000002'\ntenant = 't'\ntier = 'paid'\n",
+            "f.toml: keys[1].weight: expected the weight of tenant 't''s other keys (2",
         ),
         (
             "[aliases]\nm = 1\n" + MINIMAL,
