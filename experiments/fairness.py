@@ -61,7 +61,8 @@ def serve(shots: list[Arrival], label: Callable[[str], str], workers: int) -> Se
             start = trio.current_time()
             for at, tenant in shots:
                 await trio.sleep_until(start + at)
-                request = batcher.request("x", "paid", on_done=lambda _: ended.release(), tenant=label(tenant))
+                request = batcher.request("x", "paid", on_done=lambda _: ended.release(),
+                                          tenant=label(tenant))
                 requests.append((tenant, request))
                 batcher.enqueue(request)
             for _ in shots:
@@ -129,8 +130,8 @@ Tenant L at {args.light:g}/s beside tenant H at {args.heavy:g}/s, both paid, on 
 workers ({args.workers * 250}/s), {args.duration:g} s of arrivals, in virtual time.
 
 - **L alone**: {cell('L alone', 'answered %'):.1f} % answered, p95 {cell('L alone', 'p95 ms'):.0f} ms.
-- **One FIFO** (the tier before fair shares): {cell('L beside H, one FIFO', 'answered %'):.1f} % of L answered,
-  p95 {cell('L beside H, one FIFO', 'p95 ms'):.0f} ms.
+- **One FIFO** (the tier before fair shares): {cell('L beside H, one FIFO', 'answered %'):.1f} % of L
+  answered, p95 {cell('L beside H, one FIFO', 'p95 ms'):.0f} ms.
 - **Fair shares**: {cell('L beside H, fair shares', 'answered %'):.1f} % of L answered,
   p95 {cell('L beside H, fair shares', 'p95 ms'):.0f} ms (the acceptance bound, 1.5 x alone + 100 ms:
   {limit:.0f} ms); H shed with Retry-After (median in the table).

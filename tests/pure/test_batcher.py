@@ -278,3 +278,24 @@ async def test_with_wait_budgets_a_request_must_be_dispatched_within_its_tiers_b
     async with open_batcher(Spawner(), PoolConfig(workers=1), SizeOrTimeout(50, T), queue) as batcher:
         paid, free = batcher.request("p", "paid"), batcher.request("f", "free")
     assert (paid.deadline - paid.arrival, free.deadline - free.arrival) == (1.0, 0.3)
+
+
+async def test_a_light_tenant_beside_a_heavy_backlog_goes_in_the_next_batch_the_heavy_is_shed(autojump_clock):
+    pool, queue = PoolConfig(workers=1, hang_timeout=HANG), QueueConfig(wait_budgets=(1.0, 0.3))
+    async with open_batcher(Spawner(), pool, SizeOrTimeout(50, T), queue) as batcher:
+        outcomes = Outcomes(batcher)
+        await batcher.answer("warm-up", "paid")
+        outcomes.add(texts("busy", 50))
+        await trio.sleep(0.01)  # virtual time: the busy batch is on the worker until 0.2 s
+        start = trio.current_time()
+        heavy = outcomes.add(texts("h", 300), tenant="heavy")  # 5 batches fit its 1 s budget
+        light = outcomes.add(texts("l", 2), tenant="light")
+        await outcomes.wait(352)
+    assert [r.state for r in light] == [RequestState.DONE] * 2
+    assert [r.dispatched_at - start for r in light] == pytest.approx([0.19] * 2)  # the 1st batch, not the 6th
+    answered = [r for r in heavy if r.state is RequestState.DONE]
+    shed = [r for r in heavy if r.error is not None and r.finished_at == pytest.approx(start)]  # at arrival
+    assert (len(answered), len(shed)) == (248, 50)  # 2 admitted ones gave their places to light's
+    drained = max(r.dispatched_at for r in answered) - start  # heavy's own backlog: 5 batches
+    assert drained == pytest.approx(0.99)
+    assert [r.error.retry_after for r in shed] == pytest.approx([drained] * 50)

@@ -28,7 +28,8 @@ def test_the_example_file_loads_with_every_field():
         4 << 20,
     )
     assert [(t.name, t.wait_budget_ms) for t in config.tiers] == [("paid", 1000), ("free", 300)]
-    assert config.queue() == QueueConfig(tiers=("paid", "free"), wait_budgets=(1.0, 0.3), weights={"acme": 4.0})
+    assert config.queue() == QueueConfig(
+        tiers=("paid", "free"), wait_budgets=(1.0, 0.3), weights={"acme": 4.0})
     acme, hobbyist = config.keys
     assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
     assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()

@@ -35,8 +35,9 @@ class Outcomes:
         self.ended: list[Request] = []
         self._changed = trio.Event()
 
-    def add(self, texts, tier="paid", timeout=None) -> list[Request]:
-        requests = [self.batcher.request(text, tier, timeout, on_done=self._on_done) for text in texts]
+    def add(self, texts, tier="paid", timeout=None, tenant="") -> list[Request]:
+        requests = [self.batcher.request(text, tier, timeout, on_done=self._on_done, tenant=tenant)
+                    for text in texts]
         for request in requests:
             self.batcher.enqueue(request)
         return requests
