@@ -209,3 +209,19 @@ def test_a_live_rid_cannot_be_added_twice():
     add(s, 0, 3)
     with pytest.raises(ValueError, match="rid 0: already in the engine"):
         add(s, 0, 3)
+
+
+def test_a_tier_s_seats_go_to_its_tenants_by_the_tokens_each_was_given_over_its_weight():
+    """One seat; heavy queued first, 4 sequences of 8 prompt tokens; light (weight 2) 8 of 4. Each
+    answers 1 token: heavy is given 9 tokens a sequence, light 5 over 2, so light's 4 sequences
+    go for each of heavy's (one tenant alone is FIFO: every other test)."""
+    s = scheduler(block_size=4, num_blocks=256, max_batch_tokens=64, max_seqs=1)
+    for rid in range(4):
+        s.add(Sequence(rid, [100 + rid] * 8, Sampling(max_tokens=1), tenant="heavy", arrival=float(rid)))
+    for rid in range(4, 12):
+        s.add(Sequence(rid, [100 + rid] * 4, Sampling(max_tokens=1), tenant="light", arrival=float(rid),
+                       weight=2.0))
+    order = []
+    while s.sequences:
+        order += [seq.rid for seq, n in zip(*step(s)[:2], strict=False) if seq.num_computed == n]
+    assert order == [0, 4, 5, 6, 7, 1, 8, 9, 10, 11, 2, 3]
