@@ -6,12 +6,15 @@ directly (prometheus_client is thread-safe), once per request. The core's famili
 workers, queues, engines) come from :class:`batcher.core.metrics.CoreCollector`, registered here,
 which reads the backends' snapshots at each scrape.
 
-Labels are model and tier names, statuses and reasons: never an API key or prompt text.
+Labels are model and tier names, statuses and reasons: never an API key or prompt text. The
+``ferry_tenant_*`` families name a tenant only if the config does (its ``[[keys]]``, the first
+:data:`NAMED_TENANTS` of them); every other tenant is counted as ``other``, so a label's values
+stay as few as the config's tenants.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -21,6 +24,9 @@ from batcher.core.metrics import CoreCollector
 
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+NAMED_TENANTS = 200
+"""The most tenants the per-tenant families name; the rest, and any not in the config, are ``other``."""
+OTHER = "other"
 
 
 class Metrics:
@@ -64,9 +70,31 @@ class Metrics:
             "ferry_alias_requests", "Requests that named an alias, by the version that took them.",
             ["alias", "model"], registry=self.registry,
         )
+        by_tenant = ["model", "tenant"]
+        self.tenant_requests = Counter(
+            "ferry_tenant_requests", "Requests by tenant and outcome (completed, shed, expired, "
+            "rate_limited, failed, interrupted, cancelled).", [*by_tenant, "outcome"], registry=self.registry,
+        )
+        self.tenant_tokens = Counter(
+            "ferry_tenant_tokens", "Tokens by tenant: input (the prompts) and output (delivered).",
+            [*by_tenant, "kind"], registry=self.registry,
+        )
+        self.tenant_ttft = Histogram(
+            "ferry_tenant_ttft_seconds", "Time to first token by tenant.", by_tenant,
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.named: frozenset[str] = frozenset()
         self._alias_series: dict[tuple[str, str], Counter] = {}  # a labelled child
         self._core = CoreCollector()
         self.registry.register(self._core)
+
+    def name_tenants(self, tenants: Iterable[str]) -> None:
+        """The tenants the per-tenant families name from now on (the config's, in its order)."""
+        self.named = frozenset(list(dict.fromkeys(tenants))[:NAMED_TENANTS])
+
+    def tenant(self, name: str) -> str:
+        """The ``tenant`` label of a request of tenant ``name``."""
+        return name if name in self.named else OTHER
 
     def count_alias(self, alias: str, model: str) -> None:
         """One request that named ``alias`` taken by version ``model`` (a configured pair, so

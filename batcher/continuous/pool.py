@@ -54,7 +54,7 @@ from batcher.continuous.router import Router
 from batcher.continuous.token_load import TokenLoad
 from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
-from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
+from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason, top_tenants
 from batcher.core.config import QueueConfig
 from batcher.core.errors import Expired, ReplicaLost, RequestFailed, Shed, TooLarge, WorkersFailed
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
@@ -182,8 +182,17 @@ class EnginePool:
             self.ready, reason, tuple(r.status() for r in self._replicas), self.queued, "tokens",
             {"token_rate": load.rate, "cancelled": counters.cancelled, "expired": counters.expired,
              "reruns": counters.reruns, "interrupted": counters.interrupted},
+            top_tenants(self._backlogs()),
         )
         return Snapshot(self.config.mode, status, counters, load)
+
+    def _backlogs(self) -> dict[str, float]:
+        """The prompt tokens each tenant has queued, over every replica."""
+        work: dict[str, float] = {}
+        for r in self._replicas:
+            for tenant, tokens in r.queue.backlogs().items():
+                work[tenant] = work.get(tenant, 0.0) + tokens
+        return work
 
     def retune(self, queue: QueueConfig) -> None:
         """The tiers' new wait budgets, for arrivals from now on: admission judges by them and

@@ -131,6 +131,8 @@ class Status:
     fills with ``requests``, an engine is loaded with ``tokens``), so a reader never adds one
     to the other. ``reason`` says why a backend that is not ``ready`` should get no traffic
     (empty when it is ready). ``details`` are the mode's own counters, shown by ``/readyz``.
+    ``tenants`` are the :data:`TOP_TENANTS` tenants with the most work queued, and that work (in
+    ``unit``): ``ferry status`` shows them, ``/readyz`` (often public) does not.
     """
 
     ready: bool
@@ -139,6 +141,7 @@ class Status:
     queued: int
     unit: str
     details: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    tenants: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def body(self) -> dict[str, Any]:
         """The status as ``/readyz`` shows it: the common fields, then the mode's own."""
@@ -147,6 +150,16 @@ class Status:
                    for w in self.workers]
         return {"ready": self.ready, "reason": self.reason, "workers": workers, "queued": self.queued,
                 "queued_unit": self.unit, **self.details}
+
+
+TOP_TENANTS = 5
+"""How many tenants a status names, those with the most work queued."""
+
+
+def top_tenants(backlogs: Mapping[str, float]) -> dict[str, float]:
+    """The :data:`TOP_TENANTS` tenants of ``backlogs`` with the most work queued, most first."""
+    ranked = sorted(backlogs.items(), key=lambda pair: (-pair[1], pair[0]))
+    return dict(ranked[:TOP_TENANTS])
 
 
 def not_ready_reason(workers_up: int, proven: bool) -> str:

@@ -45,6 +45,7 @@ from batcher.core.backend import (
     Vector,
     WorkerStatus,
     not_ready_reason,
+    top_tenants,
 )
 from batcher.core.config import TEXT, Outputs, PoolConfig, QueueConfig
 from batcher.core.errors import Expired, Overloaded
@@ -151,7 +152,7 @@ class Batcher:
             "expired": counters.expired,
             "calls": counters.calls, "retries": counters.retries,
             "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
-        })
+        }, top_tenants(self.queue.backlogs()))
         return Snapshot("fixed", status, counters.copy(), self.load())
 
     def retune(self, queue: QueueConfig) -> None:

@@ -78,6 +78,11 @@ class Entry:
     recorded: bool = True
     billed: UsageRecord | None = None  # the record written ahead of the last bytes, if any
 
+    @property
+    def reached_model(self) -> bool:
+        """Whether a model read its input (billed), as far as its answer shows."""
+        return self.first_token_at is not None or self.status == 200
+
     def delivered(self, tokens: int, now: float | None = None) -> None:
         """Note output tokens just written to the client (the first write marks the first token)."""
         if self.first_token_at is None:
@@ -91,6 +96,7 @@ class Ledger:
         self.usage = usage
         self.metrics = metrics
         self._series: dict[tuple[str, str, int, Outcome], tuple] = {}
+        self._tenant_series: dict[tuple[str, str, Outcome], tuple] = {}
 
     async def charge(self, entry: Entry) -> None:
         """Charge the request's worst case to its key, or raise the 429 / 400 that says why not."""
@@ -127,8 +133,8 @@ class Ledger:
         now, status = time.monotonic(), entry.status
         if entry.charged:
             unused = entry.max_tokens - min(entry.output_tokens, entry.max_tokens)
-            if entry.first_token_at is None and status != 200:
-                unused += entry.input_tokens  # it never reached a model
+            if not entry.reached_model:
+                unused += entry.input_tokens
             if unused:
                 await self.limiter.refund(entry.key_id, entry.limits, unused)
         total = now - entry.started
@@ -150,6 +156,28 @@ class Ledger:
                 per_token.observe((total - ttft) / (entry.output_tokens - 1))
         if rejected is not None:
             rejected.inc()
+        self._count_tenant(entry, ttft)
+
+    def _count_tenant(self, entry: Entry, ttft: float | None) -> None:
+        """The request in its tenant's families (``other`` for a tenant the config does not name)."""
+        key = (entry.model, self.metrics.tenant(entry.tenant), entry.outcome)
+        series = self._tenant_series.get(key)
+        if series is None:
+            model, tenant, outcome = key
+            metrics = self.metrics
+            series = self._tenant_series[key] = (
+                metrics.tenant_requests.labels(model, tenant, outcome.value),
+                metrics.tenant_tokens.labels(model, tenant, "input"),
+                metrics.tenant_tokens.labels(model, tenant, "output"),
+                metrics.tenant_ttft.labels(model, tenant),
+            )
+        requests, input_tokens, output_tokens, first_token = series
+        requests.inc()
+        if entry.recorded and entry.reached_model:  # the tokens it is billed
+            input_tokens.inc(entry.input_tokens)
+            output_tokens.inc(entry.output_tokens)
+        if ttft is not None and entry.output_tokens:
+            first_token.observe(ttft)
 
     def _labelled(self, model: str, tier: str, status: int, outcome: Outcome) -> tuple:
         """The metric series one (model, tier, status, outcome) writes to: looked up once."""

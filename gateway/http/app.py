@@ -66,10 +66,10 @@ class Gateway:
     each whole, on this thread."""
 
     def __init__(self, config: FerryConfig, bridge: Bridge, limiter: Limiter, metrics: Metrics) -> None:
+        self.metrics = metrics
         self.apply(config)
         self.bridge = bridge
         self.catalog = Catalog.of(config.models, config.aliases)
-        self.metrics = metrics
         self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
         self.idempotency = IdempotencyStore(
             config.state.path("idempotency.sqlite"),
@@ -85,6 +85,7 @@ class Gateway:
         request from now on (a reload: :mod:`gateway.ops.rollout`)."""
         self.config = config
         self.keys = KeyRing(config.keys)
+        self.metrics.name_tenants(key.tenant for key in config.keys)
         self.safety: SafetyCheck = Blocklist(config.safety.blocklist, config.safety.refusal)
 
     async def close(self) -> None:

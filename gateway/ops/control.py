@@ -22,6 +22,7 @@ import sys
 import time
 import tomllib
 
+from batcher.core.backend import TOP_TENANTS
 from gateway.config import ADMIN_SOCKET, ADMIN_TOKEN, StateConfig
 
 CONTROL_COMMANDS = ("reload", "status", "drain", "weights")
@@ -126,7 +127,7 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def render_status(status: dict) -> str:
-    """The status as two tables: versions, then aliases."""
+    """The status as three tables: versions, the tenants with the most work queued, aliases."""
     lines = [f"config: {status['config']}"]
     last = status.get("last_reload") or {}
     if last:
@@ -148,6 +149,13 @@ def render_status(status: dict) -> str:
             )
         )
     lines += ["", *_table(rows), ""]
+    queued = sorted(((work, tenant, v["name"], v["queued_unit"]) for v in status["versions"]
+                     for tenant, work in v.get("tenants", {}).items()), key=lambda row: -row[0])
+    if queued:
+        rows = [("TENANT", "VERSION", "QUEUED")]
+        rows += [(tenant or "-", name, f"{work:g} {unit}")
+                 for work, tenant, name, unit in queued[:TOP_TENANTS]]
+        lines += [*_table(rows), ""]
     rows = [("ALIAS", "VERSION", "WEIGHT", "IN FILE", "SET BY")]
     for alias in status["aliases"]:
         for version in sorted({*alias["weights"], *alias["file"]}):

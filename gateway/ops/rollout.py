@@ -220,9 +220,9 @@ class Rollout:
             raise ValueError(f"{where}.{exc}") from None
 
     async def _apply_settings(self, new: FerryConfig) -> None:
-        """What changes at once: keys and their limits, the tiers' budgets, safety."""
+        """What changes at once: keys and their limits and weights, the tiers' budgets, safety."""
         gateway = self.gateway
-        if new.tiers != gateway.config.tiers:
+        if new.queue() != gateway.config.queue():
             await gateway.bridge.retune(new.queue())
         gateway.apply(new)
 
@@ -373,6 +373,7 @@ class Rollout:
                 "in_flight": self.gateway.pins.count(name),
                 "queued": status.queued if status is not None else None,
                 "queued_unit": status.unit if status is not None else None,
+                "tenants": dict(status.tenants) if status is not None else {},
             })
         file = {split.alias: split for split in splits_of(self.applied.models, self.applied.aliases)}
         routed = self.gateway.catalog.splits

@@ -102,3 +102,35 @@ def test_a_key_without_limits_is_never_charged(ledger):
         return free_for_all.charged
 
     assert asyncio.run(scenario()) is False
+
+
+def test_each_named_tenant_has_its_own_series_and_every_other_tenant_counts_as_other(ledger):
+    ledger.metrics.name_tenants(["acme", "acme", "globex"])
+
+    async def scenario():
+        for request_id, tenant, status, outcome, tokens in [
+            ("r1", "acme", 200, Outcome.COMPLETED, 30), ("r2", "acme", 529, Outcome.SHED, 0),
+            ("r3", "stranger", 200, Outcome.COMPLETED, 5), ("r4", "intruder", 200, Outcome.COMPLETED, 7),
+        ]:
+            account = entry(request_id, input_tokens=100)
+            account.tenant, account.status, account.outcome = tenant, status, outcome
+            if tokens:
+                account.delivered(tokens)
+            await ledger.close(account)
+
+    asyncio.run(scenario())
+    found = samples(ledger.metrics)
+
+    def tenant(name, tenant, **labels):
+        return found.get((name, tuple(sorted({"model": "m@1", "tenant": tenant, **labels}.items()))))
+
+    assert tenant("ferry_tenant_requests_total", "acme", outcome="completed") == 1
+    assert tenant("ferry_tenant_requests_total", "acme", outcome="shed") == 1  # a reject, by tenant
+    assert tenant("ferry_tenant_tokens_total", "acme", kind="input") == 100  # the shed one read nothing
+    assert tenant("ferry_tenant_tokens_total", "acme", kind="output") == 30
+    assert tenant("ferry_tenant_requests_total", "other", outcome="completed") == 2
+    assert tenant("ferry_tenant_tokens_total", "other", kind="output") == 12
+    assert tenant("ferry_tenant_ttft_seconds_count", "other") == 2
+    assert {labels for name, labels in found if name == "ferry_tenant_requests_total"} == {
+        (("model", "m@1"), ("outcome", outcome), ("tenant", name))
+        for name, outcome in [("acme", "completed"), ("acme", "shed"), ("other", "completed")]}

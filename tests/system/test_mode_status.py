@@ -98,6 +98,7 @@ def test_status_readyz_and_metrics_show_a_continuous_models_queued_tokens_and_no
     rows = {line.split()[0]: line for line in status.splitlines() if "@1" in line and "serving" in line}
     assert rows["sim@1"].split()[-3:] == [str(tokens), "tokens", "local"]  # QUEUED, then PLACEMENT
     assert rows["echo@1"].split()[-3:] == ["0", "requests", "local"]
+    assert f"tests   sim@1    {tokens} tokens" in status  # the tenants with the most work queued
 
     families = {f.name: f for f in text_string_to_metric_families(text)}
     by_model: dict[str, set[str]] = {"sim@1": set(), "echo@1": set()}
@@ -112,3 +113,6 @@ def test_status_readyz_and_metrics_show_a_continuous_models_queued_tokens_and_no
     sim = [s.value for s in families["ferry_queued_tokens"].samples if s.labels["model"] == "sim@1"]
     assert sim == [tokens]  # one tier
     assert {s.labels["model"] for s in families["ferry_queued_requests"].samples} == {"echo@1"}
+    by_tenant = {(s.labels["model"], s.labels["tenant"], s.labels["outcome"]): s.value
+                 for s in families["ferry_tenant_requests"].samples}
+    assert by_tenant == {("echo@1", "tests", "completed"): 1.0}  # the config names its one tenant
