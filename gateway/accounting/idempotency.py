@@ -104,12 +104,12 @@ class IdempotencyStore:
         while True:
             stored = self._recent_answer(scope)
             if stored is not None:
-                _check(stored.fingerprint, digest, idem_key)
+                check(stored.fingerprint, digest, idem_key)
                 return stored.status, stored.body
             running = self._running.get(scope)
             if running is None:
                 return await self._compute(scope, digest, compute)
-            _check(running[0], digest, idem_key)
+            check(running[0], digest, idem_key)
             try:
                 return await asyncio.shield(running[1])
             except asyncio.CancelledError:
@@ -124,30 +124,44 @@ class IdempotencyStore:
             return None
         return stored
 
+    async def aclose(self) -> None:
+        self.close()
+
     async def _compute(self, scope: Scope, digest: str, compute: Callable[[], Awaitable[Answer]]) -> Answer:
-        """Look the key up on disk, else run the request; repeats that arrive meanwhile wait."""
+        """The stored answer, else the request run here; repeats that arrive meanwhile wait."""
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._running[scope] = (digest, future)
         try:
-            stored = await self._look_up(scope)
-            if stored is not None:
-                _check(stored.fingerprint, digest, scope[1])
-                self._remember(scope, stored)
-                answer = stored.status, stored.body
-            else:
-                answer = await compute()
+            answer, kept = await self._once(scope, digest, compute)
         except BaseException:
             future.cancel()
             raise
         finally:
             del self._running[scope]
-        if stored is None and answer[0] == 200:
-            kept = Stored(digest, answer[0], answer[1], self._clock())
+        if kept is not None:
             self._remember(scope, kept)
-            self._writer.put(_INSERT, (*scope, kept.fingerprint, kept.status, kept.body, kept.stored_at))
-            self._purge()
         future.set_result(answer)
         return answer
+
+    async def _once(self, scope: Scope, digest: str,
+                    compute: Callable[[], Awaitable[Answer]]) -> tuple[Answer, Stored | None]:
+        """The answer stored on disk, else the request run here and its answer stored (a 200);
+        with what to keep in memory (None: nothing)."""
+        stored = await self._look_up(scope)
+        if stored is not None:
+            check(stored.fingerprint, digest, scope[1])
+            return (stored.status, stored.body), stored
+        answer = await compute()
+        return answer, self.keep(scope, digest, answer)
+
+    def keep(self, scope: Scope, digest: str, answer: Answer) -> Stored | None:
+        """Write a 200 to disk; what to keep of ``answer`` in memory (None: not a 200)."""
+        if answer[0] != 200:
+            return None
+        kept = Stored(digest, answer[0], answer[1], self._clock())
+        self._writer.put(_INSERT, (*scope, kept.fingerprint, kept.status, kept.body, kept.stored_at))
+        self._purge()
+        return kept
 
     def _remember(self, scope: Scope, stored: Stored) -> None:
         self._recent[scope] = stored
@@ -213,6 +227,6 @@ class IdempotencyStore:
         return Stored(*row)
 
 
-def _check(stored: str, digest: str, idem_key: str) -> None:
+def check(stored: str, digest: str, idem_key: str) -> None:
     if stored != digest:
         raise KeyReused(f"Idempotency-Key: {idem_key!r} was already used with a different request body")

@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from batcher.core.backend import Job
 from gateway.accounting.auth import KeyRing, Principal
 from gateway.accounting.idempotency import IdempotencyStore
+from gateway.accounting.idempotency_redis import SharedIdempotencyStore
 from gateway.accounting.ledger import Entry, Ledger, Outcome, outcome_of
 from gateway.accounting.limiter import Limiter, open_limiter
 from gateway.accounting.usage import UsageLog
@@ -60,6 +61,16 @@ CLIENT_CLOSED = 499  # the client went away before its answer (as nginx logs it)
 T = TypeVar("T")
 
 
+def open_idempotency(config: FerryConfig) -> IdempotencyStore:
+    """Where idempotent answers live: shared through Redis where the limits are, else this
+    gateway's SQLite file alone."""
+    state, limits = config.state, config.limits
+    path, ttl, most = state.path("idempotency.sqlite"), state.idempotency_ttl_s, state.idempotency_max_entries
+    if limits.store == "redis":
+        return SharedIdempotencyStore(path, limits.redis_url, limits.redis_timeout_ms / 1000, ttl, most)
+    return IdempotencyStore(path, ttl, most)
+
+
 class Gateway:
     """The state the handlers share: config, keys, models, the ledger, and the bridge to the core.
     A reload (:mod:`gateway.ops.rollout`) replaces ``config``, ``keys``, ``catalog`` and ``safety``,
@@ -71,11 +82,7 @@ class Gateway:
         self.bridge = bridge
         self.catalog = Catalog.of(config.models, config.aliases)
         self.ledger = Ledger(limiter, UsageLog(config.state.path("usage.sqlite")), metrics)
-        self.idempotency = IdempotencyStore(
-            config.state.path("idempotency.sqlite"),
-            config.state.idempotency_ttl_s,
-            config.state.idempotency_max_entries,
-        )
+        self.idempotency = open_idempotency(config)
         self.pins = Pins()
         self.created = int(time.time())
         self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created))
@@ -91,7 +98,7 @@ class Gateway:
     async def close(self) -> None:
         """Flush the usage records and close the stores (the server is shutting down)."""
         self.ledger.usage.close()
-        self.idempotency.close()
+        await self.idempotency.aclose()
         await self.ledger.limiter.aclose()
 
     async def admit(
