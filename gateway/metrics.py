@@ -14,11 +14,15 @@ stay as few as the config's tenants.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from batcher.core.admission import Rate
 from batcher.core.backend import Snapshot
+from batcher.core.cost import cost_per_million_tokens
 from batcher.core.counters import Counters
 from batcher.core.metrics import CoreCollector
 
@@ -27,13 +31,16 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25
 NAMED_TENANTS = 200
 """The most tenants the per-tenant families name; the rest, and any not in the config, are ``other``."""
 OTHER = "other"
+TOKEN_RATE_TAU = 60.0
+"""Seconds over which the tokens/s behind ``ferry_cost_per_million_tokens`` is averaged."""
 
 
 class Metrics:
     """Every ferry_* family, in one registry of its own (tests can run several side by side)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._clock = clock
         by_tier = ["model", "tier"]
         self.requests = Counter(
             "ferry_requests",
@@ -84,6 +91,14 @@ class Metrics:
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )
         self.named: frozenset[str] = frozenset()
+        self.cost = Gauge(
+            "ferry_cost_per_million_tokens", "What a million tokens (prompt and answer, as billed) cost "
+            "at the recent rate: gpu_hour_price x GPUs of the workers up / tokens per second.", ["model"],
+            registry=self.registry,
+        )
+        self._prices: dict[str, float] = {}  # model -> its worker_hour_price, for those priced
+        self._token_rates: dict[str, Rate] = {}
+        self._costed: set[str] = set()  # models whose cost is exported now
         self._alias_series: dict[tuple[str, str], Counter] = {}  # a labelled child
         self._core = CoreCollector()
         self.registry.register(self._core)
@@ -104,17 +119,47 @@ class Metrics:
             series = self._alias_series[alias, model] = self.alias_requests.labels(alias, model)
         series.inc()
 
-    def track(self, model: str, tiers: Sequence[str]) -> None:
-        """Export one backend's core counters, from its snapshot at each scrape."""
+    def track(self, model: str, tiers: Sequence[str], worker_hour_price: float = 0.0) -> None:
+        """Export one backend's core counters, from its snapshot at each scrape, and what its
+        tokens cost if its workers are priced."""
         self._core.track(model, tiers)
+        if worker_hour_price > 0:
+            self._prices[model] = worker_hour_price
+            self._token_rates[model] = Rate(TOKEN_RATE_TAU)
 
     def untrack(self, model: str) -> None:
         """A version's backend has stopped: its core counters leave the export."""
         self._core.untrack(model)
+        if self._prices.pop(model, None) is not None:
+            del self._token_rates[model]
+        if model in self._costed:
+            self._costed.discard(model)
+            self.cost.remove(model)
+
+    def count_tokens(self, model: str, tokens: int) -> None:
+        """Tokens a model answered (billed): the rate its cost is divided by."""
+        rate = self._token_rates.get(model)
+        if rate is not None:
+            rate.add(self._clock(), tokens)
+
+    def _set_costs(self, snapshots: Mapping[str, Snapshot[Counters]]) -> None:
+        """Each priced model's cost at its recent token rate; none while it answers no token."""
+        now = self._clock()
+        for model, price in self._prices.items():
+            snapshot = snapshots.get(model)
+            workers = sum(w.up for w in snapshot.status.workers) if snapshot is not None else 0
+            cost = cost_per_million_tokens(price, workers, self._token_rates[model].at(now))
+            if not math.isnan(cost):
+                self.cost.labels(model).set(cost)
+                self._costed.add(model)
+            elif model in self._costed:
+                self._costed.discard(model)
+                self.cost.remove(model)
 
     def exposition(self, snapshots: Mapping[str, Snapshot[Counters]] | None = None) -> bytes:
         """The Prometheus text format of every family; the core's from these snapshots."""
         self._core.snapshots = snapshots or {}
+        self._set_costs(snapshots or {})
         try:
             return generate_latest(self.registry)
         finally:

@@ -185,9 +185,12 @@ class ModelConfig:
     resources: dict[str, float] = dataclasses.field(default_factory=dict)
     accelerator_type: str = ""
     python: str = ""  # the interpreter its workers run under (a virtualenv's); '' is the gateway's own
+    gpu_hour_price: float = 0.0  # what one GPU costs an hour (0: not priced): batcher/core/cost.py
 
     def __post_init__(self) -> None:
         require(bool(self.name), "name", "a model name", self.name)
+        require(0 <= self.gpu_hour_price < 1e6, "gpu_hour_price", "a price per GPU-hour >= 0",
+                self.gpu_hour_price)
         require(
             1 <= self.context_window <= 1 << 24, "context_window", "1..16777216 tokens", self.context_window
         )
@@ -201,6 +204,12 @@ class ModelConfig:
             require(os.path.isfile(path) and os.access(path, os.X_OK), "python",
                      f"an executable Python interpreter for model {self.name!r}'s workers", self.python)
         self._check_files()
+
+    @property
+    def worker_hour_price(self) -> float:
+        """What one of its workers costs an hour: ``gpu_hour_price`` times the GPUs it holds
+        (``num_gpus``, else one: a worker per GPU)."""
+        return self.gpu_hour_price * (1.0 if self.num_gpus is None else self.num_gpus)
 
     @property
     def outputs(self) -> Outputs:

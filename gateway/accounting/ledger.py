@@ -176,6 +176,7 @@ class Ledger:
         if entry.recorded and entry.reached_model:  # the tokens it is billed
             input_tokens.inc(entry.input_tokens)
             output_tokens.inc(entry.output_tokens)
+            self.metrics.count_tokens(entry.model, entry.input_tokens + entry.output_tokens)
         if ttft is not None and entry.output_tokens:
             first_token.observe(ttft)
 

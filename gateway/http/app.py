@@ -449,7 +449,7 @@ def make_app(config: FerryConfig, bridge: Bridge, tracer: object = None) -> web.
     ``tracer``: an OpenTelemetry tracer to trace requests with (else the config's ``[tracing]``)."""
     metrics = Metrics()
     for model in config.models:
-        metrics.track(model.name, config.queue().tiers)
+        metrics.track(model.name, config.queue().tiers, model.worker_hour_price)
     gateway = Gateway(config, bridge, open_limiter(config.limits, metrics.registry), metrics)
     limit = config.server.max_body_bytes
     traced = config.tracing

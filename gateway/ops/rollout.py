@@ -236,7 +236,7 @@ class Rollout:
                 await asyncio.shield(stopping.drain)  # a version the file lists again while its workers stop
             before[model.name] = self.versions.get(model.name)  # a stopped one stays stopped if this fails
             self.versions[model.name] = Version(model, VersionState.STARTING)
-            gateway.metrics.track(model.name, new.queue().tiers)
+            gateway.metrics.track(model.name, new.queue().tiers, model.config.worker_hour_price)
         outcomes = await asyncio.gather(
             *(gateway.bridge.open(model.config) for model in served), return_exceptions=True
         )

@@ -53,6 +53,7 @@ def test_the_example_file_loads_with_every_field():
     assert config.admin.socket == "" and config.admin_socket().endswith("/admin.sock")
     assert (smollm2.mode, smollm2.model, smollm2.kv_memory_gb, smollm2.affinity_bound) == (
         "continuous", "smollm2-135m", 0.5, 2048)
+    assert (smollm2.gpu_hour_price, smollm2.worker_hour_price, fixed.worker_hour_price) == (2.5, 2.5, 0.0)
     assert smollm2.engine_argv() == [
         "engine", "--model", converted_dir("smollm2-135m"), "--dtype", "float32", "--threads", "1",
         "--block-size", "16", "--max-batch-tokens", "512", "--max-seqs", "256",
@@ -214,6 +215,7 @@ def test_a_minimal_file_takes_the_defaults():
             MINIMAL.replace('["echo"]', "'m:M'") + "worker_options = { when = 1979-05-27 }\n",
             "f.toml: models[0].worker_options: expected a table of strings, numbers, booleans",
         ),
+        (MINIMAL + "gpu_hour_price = -1\n", "f.toml: models[0].gpu_hour_price: expected a price"),
         (MINIMAL + "kind = 'image'\n", "f.toml: models[0].kind: expected one of ['text', 'embedding']"),
         (MINIMAL + "kind = 'embedding'\n", "f.toml: models[0].dimensions: expected 1..65536"),
         (MINIMAL + "dimensions = 8\n", "f.toml: models[0].dimensions: expected none for a text model"),

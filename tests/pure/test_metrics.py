@@ -1,9 +1,12 @@
 """The metrics registry: every family parses with prometheus_client's own parser."""
 
+import math
+
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batcher.core.admission import BatchLoad
-from batcher.core.backend import Snapshot, Status
+from batcher.core.backend import Snapshot, Status, WorkerStatus
 from batcher.fixed.counters import BatchCounters
 from gateway.metrics import Metrics
 
@@ -61,3 +64,25 @@ def test_several_backends_share_each_family_with_a_sample_per_model():
         "a@1": 3,
         "b@1": 4,
     }
+
+
+def test_a_priced_model_s_cost_per_million_tokens_is_its_workers_up_price_over_its_token_rate():
+    now = [0.0]
+    metrics = Metrics(clock=lambda: now[0])
+    metrics.track("m@1", ["paid"], worker_hour_price=2.0)
+    metrics.track("free@1", ["paid"])  # not priced: no figure
+    workers = tuple(WorkerStatus(slot, pid, state, 0) for slot, pid, state in
+                    [(0, 10, "idle"), (1, 11, "busy"), (2, None, "starting")])
+    status = Status(True, "", workers, 0, "requests")
+    up = Snapshot("fixed", status, BatchCounters(), BatchLoad((0,), (), 1, 0.0))
+
+    def cost():
+        samples = families(metrics, {"m@1": up, "free@1": up}).get("ferry_cost_per_million_tokens")
+        return {s.labels["model"]: s.value for s in samples.samples} if samples else {}
+
+    assert cost() == {}  # no token answered yet: no figure rather than infinity
+    metrics.count_tokens("m@1", 60_000)  # 1,000 tokens/s over the rate's 60 s
+    metrics.count_tokens("free@1", 60_000)
+    assert cost() == {"m@1": pytest.approx(2 * 2.0 / 3600 / 1000 * 1e6)}  # 2 workers up, idle or busy
+    now[0] = 60.0 * math.log(2)  # the rate has halved: each token costs twice as much
+    assert cost() == {"m@1": pytest.approx(2 * 2 * 2.0 / 3600 / 1000 * 1e6)}
