@@ -138,6 +138,8 @@ def test_ferry_simulate_continuous_replays_a_chat_trace_and_writes_json(tmp_path
         "--quiet",
         "--json",
         str(out),
+        "--gpu-hour-price",
+        "3",
     ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
@@ -145,6 +147,9 @@ def test_ferry_simulate_continuous_replays_a_chat_trace_and_writes_json(tmp_path
     report = json.loads(out.read_text())
     assert sum(report["by_tier"][t]["requests"] for t in ("paid", "free")) == len(chat(rate=5, seconds=4))
     assert len(report["replicas"]) == 2 and report["steps"] > 0
+    # 2 replicas of one GPU at 3 an hour, over the tokens the finished requests were billed
+    cost = 2 * 3 / 3600 / (report["tokens"] / report["virtual_seconds"]) * 1e6
+    assert f"cost: {cost:,.4f} per million tokens ({report['tokens']:,} tokens answered" in printed
 
 
 @pytest.mark.parametrize(
@@ -153,6 +158,7 @@ def test_ferry_simulate_continuous_replays_a_chat_trace_and_writes_json(tmp_path
         (["--shape", "1,2,3"], "--shape: expected 7 positive integers"),
         (["--prompt", "gaussian:1:2"], "lengths: expected fixed, uniform or lognormal"),
         (["--gpus", "0"], "--gpus: expected 1..64"),
+        (["--gpu-hour-price", "-1"], "--gpu-hour-price: expected a price >= 0"),
         (["--wait-budget-ms", "1000"], "wait_budgets"),
     ],
 )

@@ -7,7 +7,8 @@
 By tier: those two at p50/p95/p99 and how requests ended (finished, shed at admission, expired
 in the queue, failed). By replica: tokens generated per virtual second, engine steps, KV blocks
 in use (mean and peak of the samples), preemptions, the prefix cache's hit rate (prompt tokens
-it supplied over those looked up).
+it supplied over those looked up). In all: the tokens answered (prompt and answer tokens of the
+finished requests), what a million of them cost at a GPU-hour price.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from batcher.core.cost import cost_per_million_tokens
 from batcher.sim.continuous.replay import FINISHED, OUTCOMES, Replayed
 
 PERCENTILES = (50, 95, 99)
@@ -55,6 +57,7 @@ class ContinuousReport:
     cpu_seconds: float
     by_tier: dict[str, TierReport]
     replicas: list[ReplicaReport]
+    tokens: int  # prompt and answer tokens of the finished requests: what is billed
 
     @classmethod
     def of(cls, run: Replayed) -> ContinuousReport:
@@ -86,7 +89,13 @@ class ContinuousReport:
                     counters["prefix_hits"] / queries if queries else 0.0,
                 )
             )
-        return cls(len(workload), run.virtual_seconds, run.cpu_seconds, by_tier, replicas)
+        answered = int(workload.prompt[finished].sum() + out.tokens[finished].sum())
+        return cls(len(workload), run.virtual_seconds, run.cpu_seconds, by_tier, replicas, answered)
+
+    def cost_per_million_tokens(self, replica_hour_price: float) -> float:
+        """What a million of its tokens cost with every replica held for the whole replay."""
+        rate = self.tokens / max(self.virtual_seconds, 1e-9)
+        return cost_per_million_tokens(replica_hour_price, len(self.replicas), rate)
 
     @property
     def steps(self) -> int:

@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--gpu", choices=sorted(GPUS), default="h100")
     group.add_argument("--gpus", type=int, help="GPUs per replica, tensor parallel (default: the preset's)")
+    group.add_argument("--gpu-hour-price", type=float, default=0.0, metavar="PRICE",
+                       help="what one GPU costs an hour: the report says what a million tokens cost")
     group.add_argument(
         "--bandwidth-tbs", type=float, help="memory bandwidth of one GPU, TB/s (default: --gpu's)"
     )
@@ -169,6 +171,8 @@ def main(args: argparse.Namespace) -> int:
     """Run one continuous scenario, print its table, optionally write JSON."""
     try:
         cost, kv_gib = cost_from_args(args)
+        if not 0 <= args.gpu_hour_price < 1e6:
+            raise ValueError(f"--gpu-hour-price: expected a price >= 0, got {args.gpu_hour_price}")
         budgets = tuple(ms / 1000 for ms in _number(args.wait_budget_ms, "--wait-budget-ms"))
         queue = QueueConfig(wait_budgets=budgets)
         replicas = DEFAULT_REPLICAS if args.workers is None else args.workers
@@ -204,6 +208,11 @@ def main(args: argparse.Namespace) -> int:
     )
     report = ContinuousReport.of(run)
     print(report.table())
+    if args.gpu_hour_price > 0:
+        gpus = cost.hardware.gpus
+        print(f"cost: {report.cost_per_million_tokens(args.gpu_hour_price * gpus):,.4f} per million tokens "
+              f"({report.tokens:,} tokens answered; {replicas} replicas x {gpus} GPUs at "
+              f"{args.gpu_hour_price:g} a GPU-hour)")
     print(
         f"simulated {report.virtual_seconds:,.1f} virtual s in {report.cpu_seconds:.2f} CPU s "
         f"({report.requests / max(report.cpu_seconds, 1e-9):,.0f} requests, "
