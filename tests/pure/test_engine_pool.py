@@ -9,6 +9,8 @@ one read. Real engine processes under the same pool: ``tests/system/test_engine_
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import trio
 import trio.testing
@@ -226,3 +228,17 @@ async def test_with_paid_work_backlogged_a_free_job_is_shed_at_once_with_a_retry
         assert not any(c.done.is_set() for c in paid)  # paid is untouched
         for ticket in tickets:
             pool.cancel(ticket)
+
+
+async def test_a_light_tenants_job_starts_before_a_heavy_tenants_queued_ones_that_came_first(autojump_clock):
+    async with engines(workers=1, max_seqs=1) as (pool, _spawn):
+        clients = [Client() for _ in range(5)]
+        pool.submit(dataclasses.replace(job(1, 40, stream=True), tenant="heavy"), clients[0])  # the one seat
+        for n in (1, 2, 3):
+            pool.submit(dataclasses.replace(job(n + 1, 5, stream=True), tenant="heavy"), clients[n])
+        await trio.sleep(0.01)
+        pool.submit(dataclasses.replace(job(5, 5, stream=True), tenant="light"), clients[4])  # queued last
+        for client in clients:
+            await client.done.wait()
+    started = sorted(range(5), key=lambda n: clients[n].times[0])
+    assert started == [0, 4, 1, 2, 3]  # heavy was given 50 tokens already: light's turn comes first
