@@ -116,8 +116,12 @@ async def main(args: argparse.Namespace) -> None:
     print(markdown(rows))
 
 
-if __name__ == "__main__":
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=40.0, help="seconds of each phase")
     parser.add_argument("--inflight", type=int, default=24, help="H's requests in flight")
-    asyncio.run(main(parser.parse_args()))
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
