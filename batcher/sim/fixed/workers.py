@@ -12,6 +12,7 @@ was doing, and a call sent afterwards finds it gone (``NotDelivered``), as a clo
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -19,7 +20,7 @@ import trio
 
 from workers.faults import Fault, FaultInjector, FaultPlan
 from workers.models import mirror
-from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
+from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, Skip, WorkerLost
 
 ServiceTime = Callable[[int], float]
 """Seconds one call of a given batch size takes."""
@@ -68,15 +69,58 @@ class SimulatedWorker:
         self.stopped = False
         self._exited = trio.Event()
         self._life = trio.CancelScope()  # the current call's; kill() cancels it
+        self._waiting = trio.CancelScope()  # a wait for the next frame; kill() cancels it
+        self._pipe_in, self._pipe_out = trio.open_memory_channel[RunBatch | Skip](math.inf)
 
     placement = "local"
 
     async def start(self) -> None:
         await trio.lowlevel.checkpoint()
 
-    async def call(self, request: RunBatch) -> Result | Error:
+    async def send(self, frame: RunBatch | Skip) -> None:
+        """A frame into its pipe: a call waits there until the call before it has ended."""
         if self._exited.is_set():
             raise NotDelivered("simulated worker had exited")
+        self._pipe_in.send_nowait(frame)
+
+    async def reply(self, call: int) -> tuple[list[int], Result | Error]:
+        """Run call ``call`` (sent already), without the positions skipped before it starts."""
+        frame = await self._next_frame()
+        while isinstance(frame, Skip):  # of a call that has run: too late
+            frame = await self._next_frame()
+        if frame.id != call:
+            raise ProtocolError(f"expected call {call}, got call {frame.id}")
+        skipped = self._skips(call)
+        inputs = [text for position, text in enumerate(frame.inputs) if position not in skipped]
+        if frame.inputs and not inputs:  # every caller has gone: nothing to run
+            return sorted(skipped), Result(call, [])
+        return sorted(skipped), await self._run(RunBatch(call, inputs))
+
+    async def _next_frame(self) -> RunBatch | Skip:
+        with trio.CancelScope() as waiting:
+            self._waiting = waiting
+            if not self._exited.is_set():
+                return await self._pipe_out.receive()
+        raise NotDelivered("simulated worker exited before the call reached it")
+
+    def _skips(self, call: int) -> set[int]:
+        """The positions of ``call`` that frames already in the pipe skip (others stay, in order)."""
+        positions: set[int] = set()
+        kept = []
+        while True:
+            try:
+                frame = self._pipe_out.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if isinstance(frame, Skip) and frame.id == call:
+                positions.update(frame.positions)
+            else:
+                kept.append(frame)
+        for frame in kept:
+            self._pipe_in.send_nowait(frame)
+        return positions
+
+    async def _run(self, request: RunBatch) -> Result | Error:
         if self.record:
             self.calls.append(list(request.inputs))
         fault = self.injector.next_call(request.inputs)
@@ -105,6 +149,7 @@ class SimulatedWorker:
         """Exit now, like a SIGKILL: a call in progress ends as a crash."""
         self._exited.set()
         self._life.cancel()
+        self._waiting.cancel()
 
     async def wait_exit(self) -> None:
         await self._exited.wait()
