@@ -54,14 +54,21 @@ class SimulatedWorker:
     """Answers each call after ``service_time(len(inputs))``; outputs are the inputs reversed.
 
     ``record=False`` keeps no copy of the inputs (a simulation of millions of requests).
+    ``turnaround`` is the gateway's hop from a result to the next call's frame: a call sent
+    after the one before it ended starts that much later; one sent ahead, waiting in the pipe
+    when the call before it ends, starts at once (``PoolConfig.dispatch_ahead``).
     """
 
     pid: int | None = None
 
     def __init__(
-        self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan(), record: bool = True
+        self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan(), record: bool = True,
+        turnaround: float = 0.0,
     ) -> None:
         self.service_time = service_time
+        self.turnaround = turnaround
+        self._sent: dict[int, float] = {}  # when each call not yet started was sent (with a turnaround)
+        self._free_since = -math.inf  # when its last call ended
         self.injector = FaultInjector(plan)
         self.calls: list[list[str]] = []
         """The inputs of every call this worker received, in order (if recording)."""
@@ -81,6 +88,8 @@ class SimulatedWorker:
         """A frame into its pipe: a call waits there until the call before it has ended."""
         if self._exited.is_set():
             raise NotDelivered("simulated worker had exited")
+        if self.turnaround and isinstance(frame, RunBatch):
+            self._sent[frame.id] = trio.current_time()
         self._pipe_in.send_nowait(frame)
 
     async def reply(self, call: int) -> tuple[list[int], Result | Error]:
@@ -90,11 +99,23 @@ class SimulatedWorker:
             frame = await self._next_frame()
         if frame.id != call:
             raise ProtocolError(f"expected call {call}, got call {frame.id}")
+        if self._sent.pop(call, -math.inf) >= self._free_since:
+            await self._turn_around()
         skipped = self._skips(call)
         inputs = [text for position, text in enumerate(frame.inputs) if position not in skipped]
         if frame.inputs and not inputs:  # every caller has gone: nothing to run
             return sorted(skipped), Result(call, [])
-        return sorted(skipped), await self._run(RunBatch(call, inputs))
+        reply = await self._run(RunBatch(call, inputs))
+        self._free_since = trio.current_time()
+        return sorted(skipped), reply
+
+    async def _turn_around(self) -> None:
+        """The hop a call sent to an idle worker pays before it starts (a kill ends it undelivered)."""
+        with trio.CancelScope() as waiting:
+            self._waiting = waiting
+            await trio.sleep(self.turnaround)
+        if self._exited.is_set():
+            raise NotDelivered("simulated worker exited before the call reached it")
 
     async def _next_frame(self) -> RunBatch | Skip:
         with trio.CancelScope() as waiting:
