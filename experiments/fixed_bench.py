@@ -125,7 +125,8 @@ async def step(session: aiohttp.ClientSession, server: Server, rate: float, dura
     inputs_after, calls_after = await batches(session, metrics)
     latency, ok = Latency.of(latencies), len(latencies)
     return {"server": server.name, "offered/s": rate, "achieved/s": ok / (last - start) if ok else 0.0,
-            "errors": ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or "none", "p50 ms": latency.p50 * 1000, "p95 ms": latency.p95 * 1000,
+            "errors": ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or "none",
+            "p50 ms": latency.p50 * 1000, "p95 ms": latency.p95 * 1000,
             "p99 ms": latency.p99 * 1000,
             "mean batch": (inputs_after - inputs) / max(calls_after - calls, 1),
             "front CPU µs/req": 1e6 * front_cpu / max(len(times), 1),
