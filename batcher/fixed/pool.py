@@ -273,7 +273,8 @@ class WorkerPool:
             else:
                 answered = True
                 now = trio.current_time()
-                self._answered(len(requests), now - started)
+                if requests:  # a call whose every input was skipped ran nothing: no call time
+                    self._answered(len(requests), now - started)
                 answers: Sequence[str | bytes] = reply.answers  # texts, or packed vectors
                 for request, output in zip(requests, answers, strict=False):
                     request.finish(output, now)

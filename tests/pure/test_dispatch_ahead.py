@@ -109,3 +109,19 @@ def test_a_simulated_worker_pays_the_turnaround_only_for_a_call_sent_after_the_l
 
     ends = trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
     assert ends == [pytest.approx(0.205), pytest.approx(0.41), pytest.approx(0.61)]
+
+
+async def test_a_call_whose_every_request_was_cancelled_in_the_pipe_runs_nothing(autojump_clock):
+    fleet = Spawner()
+    async with ahead(fleet) as batcher:
+        outcomes = Outcomes(batcher)
+        requests = outcomes.add(texts("r", 150))
+        await trio.sleep(2 * SERVICE - AHEAD / 2)  # virtual time: the third batch waits in the pipe
+        for request in requests[100:]:
+            batcher.cancel(request)
+        await outcomes.wait(150)
+        later = outcomes.add(texts("s", 50))
+        await outcomes.wait(200)
+    assert len(fleet.calls(0)) == 3 and fleet.calls(0)[2] == texts("s", 50)  # the empty call ran nothing
+    assert batcher.pool.call_seconds == pytest.approx(SERVICE)  # nor counted as a call time
+    assert [r.finished_at for r in later] == [pytest.approx(3 * SERVICE)] * 50  # sent at 0.4, at once
