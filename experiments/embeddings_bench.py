@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 
 import aiohttp
 
@@ -221,16 +223,30 @@ async def wait_healthy(url: str, process: subprocess.Popen, within: float = 180.
     raise TimeoutError(f"{url} not healthy within {within:g}s")
 
 
-async def bench(server: Server, rates: list[float], duration: float, log: pathlib.Path) -> list[dict]:
+@contextlib.asynccontextmanager
+async def started(server: Server, log: pathlib.Path) -> AsyncIterator[subprocess.Popen]:
+    """The server's process group, healthy, its output in ``log``; stopped (SIGTERM, then SIGKILL) after."""
     with log.open("wb") as out:
         process = subprocess.Popen(  # noqa: ASYNC220 - started once, before the measured part
             server.argv, cwd=ROOT, stdout=out, stderr=out, start_new_session=True,
             env={**os.environ, **server.env})
-    rows = []
     try:
-        started = time.monotonic()
+        began = time.monotonic()
         await wait_healthy(server.health, process)
-        print(f"{server.name}: up in {time.monotonic() - started:.1f}s", file=sys.stderr)
+        print(f"{server.name}: up in {time.monotonic() - began:.1f}s", file=sys.stderr)
+        yield process
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+async def bench(server: Server, rates: list[float], duration: float, log: pathlib.Path) -> list[dict]:
+    rows = []
+    async with started(server, log) as process:
         everything = tree(process.pid)
         front = [pid for pid in everything if not runs_torch(pid)]
         corpus = texts(4096)
@@ -246,13 +262,6 @@ async def bench(server: Server, rates: list[float], duration: float, log: pathli
                 rows.append(row)
                 if not row["held"]:
                     break
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
     return rows
 
 

@@ -29,6 +29,7 @@ def main() -> int:
     parser.add_argument("--latency-ms", type=float, default=200.0, help="cost of one worker call")
     parser.add_argument("--max-batch", type=int, default=50)
     parser.add_argument("--max-wait-ms", type=float, default=150.0)
+    parser.add_argument("--dispatch-ahead-ms", type=float, default=0.0, help="PoolConfig.dispatch_ahead")
     parser.add_argument("--paid-share", type=float, default=0.5, help="share of paid requests")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
@@ -41,7 +42,7 @@ def main() -> int:
         args.rate,
         args.duration,
         {"paid": args.paid_share, "free": 1 - args.paid_share},
-        PoolConfig(workers=args.workers),
+        PoolConfig(workers=args.workers, dispatch_ahead=args.dispatch_ahead_ms / 1000),
         SizeOrTimeout(args.max_batch, args.max_wait_ms / 1000),
     )
     print(report.table())

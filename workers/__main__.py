@@ -14,7 +14,9 @@ notices re-parenting), so a killed gateway never leaves workers behind.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import select
 import sys
 import threading
 import time
@@ -24,7 +26,18 @@ from workers import api
 from workers.engine_arguments import add_engine_arguments, add_vllm_arguments
 from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
 from workers.models import add_model_arguments, target_of
-from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, Unloadable, encode
+from workers.protocol import (
+    Accepted,
+    Error,
+    FrameDecoder,
+    Message,
+    Ready,
+    Result,
+    RunBatch,
+    Skip,
+    Unloadable,
+    encode,
+)
 
 CRASH_EXIT_CODE = 3
 
@@ -123,18 +136,62 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_calls(model: api.Model, injector: FaultInjector, protocol_in: int, out) -> int:
-    """Answer calls one at a time until the pool closes the pipe (0) or breaks the protocol (2)."""
-    decoder = FrameDecoder()
-    while data := os.read(protocol_in, 1 << 16):
-        for message in decoder.feed(data):
-            if not isinstance(message, RunBatch):
-                print(f"worker: unexpected {message.kind} frame", file=sys.stderr)
-                return 2
-            out.write(encode(Accepted(id=message.id)))  # before any fault: the call is ours now
-            out.flush()
-            out.write(serve_call(model, injector, message))
-            out.flush()
+    """Answer calls one at a time until the pool closes the pipe (0) or breaks the protocol (2).
+    A call sent while the one before it ran waits in the pipe; before it starts, whatever else
+    has arrived is read, so that a ``skip`` of its inputs is honoured."""
+    frames = _Frames(protocol_in)
+    while (message := frames.next()) is not None:
+        if isinstance(message, Skip):
+            continue  # of a call that has already run: too late
+        if not isinstance(message, RunBatch):
+            print(f"worker: unexpected {message.kind} frame", file=sys.stderr)
+            return 2
+        skipped = frames.skips(message.id)
+        inputs = [text for position, text in enumerate(message.inputs) if position not in skipped]
+        out.write(encode(Accepted(id=message.id, skipped=sorted(skipped))))  # before any fault: ours now
+        out.flush()
+        if inputs or not message.inputs:
+            out.write(serve_call(model, injector, RunBatch(message.id, inputs) if skipped else message))
+        else:  # every caller has gone: nothing to run
+            out.write(encode(Result(id=message.id, outputs=[])))
+        out.flush()
     return 0
+
+
+class _Frames:
+    """The pool's frames, in order, from the protocol's descriptor."""
+
+    def __init__(self, protocol_in: int) -> None:
+        self._fd = protocol_in
+        self._decoder = FrameDecoder()
+        self._waiting: collections.deque[Message] = collections.deque()
+        self._closed = False
+
+    def next(self) -> Message | None:
+        """The next frame (blocking); None once the pool has closed the pipe."""
+        while not self._waiting:
+            if self._closed or not self._read():
+                return None
+        return self._waiting.popleft()
+
+    def skips(self, call: int) -> set[int]:
+        """The positions of ``call`` that the frames already sent say to skip (those frames are
+        taken; the others stay in order)."""
+        while not self._closed and select.select([self._fd], [], [], 0)[0]:
+            self._read()
+        positions: set[int] = set()
+        for message in [m for m in self._waiting if isinstance(m, Skip) and m.id == call]:
+            self._waiting.remove(message)
+            positions.update(message.positions)
+        return positions
+
+    def _read(self) -> bool:
+        data = os.read(self._fd, 1 << 16)
+        if not data:
+            self._closed = True
+            return False
+        self._waiting.extend(self._decoder.feed(data))
+        return True
 
 
 if __name__ == "__main__":

@@ -17,8 +17,11 @@ Fixed mode::
 
     worker -> pool   ready   {pid, model}                 once, after the model has loaded
     worker -> pool   unloadable {message}                 instead: the model could not be built
-    pool -> worker   run_batch {id, inputs: [str]}
-    worker -> pool   accepted {id}                        at once, before the model runs
+    pool -> worker   run_batch {id, inputs: [str]}        may come while the call before it runs
+    pool -> worker   skip    {id, positions: [int]}       inputs of a call not yet started whose
+                                                          callers have gone: left out of it
+    worker -> pool   accepted {id, skipped: [int]}        as the call starts, before the model runs,
+                                                          with the positions it left out
     worker -> pool   result  {id, outputs: [str], vectors: [bin]}   one output per input, in order:
                                                           texts, or (outputs empty) vectors of packed
                                                           float32, little-endian
@@ -26,7 +29,10 @@ Fixed mode::
 
 ``accepted`` tells the pool that the call reached a live worker: a worker that dies before
 accepting a call (its pipe closes first) died of something else, so the call is not held
-against its inputs (:class:`NotDelivered`).
+against its inputs (:class:`NotDelivered`). The pool may send a call while the one before it
+runs, so that it waits in the pipe and starts the moment the other ends; the worker reads what
+else has arrived before it starts a call, and leaves out the positions a ``skip`` names (a
+``skip`` that comes too late is ignored, and the pool drops those outputs).
 
 Continuous mode (``python -m workers engine``; a step is one forward pass)::
 
@@ -112,10 +118,20 @@ class RunBatch(Frame, tag="run_batch", frozen=True):
     inputs: list[str]
 
 
-class Accepted(Frame, tag="accepted", frozen=True):
-    """The worker has read call ``id`` and is running it; its answer follows."""
+class Skip(Frame, tag="skip", frozen=True):
+    """Leave the inputs at ``positions`` out of call ``id``, if it has not started: their
+    callers have gone."""
 
     id: int
+    positions: list[int]
+
+
+class Accepted(Frame, tag="accepted", frozen=True):
+    """The worker has read call ``id`` and is running it, without the inputs at the positions
+    ``skipped``; its answer (one output per input run) follows."""
+
+    id: int
+    skipped: list[int] = []
 
 
 class Result(Frame, tag="result", frozen=True):
@@ -314,7 +330,7 @@ NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 """All zero: a replica before its first engine, and the gauges of one whose engine is gone."""
 
 Message = (
-    Ready | Unloadable | RunBatch | Accepted | Result | Error
+    Ready | Unloadable | RunBatch | Skip | Accepted | Result | Error
     | Add | Abort | Tokens | SequenceFinished | EngineStats
 )
 _DECODER: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)

@@ -74,6 +74,9 @@ class PoolConfig:
     restart_backoff: float = 0.1  # first wait before a restart; doubles on each failed start
     max_restart_backoff: float = 5.0
     model: str = "the pool"  # the model version these workers serve: errors name it
+    # a busy worker whose call ends within this many seconds may be sent its next batch, to wait
+    # in its pipe and start the moment the call ends (0: only an idle worker takes a batch)
+    dispatch_ahead: float = 0.0
 
     def __post_init__(self) -> None:
         require(1 <= self.workers <= 4096, "workers", "1..4096", self.workers)
@@ -81,6 +84,7 @@ class PoolConfig:
             value = getattr(self, name)
             require(0 < value < math.inf, name, "a finite number of seconds > 0", value)
         require(1 <= self.max_attempts <= 16, "max_attempts", "1..16", self.max_attempts)
+        require(0 <= self.dispatch_ahead < math.inf, "dispatch_ahead", "seconds >= 0", self.dispatch_ahead)
         require(self.restart_backoff >= 0, "restart_backoff", "seconds >= 0", self.restart_backoff)
         require(
             self.max_restart_backoff >= self.restart_backoff,

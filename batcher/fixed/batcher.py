@@ -222,6 +222,8 @@ class Batcher:
         self.counters.cancelled += 1
         if queued:
             self.queue.discard(request)
+        else:
+            self.pool.cancelled(request)
 
     def feed(self, arrivals: Arrivals) -> None:
         """Admit the requests of ``arrivals`` too, each when it is due (see the module doc)."""
@@ -258,7 +260,7 @@ class Batcher:
                 self._expire(now)
             deadline = queue.next_deadline()
             decision = policy.decide(
-                QueueState(now, queue.count, queue.oldest_arrival(), pool.idle_count, deadline)
+                QueueState(now, queue.count, queue.oldest_arrival(), pool.takers(now), deadline)
             )
             if isinstance(decision, Flush):
                 batch = queue.take(decision.size, now)
@@ -268,6 +270,8 @@ class Batcher:
                 continue
             self._wake_at_count = decision.queued
             self._wake_at_time = wake = min(decision.until, _drop_time(deadline, drop_before))
+            if queue.count:  # a busy worker nearing the end of its call may take the next batch
+                wake = min(wake, pool.next_opening(now))
             if self._arrivals is not None:  # with admission, each arrival is judged on time
                 more = 1 if self.admission is not None else decision.queued - queue.count
                 wake = min(wake, self._arrivals.next_wake(more, wake, drop_before))
@@ -346,10 +350,12 @@ async def open_batcher(
     ...     await batcher.answer("hello", tier="paid")
     'olleh'
     """
+    observe = getattr(policy, "observe", None)
+    if observe is not None:  # a policy that learns from calls (AIMD) forms a batch after the last answer
+        pool = dataclasses.replace(pool, dispatch_ahead=0.0)
     async with trio.open_nursery() as nursery:
         workers = WorkerPool(pool, spawn, counters, outputs)
-        observe = getattr(policy, "observe", None)
-        if observe is not None:  # a policy that learns from calls (AIMD) hears every answer
+        if observe is not None:  # ...and hears every answer
             workers.on_answer = observe
         await nursery.start(workers.run)
         front = Batcher(workers, policy, queue, tokens)

@@ -36,6 +36,7 @@ class FixedModelConfig(ModelConfig):
     max_wait_ms: float = 150.0
     hang_timeout_ms: float = 1000.0
     max_attempts: int = 3
+    dispatch_ahead_ms: float = 0.0  # a busy worker this near the end of its call is sent its next batch
     policy: str = "size_or_timeout"  # a name in batcher.fixed.policy.POLICIES
     policy_options: dict[str, float] = dataclasses.field(default_factory=dict)  # its own parameters
 
@@ -58,6 +59,8 @@ class FixedModelConfig(ModelConfig):
         require(
             0 < self.hang_timeout_ms < math.inf, "hang_timeout_ms", "milliseconds > 0", self.hang_timeout_ms
         )
+        require(0 <= self.dispatch_ahead_ms < math.inf, "dispatch_ahead_ms", "milliseconds >= 0",
+                self.dispatch_ahead_ms)
         self.pool()  # checks workers and max_attempts with the pool's own rules
         self.batch_policy()  # checks the policy's name and options with its own rules
 
@@ -83,7 +86,8 @@ class FixedModelConfig(ModelConfig):
 
     def pool(self) -> PoolConfig:
         """The pool settings of this model's fleet."""
-        return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name)
+        return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name,
+                          dispatch_ahead=self.dispatch_ahead_ms / 1000)
 
     def batch_policy(self) -> Policy:
         """A fresh flush policy: ``max_batch`` and ``max_wait_ms`` where it takes them, then its options."""

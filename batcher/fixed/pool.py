@@ -29,7 +29,7 @@ from batcher.core.supervisor import Readiness, Supervisor, start_slots
 from batcher.fixed.counters import BatchCounters
 from batcher.fixed.request import Batch, Request, RequestState
 from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
-from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
+from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, Skip, WorkerLost
 
 log = logging.getLogger("ferry.pool")
 
@@ -81,10 +81,6 @@ class WorkerPool:
         self._overdue_changed = trio.Event()  # wakes the task that fails overdue requests
 
     @property
-    def idle_count(self) -> int:
-        return len(self._idle)
-
-    @property
     def busy_count(self) -> int:
         return sum(slot.state is SlotState.BUSY for slot in self._slots)
 
@@ -106,10 +102,38 @@ class WorkerPool:
 
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
-        call at the recent call time (0 once overdue). Admission plans with it (``BatchLoad``)."""
+        call at the recent call time (0 once overdue), and of the batch waiting to follow it.
+        Admission plans with it (``BatchLoad``)."""
         seconds, busy, starting = self.call_seconds, SlotState.BUSY, SlotState.STARTING
-        return [max(0.0, s.busy_since + seconds - now) if s.state is busy else 0.0
-                for s in self._slots if s.state is not starting]
+        return [max(0.0, s.busy_since + seconds * (1 if s.ahead is None else 2) - now) if s.state is busy
+                else 0.0 for s in self._slots if s.state is not starting]
+
+    def takers(self, now: float) -> int:
+        """Workers that may be sent a batch now: the idle ones, and those whose call ends within
+        ``dispatch_ahead`` with no batch waiting to follow it."""
+        return len(self._idle) + sum(1 for slot in self._slots if self._open(slot, now))
+
+    def next_opening(self, now: float) -> float:
+        """When the next busy worker comes within ``dispatch_ahead`` of its call's end (inf: none will)."""
+        if not self._ahead_allowed():
+            return math.inf
+        return min((opens for slot in self._slots if slot.state is SlotState.BUSY and slot.ahead is None
+                    and (opens := self._opens_at(slot)) > now), default=math.inf)
+
+    def _open(self, slot: Slot, now: float) -> bool:
+        """Whether a busy worker takes its next batch ahead now: its call should end within
+        ``dispatch_ahead`` (not one already past that, which may be hung), none waits to follow,
+        and no failed batch waits for an idle worker (a retry goes before new batches)."""
+        if slot.state is not SlotState.BUSY or slot.ahead is not None or not self._ahead_allowed():
+            return False
+        opens = self._opens_at(slot)
+        return opens <= now < opens + 2 * self.config.dispatch_ahead
+
+    def _ahead_allowed(self) -> bool:
+        return self.config.dispatch_ahead > 0 and self.call_seconds > 0 and not self._retry
+
+    def _opens_at(self, slot: Slot) -> float:
+        return slot.busy_since + self.call_seconds - self.config.dispatch_ahead
 
     def workers(self) -> list[WorkerInfo]:
         now = trio.current_time()
@@ -124,21 +148,37 @@ class WorkerPool:
         return slot.state
 
     def dispatch(self, requests: list[Request], reason: str, now: float) -> Batch:
-        """Hand a new batch to an idle worker; the caller has checked :attr:`idle_count`.
+        """Hand a new batch to the lowest idle worker, else to the busy one nearest the end of
+        its call (:meth:`takers`: the caller has checked there is one), whose pipe it waits in.
 
         ``now`` is the clock reading the batcher formed the batch at: its requests' deadlines
         were checked against it, so their dispatch time and queue wait are counted from it too
         (a loop busy failing expired requests may read the clock again milliseconds later)."""
-        if not self._idle:
-            raise RuntimeError("dispatch needs an idle worker")
+        ending = None if self._idle else min(
+            (slot for slot in self._slots if self._open(slot, now)), key=self._opens_at, default=None)
+        if not self._idle and ending is None:
+            raise RuntimeError("dispatch needs an idle worker, or one ending its call")
         waits = self.counters.queue_wait
         for request in requests:
             request.dispatched_at = now
             waits[request.tier].observe(now - request.arrival)
         self.counters.batch_sizes.observe(len(requests))
         batch = Batch(next(self._batch_ids), requests, reason)
-        self._send(self._idle.pop(0), batch)
+        if ending is None:
+            self._send(self._idle.pop(0), batch)
+        else:
+            ending.ahead = batch
+            self._frame(ending, batch)
         return batch
+
+    def cancelled(self, request: Request) -> None:
+        """A dispatched request's caller has gone: if its batch waits in a worker's pipe, the
+        worker is told to leave it out (else its output is dropped as it comes)."""
+        for slot in self._slots:
+            batch = slot.ahead
+            if batch is not None and slot.sends is not None and request in batch.framed:
+                slot.sends.send_nowait(Skip(batch.id, [batch.framed.index(request)]))
+                return
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every worker, report started once all are ready, then supervise forever (one
@@ -149,29 +189,52 @@ class WorkerPool:
             task_status.started()
 
     async def _serve(self, slot: Slot, worker: Worker) -> bool:
-        """Serve batches until the worker must die; True if it answered at least one call."""
+        """Serve batches until the worker must die; True if it answered at least one call. Its
+        frames go out in order through one task; a batch still waiting in its pipe when it
+        dies goes to another worker, as one never delivered."""
+        sends, frames = trio.open_memory_channel[RunBatch | Skip](math.inf)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_send_frames, worker, frames)
+            slot.sends = sends
+            try:
+                answered = await self._calls(slot, worker)
+            finally:
+                slot.sends = None
+                nursery.cancel_scope.cancel()
+        if slot.ahead is not None:
+            batch, slot.ahead = slot.ahead, None
+            self._undelivered(slot, batch, "its worker stopped before the call")
+        return answered
+
+    async def _calls(self, slot: Slot, worker: Worker) -> bool:
         answered = False
         while not slot.supervisor.exited:
-            with trio.CancelScope() as slot.idle_scope:
-                self._became_idle(slot)
-                batch = await slot.inbox.receive()
-            if slot.idle_scope.cancelled_caught:
-                return answered  # it died while idle: nothing was lost
-            requests = batch.prune()
-            if not requests:
-                continue
-            if slot.supervisor.exited:  # it died after this batch was handed to it
-                self._undelivered(slot, batch, "it had exited")
-                return answered
+            batch, slot.ahead = slot.ahead, None
+            if batch is None:
+                with trio.CancelScope() as slot.idle_scope:
+                    self._became_idle(slot)
+                    batch = await slot.inbox.receive()
+                if batch is None:
+                    return answered  # it died while idle: nothing was lost
+                if not batch.prune():
+                    continue
+                if slot.supervisor.exited:  # it died after this batch was handed to it
+                    self._undelivered(slot, batch, "it had exited")
+                    return answered
+                self._frame(slot, batch)
+            else:  # sent while the call before it ran: it has started in the worker already
+                slot.busy_since = trio.current_time()
             started = trio.current_time()
             timeout = self._hang_timeout(batch)
             slot.call, slot.call_ends = batch, started + timeout
             if self._due(batch) < slot.call_ends:  # a retry that may outlast its requests' time
                 self._overdue_changed.set()
             fault = None
+            requests = batch.framed
             try:
                 with trio.fail_after(timeout):
-                    reply = await worker.call(RunBatch(batch.id, [request.input for request in requests]))
+                    skipped, reply = await worker.reply(batch.id)
+                requests = batch.ran(skipped)
                 if reply.id != batch.id:
                     raise ProtocolError(f"answer to call {reply.id} while call {batch.id} ran")
             except NotDelivered as exc:
@@ -210,11 +273,17 @@ class WorkerPool:
             else:
                 answered = True
                 now = trio.current_time()
-                self._answered(len(requests), now - started)
+                if requests:  # a call whose every input was skipped ran nothing: no call time
+                    self._answered(len(requests), now - started)
                 answers: Sequence[str | bytes] = reply.answers  # texts, or packed vectors
                 for request, output in zip(requests, answers, strict=False):
                     request.finish(output, now)
         return answered
+
+    def _frame(self, slot: Slot, batch: Batch) -> None:
+        """Send a batch's call to the slot's worker (through its frames' task, in order)."""
+        assert slot.sends is not None, "a slot takes batches while its worker serves"
+        slot.sends.send_nowait(RunBatch(batch.id, batch.frame()))
 
     def _hang_timeout(self, batch: Batch) -> float:
         """How long this call may run before its worker counts as hung (see the module doc)."""
@@ -393,3 +462,13 @@ class WorkerPool:
         slot.state = SlotState.BUSY
         slot.busy_since = trio.current_time()
         slot.outbox.send_nowait(batch)
+
+
+async def _send_frames(worker: Worker, frames: trio.MemoryReceiveChannel[RunBatch | Skip]) -> None:
+    """A worker's frames, in the order the pool made them; once one finds the worker gone, the
+    call waiting for its reply hears it (NotDelivered, or the crash of a call that ran)."""
+    async for frame in frames:
+        try:
+            await worker.send(frame)
+        except NotDelivered:
+            return

@@ -105,10 +105,19 @@ class Batch:
     last_error: str = ""
     hangs: int = 0
     worker_faults: int = 0  # its calls (and its parent's) that a worker failed, not the model
+    framed: list[Request] = dataclasses.field(default_factory=list)  # in its call's frame, by position
 
-    @property
-    def inputs(self) -> list[str]:
-        return [request.input for request in self.requests]
+    def frame(self) -> list[str]:
+        """The inputs of its call: those whose callers are still there, by position."""
+        self.framed = self.prune()
+        return [request.input for request in self.framed]
+
+    def ran(self, skipped: list[int]) -> list[Request]:
+        """The requests its call ran: those framed, but for the positions the worker skipped."""
+        if not skipped:
+            return self.framed
+        left_out = set(skipped)
+        return [request for position, request in enumerate(self.framed) if position not in left_out]
 
     def prune(self) -> list[Request]:
         """Drop the requests whose callers have gone; return the ones still waiting."""

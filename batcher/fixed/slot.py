@@ -12,15 +12,20 @@ import trio
 
 from batcher.core.supervisor import Process, Supervisor
 from batcher.fixed.request import Batch
-from workers.protocol import Error, Result, RunBatch
+from workers.protocol import Error, Result, RunBatch, Skip
 
 
 class Worker(Process, Protocol):
     """One fixed-mode worker process (or its simulation), from the pool's side of the pipe."""
 
-    async def call(self, request: RunBatch) -> Result | Error:
-        """Send one call and wait for its answer; raise WorkerLost (NotDelivered if the worker
-        was gone before the call reached it) or ProtocolError."""
+    async def send(self, frame: RunBatch | Skip) -> None:
+        """Send a call (it starts once the call before it, if any, has ended), or the positions
+        of a call not yet started to leave out; NotDelivered if the worker is gone."""
+
+    async def reply(self, call: int) -> tuple[list[int], Result | Error]:
+        """Wait for call ``call`` to start and end: the positions it left out, and its answer
+        (one output per input run); raise WorkerLost (NotDelivered if the worker was gone
+        before the call reached it) or ProtocolError."""
 
 
 Spawn = Callable[[int], Worker]
@@ -50,6 +55,7 @@ class Slot:
     and the channel that hands it batches."""
 
     __slots__ = (
+        "ahead",
         "busy_since",
         "call",
         "call_ends",
@@ -57,6 +63,7 @@ class Slot:
         "inbox",
         "index",
         "outbox",
+        "sends",
         "state",
         "supervisor",
     )
@@ -70,6 +77,8 @@ class Slot:
         self.call_ends = 0.0  # ...until its hang timeout
         self.idle_scope = trio.CancelScope()  # cancelled when the worker dies while idle
         self.outbox, self.inbox = trio.open_memory_channel[Batch](1)
+        self.ahead: Batch | None = None  # sent while its call ran, to start when that call ends
+        self.sends: trio.MemorySendChannel[RunBatch | Skip] | None = None  # its worker's frames, in order
 
 
 SERVING = (SlotState.IDLE, SlotState.BUSY)

@@ -167,14 +167,16 @@ async def main(args: argparse.Namespace) -> int:
     names = SHORT if args.short else (args.only or [s.name for s in SCENARIOS])
     base = SHORT_PARAMS if args.short else Params()
     params = dataclasses.replace(base, **{k: v for k, v in vars(args).items()
-                                          if k in ("rate", "duration", "workers", "seed") and v is not None})
+                                          if k in ("rate", "duration", "workers", "seed", "dispatch_ahead_ms")
+                                          and v is not None})
     rows, verdicts = [], []
     with tempfile.TemporaryDirectory(prefix="ferry-chaos-") as scratch:
         for name in names:
             own = BY_NAME[name].own(params)  # a row with a rate or duration of its own runs at it
             verdict = await run(BY_NAME[name], own, pathlib.Path(scratch) / name)
             command = (f".venv/bin/python -m experiments.chaos --only {name} --rate {own.rate:g} "
-                       f"--duration {own.duration:g} --workers {own.workers} --seed {own.seed}")
+                       f"--duration {own.duration:g} --workers {own.workers} --seed {own.seed}"
+                       + (f" --dispatch-ahead-ms {own.dispatch_ahead_ms:g}" if own.dispatch_ahead_ms else ""))
             rows.append(row(verdict, command))
             verdicts.append(verdict)
             print(rows[-1], flush=True)
@@ -225,6 +227,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, help="seconds of traffic per row (default 15; short: 3)")
     parser.add_argument("--workers", type=int, help="worker processes (default 8; short: 2)")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--dispatch-ahead-ms", type=float,
+                        help="the fixed-mode rows' dispatch_ahead_ms (default 0: off)")
     parser.add_argument(
         "--report", nargs="?", const=str(REPORT), help="write the report (default docs/RELIABILITY.md)"
     )

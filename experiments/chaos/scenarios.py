@@ -31,6 +31,7 @@ class Params:
     duration: float = 15.0
     workers: int = 8
     seed: int = 0
+    dispatch_ahead_ms: float = 0.0  # the fixed-mode rows' ``dispatch_ahead_ms`` (0: off, the default)
 
 
 def fixed_model(worker: list[str], workers: int) -> str:
@@ -124,6 +125,8 @@ class Scenario:
 
     def toml(self, params: Params, redis_url: str | None = None, ray_address: str | None = None) -> str:
         model = self.model(list(self.worker), self.workers or params.workers)
+        if params.dispatch_ahead_ms and self.model is fixed_model:
+            model += f"dispatch_ahead_ms = {params.dispatch_ahead_ms:g}\n"
         if ray_address is not None:
             model += f'placement = "ray"\nresources = {{ {SLOT} = 1 }}\n\n[ray]\naddress = "{ray_address}"\n'
         return config(model, redis_url, self.per_minute)

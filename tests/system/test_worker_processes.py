@@ -30,7 +30,7 @@ from batcher.placement.local import process_workers
 from tests.support.fixed_batcher import submit_all
 from tests.support.processes import alive, bytes_written
 from tests.support.waiting import until_trio
-from workers.protocol import NotDelivered, Ready, Result, RunBatch, WorkerLost, encode
+from workers.protocol import NotDelivered, Ready, Result, RunBatch, Skip, WorkerLost, encode
 
 LATENCY = ["sleep", "--latency-ms", "100"]
 
@@ -303,3 +303,28 @@ async def test_a_worker_whose_connection_is_reset_mid_call_is_lost_not_an_error_
             await worker.call(RunBatch(id=1, inputs=["x"]))
         await worker.stop()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_call_framed_ahead_waits_for_the_running_one_and_leaves_out_what_a_skip_names():
+    worker = ProcessWorker(LATENCY, dict(os.environ))
+    try:
+        with trio.fail_after(60):
+            await worker.start()
+            for frame in (RunBatch(1, ["a"]), RunBatch(2, ["b", "c", "d"]), Skip(2, [1])):
+                await worker.send(frame)  # call 2 and its skip arrive long before call 1 ends
+            first, second = await worker.reply(1), await worker.reply(2)
+    finally:
+        await worker.stop()
+    assert first == ([], Result(1, ["a"]))
+    assert second == ([1], Result(2, ["b", "d"]))
+
+
+async def test_a_pool_framing_ahead_over_real_workers_answers_every_request():
+    config = PoolConfig(workers=2, hang_timeout=5.0, dispatch_ahead=0.05)
+    inputs = [f"request {i}" for i in range(400)]  # 8 batches: the later ones framed ahead
+    async with open_batcher(process_workers(LATENCY, workers=2, kind=ProcessWorker), config,
+                            SizeOrTimeout(50, 0.05)) as batcher:
+        with trio.fail_after(60):
+            results = await submit_all(batcher, inputs)
+    assert results == {text: text[::-1] for text in inputs}
+    assert batcher.counters.calls == 8 and batcher.counters.retries == 0

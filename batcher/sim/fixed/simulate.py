@@ -68,6 +68,8 @@ class Scenario:
     faults: FaultPlan = FaultPlan()
     queue: QueueConfig = QueueConfig()
     hang_timeout: float = 1.0
+    dispatch_ahead: float = 0.0  # PoolConfig.dispatch_ahead
+    turnaround: float = 0.0  # the gateway's hop from a result to the next frame (SimulatedWorker)
     timeout: float | None = None
     seed: int = 0
 
@@ -126,7 +128,8 @@ class _SeededSpawner:
         self._spawned[slot] += 1
         seed = scenario.seed * 1_000_003 + scenario.faults.seed * 7_919 + slot * 65_537 + number
         service = linear(scenario.service.fixed, scenario.service.per_input, scenario.service.jitter, seed)
-        return SimulatedWorker(service, dataclasses.replace(scenario.faults, seed=seed), record=False)
+        return SimulatedWorker(service, dataclasses.replace(scenario.faults, seed=seed), record=False,
+                               turnaround=scenario.turnaround)
 
 
 def simulate(
@@ -163,7 +166,8 @@ async def _run(
         if recorder.ended == total:
             all_ended.set()
 
-    pool = PoolConfig(workers=scenario.workers, hang_timeout=scenario.hang_timeout)
+    pool = PoolConfig(workers=scenario.workers, hang_timeout=scenario.hang_timeout,
+                      dispatch_ahead=scenario.dispatch_ahead)
     policy = make_policy(scenario.policy, **scenario.params)
     spawn = _SeededSpawner(scenario)
     async with open_batcher(spawn, pool, policy, scenario.queue) as batcher:
@@ -216,6 +220,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--crash-prob", type=float, default=0.0, help="a call crashes its worker")
     fleet.add_argument("--hang-prob", type=float, default=0.0, help="a call never returns")
     fleet.add_argument("--hang-timeout-ms", type=float, default=1000.0)
+    fleet.add_argument("--dispatch-ahead-ms", type=float, default=0.0,
+                       help="a busy worker this near its call's end takes the next batch (default 0: off)")
+    fleet.add_argument("--turnaround-ms", type=float, default=0.0,
+                       help="the gateway's hop from a result to the next frame sent to an idle worker")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the run as JSON")
     parser.add_argument(
@@ -258,6 +266,9 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     else:
         trace = Trace.of(poisson(rate, args.duration, args.seed), shares, args.seed, budget)
     params = dict(_param(text) for text in args.param)
+    for flag in ("dispatch_ahead_ms", "turnaround_ms"):
+        if not 0 <= (value := getattr(args, flag)) < math.inf:
+            raise ValueError(f"--{flag.replace('_', '-')}: expected milliseconds >= 0, got {value}")
     if args.policy == "slack_driven":  # unless told otherwise, it plans with the simulated call's cost
         params.setdefault(
             "service_time", (args.service_ms + args.per_input_ms * params.get("max_batch", 50)) / 1000
@@ -271,6 +282,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         faults=FaultPlan(crash_prob=args.crash_prob, hang_prob=args.hang_prob, seed=args.seed),
         queue=queue,
         hang_timeout=args.hang_timeout_ms / 1000,
+        dispatch_ahead=args.dispatch_ahead_ms / 1000,
+        turnaround=args.turnaround_ms / 1000,
         timeout=budget,
         seed=args.seed,
     )

@@ -12,6 +12,7 @@ was doing, and a call sent afterwards finds it gone (``NotDelivered``), as a clo
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -19,7 +20,7 @@ import trio
 
 from workers.faults import Fault, FaultInjector, FaultPlan
 from workers.models import mirror
-from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
+from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, Skip, WorkerLost
 
 ServiceTime = Callable[[int], float]
 """Seconds one call of a given batch size takes."""
@@ -53,14 +54,21 @@ class SimulatedWorker:
     """Answers each call after ``service_time(len(inputs))``; outputs are the inputs reversed.
 
     ``record=False`` keeps no copy of the inputs (a simulation of millions of requests).
+    ``turnaround`` is the gateway's hop from a result to the next call's frame: a call sent
+    after the one before it ended starts that much later; one sent ahead, waiting in the pipe
+    when the call before it ends, starts at once (``PoolConfig.dispatch_ahead``).
     """
 
     pid: int | None = None
 
     def __init__(
-        self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan(), record: bool = True
+        self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan(), record: bool = True,
+        turnaround: float = 0.0,
     ) -> None:
         self.service_time = service_time
+        self.turnaround = turnaround
+        self._sent: dict[int, float] = {}  # when each call not yet started was sent (with a turnaround)
+        self._free_since = -math.inf  # when its last call ended
         self.injector = FaultInjector(plan)
         self.calls: list[list[str]] = []
         """The inputs of every call this worker received, in order (if recording)."""
@@ -68,15 +76,72 @@ class SimulatedWorker:
         self.stopped = False
         self._exited = trio.Event()
         self._life = trio.CancelScope()  # the current call's; kill() cancels it
+        self._waiting = trio.CancelScope()  # a wait for the next frame; kill() cancels it
+        self._pipe_in, self._pipe_out = trio.open_memory_channel[RunBatch | Skip](math.inf)
 
     placement = "local"
 
     async def start(self) -> None:
         await trio.lowlevel.checkpoint()
 
-    async def call(self, request: RunBatch) -> Result | Error:
+    async def send(self, frame: RunBatch | Skip) -> None:
+        """A frame into its pipe: a call waits there until the call before it has ended."""
         if self._exited.is_set():
             raise NotDelivered("simulated worker had exited")
+        if self.turnaround and isinstance(frame, RunBatch):
+            self._sent[frame.id] = trio.current_time()
+        self._pipe_in.send_nowait(frame)
+
+    async def reply(self, call: int) -> tuple[list[int], Result | Error]:
+        """Run call ``call`` (sent already), without the positions skipped before it starts."""
+        frame = await self._next_frame()
+        while isinstance(frame, Skip):  # of a call that has run: too late
+            frame = await self._next_frame()
+        if frame.id != call:
+            raise ProtocolError(f"expected call {call}, got call {frame.id}")
+        if self._sent.pop(call, -math.inf) >= self._free_since:
+            await self._turn_around()
+        skipped = self._skips(call)
+        inputs = [text for position, text in enumerate(frame.inputs) if position not in skipped]
+        if frame.inputs and not inputs:  # every caller has gone: nothing to run
+            return sorted(skipped), Result(call, [])
+        reply = await self._run(RunBatch(call, inputs))
+        self._free_since = trio.current_time()
+        return sorted(skipped), reply
+
+    async def _turn_around(self) -> None:
+        """The hop a call sent to an idle worker pays before it starts (a kill ends it undelivered)."""
+        with trio.CancelScope() as waiting:
+            self._waiting = waiting
+            await trio.sleep(self.turnaround)
+        if self._exited.is_set():
+            raise NotDelivered("simulated worker exited before the call reached it")
+
+    async def _next_frame(self) -> RunBatch | Skip:
+        with trio.CancelScope() as waiting:
+            self._waiting = waiting
+            if not self._exited.is_set():
+                return await self._pipe_out.receive()
+        raise NotDelivered("simulated worker exited before the call reached it")
+
+    def _skips(self, call: int) -> set[int]:
+        """The positions of ``call`` that frames already in the pipe skip (others stay, in order)."""
+        positions: set[int] = set()
+        kept = []
+        while True:
+            try:
+                frame = self._pipe_out.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if isinstance(frame, Skip) and frame.id == call:
+                positions.update(frame.positions)
+            else:
+                kept.append(frame)
+        for frame in kept:
+            self._pipe_in.send_nowait(frame)
+        return positions
+
+    async def _run(self, request: RunBatch) -> Result | Error:
         if self.record:
             self.calls.append(list(request.inputs))
         fault = self.injector.next_call(request.inputs)
@@ -105,6 +170,7 @@ class SimulatedWorker:
         """Exit now, like a SIGKILL: a call in progress ends as a crash."""
         self._exited.set()
         self._life.cancel()
+        self._waiting.cancel()
 
     async def wait_exit(self) -> None:
         await self._exited.wait()
