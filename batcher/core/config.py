@@ -68,9 +68,12 @@ class PoolConfig:
     restart_backoff: float = 0.1  # first wait before a restart; doubles on each failed start
     max_restart_backoff: float = 5.0
     model: str = "the pool"  # the model version these workers serve: errors name it
+    initial: int | None = None  # workers started when the pool opens (None: all); a scaler adds the rest
 
     def __post_init__(self) -> None:
         require(1 <= self.workers <= 4096, "workers", "1..4096", self.workers)
+        require(self.initial is None or 0 <= self.initial <= self.workers, "initial",
+                f"0..workers ({self.workers})", self.initial)
         for name in ("hang_timeout", "start_timeout"):
             value = getattr(self, name)
             require(0 < value < math.inf, name, "a finite number of seconds > 0", value)

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from batcher.core.config import ModelConfig, Outputs, PoolConfig, require
+from batcher.core.scaler import ScalerConfig
 from batcher.fixed.policy import POLICIES, Policy, make_policy
 
 _TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -32,6 +33,13 @@ class FixedModelConfig(ModelConfig):
     dimensions: int = 0  # an embedding's length (its vectors are checked against it)
     shortenable: bool = False  # an embedding a request may shorten (Matryoshka): /v1/embeddings' dimensions
     workers: int = 8
+    # the scaler (docs/operations.md, "Scaling"): serving workers between min and max (default:
+    # both `workers`, no scaler), a warm pool, and how soon spare or idle workers leave
+    min_workers: int | None = None
+    max_workers: int | None = None
+    warm_workers: int = 0
+    scale_down_after_s: float = 60.0
+    idle_after_s: float = 300.0
     max_batch: int = 50
     max_wait_ms: float = 150.0
     hang_timeout_ms: float = 1000.0
@@ -58,7 +66,7 @@ class FixedModelConfig(ModelConfig):
         require(
             0 < self.hang_timeout_ms < math.inf, "hang_timeout_ms", "milliseconds > 0", self.hang_timeout_ms
         )
-        self.pool()  # checks workers and max_attempts with the pool's own rules
+        self.pool()  # checks workers and max_attempts with the pool's own rules; the scaler's keys
         self.batch_policy()  # checks the policy's name and options with its own rules
 
     @property
@@ -82,8 +90,21 @@ class FixedModelConfig(ModelConfig):
         return dataclasses.replace(self, pythonpath=paths)
 
     def pool(self) -> PoolConfig:
-        """The pool settings of this model's fleet."""
-        return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name)
+        """The pool settings of this model's fleet: a slot for every worker it may hold, and
+        ``min_workers`` started when it opens if it scales."""
+        PoolConfig(self.workers)  # `workers` by the pool's own rules, whatever the scaler's keys say
+        scaling = self.scaling()
+        if not scaling.elastic:
+            return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name)
+        return PoolConfig(scaling.slots, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name,
+                          initial=scaling.min_workers)
+
+    def scaling(self) -> ScalerConfig:
+        """The scaler's settings: ``min_workers`` defaults to ``workers``, ``max_workers`` to the
+        larger of the two."""
+        low = self.workers if self.min_workers is None else self.min_workers
+        high = max(self.workers, low) if self.max_workers is None else self.max_workers
+        return ScalerConfig(low, high, self.warm_workers, self.scale_down_after_s, self.idle_after_s)
 
     def batch_policy(self) -> Policy:
         """A fresh flush policy: ``max_batch`` and ``max_wait_ms`` where it takes them, then its options."""

@@ -25,7 +25,8 @@ import trio
 
 from batcher.core.config import TEXT, Outputs, PoolConfig
 from batcher.core.errors import RequestFailed, WorkersFailed
-from batcher.core.supervisor import Readiness, Supervisor, start_slots
+from batcher.core.scaler import Fleet, leaving
+from batcher.core.supervisor import Readiness, SlotStartError, Supervisor, start_slots
 from batcher.fixed.counters import BatchCounters
 from batcher.fixed.request import Batch, Request, RequestState
 from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
@@ -72,11 +73,20 @@ class WorkerPool:
                 slot.index, spawn, config, self.counters, functools.partial(self._serve, slot),
                 on_exit=functools.partial(self._exited, slot), on_down=functools.partial(self._down, slot),
                 idle=functools.partial(self._is_idle, slot),
+                on_retired=functools.partial(self._stopped, slot),
             )
+        initial = config.workers if config.initial is None else config.initial
+        for slot in self._slots[initial:]:
+            slot.state = SlotState.STOPPED
+        self._warm: set[int] = set()  # slots whose worker takes no work until promoted
+        self._leaving: set[int] = set()  # slots to stop once their call ends (or at once, if idle)
+        self._nursery: trio.Nursery | None = None
+        self.scaling = ""
+        """What the version's scaler last decided, and why (``/readyz``); empty without one."""
         self._idle: list[Slot] = []  # by slot index: the lowest idle GPU takes the next batch
         self._retry: deque[Batch] = deque()
         self._batch_ids = itertools.count(1)
-        self._readiness = Readiness(config.workers)
+        self._readiness = Readiness(initial)
         self._probe: Request | None = None  # the probe call in flight, if any
         self._overdue_changed = trio.Event()  # wakes the task that fails overdue requests
 
@@ -90,8 +100,11 @@ class WorkerPool:
 
     @property
     def live_workers(self) -> int:
-        """Workers up and able to take a call (idle or busy), not starting or restarting."""
-        return sum(slot.state is not SlotState.STARTING for slot in self._slots)
+        """Workers up and able to take a call (idle or busy), not starting, warm or leaving."""
+        return sum(map(self._taking, self._slots))
+
+    def _taking(self, slot: Slot) -> bool:
+        return slot.state in SERVING and slot.index not in self._leaving
 
     @property
     def ready(self) -> bool:
@@ -107,18 +120,22 @@ class WorkerPool:
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
         call at the recent call time (0 once overdue). Admission plans with it (``BatchLoad``)."""
-        seconds, busy, starting = self.call_seconds, SlotState.BUSY, SlotState.STARTING
+        seconds, busy = self.call_seconds, SlotState.BUSY
         return [max(0.0, s.busy_since + seconds - now) if s.state is busy else 0.0
-                for s in self._slots if s.state is not starting]
+                for s in self._slots if self._taking(s)]
 
     def workers(self) -> list[WorkerInfo]:
+        """Every staffed slot (a stopped one, which a scaler may staff later, is left out)."""
         now = trio.current_time()
         return [WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None,
                            self._state(slot, now), slot.supervisor.restarts,
-                           worker.placement if worker else "local") for slot in self._slots]
+                           worker.placement if worker else "local")
+                for slot in self._slots if slot.state is not SlotState.STOPPED]
 
     def _state(self, slot: Slot, now: float) -> SlotState:
-        """A slot's state as reported: BUSY past :meth:`_paced` reads HUNG."""
+        """A slot's state as reported: a leaving one reads DRAINING, BUSY past :meth:`_paced` HUNG."""
+        if slot.index in self._leaving:
+            return SlotState.DRAINING
         if slot.state is SlotState.BUSY and now - slot.busy_since > self._paced():
             return SlotState.HUNG
         return slot.state
@@ -144,9 +161,78 @@ class WorkerPool:
         """Start every worker, report started once all are ready, then supervise forever (one
         :class:`~batcher.core.supervisor.WorkerStartError` if any cannot start)."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._fail_overdue)
-            await start_slots(nursery, [slot.supervisor for slot in self._slots], self.config.model)
+            staffed = [slot.supervisor for slot in self._slots if slot.state is not SlotState.STOPPED]
+            await start_slots(nursery, staffed, self.config.model)
             task_status.started()
+
+    # --- what a scaler does to the pool (batcher.core.scaling) ----------------------------------
+
+    def fleet(self) -> Fleet:
+        """The workers by role, as the scaler plans with them."""
+        counts = {"serving": 0, "starting": 0, "warm": 0, "warming": 0, "idle": 0}
+        for slot in self._slots:
+            if slot.state is SlotState.STOPPED or slot.index in self._leaving:
+                continue
+            if slot.index in self._warm:
+                counts["warm" if slot.state is SlotState.WARM else "warming"] += 1
+            elif slot.state is SlotState.STARTING:
+                counts["starting"] += 1
+            else:
+                counts["serving"] += 1
+                counts["idle"] += slot.state is SlotState.IDLE
+        return Fleet(**counts)
+
+    def start(self, count: int, warm: bool = False) -> None:
+        """Staff up to ``count`` stopped slots (lowest first), to serve or to be kept warm."""
+        assert self._nursery is not None, "the pool runs"
+        for slot in [s for s in self._slots if s.state is SlotState.STOPPED][:count]:
+            slot.state = SlotState.STARTING
+            if warm:
+                self._warm.add(slot.index)
+            self._readiness.staffed(self._staffed_count())
+            slot.supervisor.rehire()
+            self._nursery.start_soon(self._staff, slot)
+
+    def promote(self, count: int) -> None:
+        """Up to ``count`` warm workers take work from now on (at once: they are ready)."""
+        for slot in [s for s in self._slots if s.state is SlotState.WARM][:count]:
+            self._warm.discard(slot.index)
+            self._became_idle(slot)
+
+    def retire(self, count: int) -> None:
+        """Take ``count`` serving workers away: starting ones and idle ones stop now, busy ones
+        drain (their call ends, then they stop); never a worker in a call."""
+        states = [(s.index, s.state.value) for s in self._slots
+                  if s.index not in self._warm | self._leaving and s.state is not SlotState.STOPPED]
+        for index in leaving(states, count):
+            slot = self._slots[index]
+            self._leaving.add(index)
+            if slot in self._idle:
+                self._idle.remove(slot)
+            if slot.state is not SlotState.BUSY:
+                slot.supervisor.retire()
+
+    async def _staff(self, slot: Slot) -> None:
+        try:
+            await slot.supervisor.run()
+        except SlotStartError as exc:
+            log.warning("%s: a worker added by the scaler did not start: %s", self.config.model, exc)
+            self._stopped(slot)
+
+    def _stopped(self, slot: Slot) -> None:
+        """A slot's worker is gone for good (retired and reaped, or it never started): the slot is free."""
+        slot.state = SlotState.STOPPED
+        self._warm.discard(slot.index)
+        self._leaving.discard(slot.index)
+        if slot in self._idle:
+            self._idle.remove(slot)
+        self._readiness.left(slot.index)
+        self._readiness.staffed(self._staffed_count())
+
+    def _staffed_count(self) -> int:
+        return sum(s.state is not SlotState.STOPPED for s in self._slots)
 
     async def _serve(self, slot: Slot, worker: Worker) -> bool:
         """Serve batches until the worker must die; True if it answered at least one call."""
@@ -294,9 +380,16 @@ class WorkerPool:
         return None
 
     def _others_up(self, failed_on: set[int]) -> bool:
-        return any(s.state is not SlotState.STARTING and s.index not in failed_on for s in self._slots)
+        return any(self._taking(s) and s.index not in failed_on for s in self._slots)
 
     def _became_idle(self, slot: Slot) -> None:
+        if slot.index in self._leaving:  # drained: its call has ended
+            slot.state = SlotState.IDLE
+            slot.supervisor.retire()
+            return
+        if slot.index in self._warm:
+            slot.state = SlotState.WARM
+            return
         if retry := self._retry_for(slot):
             self._send(slot, retry)
             return
@@ -322,7 +415,7 @@ class WorkerPool:
     def _exited(self, slot: Slot) -> None:
         """The exit watch saw the worker die: an idle one stops waiting for work (a busy one's
         call fails on its own, as a crash or as undelivered)."""
-        if slot.state is SlotState.IDLE:
+        if slot.state in (SlotState.IDLE, SlotState.WARM):
             worker = slot.supervisor.worker
             assert worker is not None, "the exit watch watches a started worker"
             log.warning("worker %d (pid %s) died while idle; restarting it", slot.index, worker.pid)
@@ -331,12 +424,16 @@ class WorkerPool:
 
     @staticmethod
     def _is_idle(slot: Slot) -> bool:
-        return slot.state is SlotState.IDLE
+        return slot.state in (SlotState.IDLE, SlotState.WARM)
 
     def _down(self, slot: Slot) -> None:
-        """The slot has no worker until its supervisor starts another: it takes no work."""
+        """The slot has no worker until its supervisor starts another: it takes no work. A
+        leaving slot's worker is not replaced: the slot stops."""
         slot.state = SlotState.STARTING
-        self._readiness.lost(slot.index)
+        if slot.index in self._leaving:
+            slot.supervisor.retire()  # its supervisor returns once the worker is reaped: _stopped
+        else:
+            self._readiness.lost(slot.index)
         if slot in self._idle:
             self._idle.remove(slot)
 
