@@ -101,6 +101,8 @@ class Scaler:
         needed = max(self.needed(signals), 1 if working else 0)
         if serving == 0 and working:
             return self._to(max(1, low, needed), serving, "up", "cold", "work arrived with no worker")
+        if serving == 0 and not low:  # the rate of work decays for ever: only work starts a worker
+            return Decision(serving, "hold", "", "")
         if signals.wait > UP_AT * signals.budget and serving < high:
             self._spare_since = math.inf
             reason = (f"top tier's predicted wait {signals.wait:.3f}s is over {UP_AT:.0%} of its "
@@ -116,7 +118,7 @@ class Scaler:
         if serving < low:
             return self._to(low, serving, "up", "min", f"fewer than min_workers = {low}")
         if not working and not low and serving and now - self._idle_since >= self.config.idle_after:
-            return self._to(0, serving, "down", "idle", f"no work for {now - self._idle_since:.3g}s")
+            return self._to(0, serving, "down", "idle", f"no work for {self.config.idle_after:g}s")
         floor = max(low, needed, 1 if serving else 0)  # only idleness stops the last worker
         if floor >= serving:
             self._spare_since = math.inf

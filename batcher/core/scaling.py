@@ -1,4 +1,4 @@
-"""The scaler's trio shell: every ``TICK`` (or at once when woken) it reads a version's signals,
+"""The scaler's trio shell: every ``TICK`` it reads a version's signals,
 asks the pure :class:`~batcher.core.scaler.Scaler` how many workers should serve, and does the
 :func:`~batcher.core.scaler.plan`'s steps on the version's :class:`Elastic` fleet (a mode's pool
 behind a small adapter). Each decision that moves is logged with its reason, counted in
@@ -70,11 +70,6 @@ class Scaling:
         self.fleet = fleet
         self.counters = counters
         self.model = model
-        self._woken = trio.Event()
-
-    def wake(self) -> None:
-        """Decide now rather than at the next tick (work arrived for a version with no worker)."""
-        self._woken.set()
 
     def step(self, now: float) -> Decision:
         """One decision and its steps."""
@@ -98,9 +93,7 @@ class Scaling:
         task_status.started()
         while True:
             self.step(trio.current_time())
-            self._woken = trio.Event()
-            with trio.move_on_after(TICK):
-                await self._woken.wait()
+            await trio.sleep(TICK)
 
 
 @contextlib.asynccontextmanager

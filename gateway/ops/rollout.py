@@ -373,6 +373,7 @@ class Rollout:
                 "in_flight": self.gateway.pins.count(name),
                 "queued": status.queued if status is not None else None,
                 "queued_unit": status.unit if status is not None else None,
+                "scaling": status.scaling if status is not None else "",
             })
         file = {split.alias: split for split in splits_of(self.applied.models, self.applied.aliases)}
         routed = self.gateway.catalog.splits
