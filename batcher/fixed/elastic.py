@@ -1,7 +1,7 @@
 """The fixed mode's side of the scaler: a :class:`~batcher.core.scaling.Elastic` over a batcher
 and its pool. Its signals are the ones admission judges by, in requests: the top tier's
-predicted wait (``BatchLoad.wait``) against its budget, requests flushed per second, and one
-worker's speed, a batch per recent call time."""
+predicted wait (``BatchLoad.wait``) against its budget, the requests admitted (or, without wait
+budgets, flushed) per second, and one worker's speed, a batch per recent call time."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ class FixedFleet:
     def signals(self) -> Signals:
         load, now = self.batcher.load(), trio.current_time()
         per_worker = load.batch / load.call if load.call > 0 else 0.0
-        rate = self._throughput.at(now, self.batcher.counters.flushed_requests)
+        done = self._throughput.at(now, self.batcher.counters.flushed_requests)
+        rate = max(done, sum(load.arrivals))  # a saturated fleet's rate of work is not its demand
         return Signals(load.wait(0), self.batcher.config.deadline(0), rate, per_worker,
                        queued=self.batcher.queue.count, busy=self.pool.busy_count)
 
