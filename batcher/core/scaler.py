@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from batcher.core.config import require
+from batcher.core.config import ScalerConfig
 
 UP_AT = 0.5
 """Scale up once the top tier's predicted wait passes this fraction of its wait budget."""
@@ -22,36 +22,6 @@ UTILISATION = 0.8
 """The share of its capacity a worker is planned to run at: the headroom a burst's first seconds use."""
 KV_LOW = 0.1
 """Scale up while fewer than this share of the serving workers' KV blocks are free."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ScalerConfig:
-    """A version's scaling settings (the model table's keys of the same names)."""
-
-    min_workers: int
-    max_workers: int
-    warm_workers: int = 0
-    scale_down_after: float = 60.0  # seconds of spare capacity before workers leave
-    idle_after: float = 300.0  # seconds without work before the last worker stops (min_workers = 0)
-
-    def __post_init__(self) -> None:
-        require(0 <= self.min_workers <= 4096, "min_workers", "0..4096", self.min_workers)
-        require(max(1, self.min_workers) <= self.max_workers <= 4096, "max_workers",
-                f"max(1, min_workers = {self.min_workers})..4096", self.max_workers)
-        require(0 <= self.warm_workers <= 4096, "warm_workers", "0..4096", self.warm_workers)
-        for name in ("scale_down_after", "idle_after"):
-            value = getattr(self, name)
-            require(0 <= value < math.inf, f"{name}_s", "a finite number of seconds >= 0", value)
-
-    @property
-    def elastic(self) -> bool:
-        """Whether there is anything to scale: a range of workers, or a warm pool."""
-        return self.min_workers != self.max_workers or self.warm_workers > 0
-
-    @property
-    def slots(self) -> int:
-        """Worker slots the version may hold at once: serving and warm."""
-        return self.max_workers + self.warm_workers
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

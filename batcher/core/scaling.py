@@ -14,8 +14,9 @@ from typing import Protocol
 import trio
 
 from batcher.core.admission import Rate
+from batcher.core.config import ScalerConfig
 from batcher.core.counters import Counters
-from batcher.core.scaler import Decision, Fleet, Scaler, ScalerConfig, Signals, plan
+from batcher.core.scaler import Decision, Fleet, Scaler, Signals, plan
 
 log = logging.getLogger("ferry.scaler")
 

@@ -15,7 +15,6 @@ import re
 from typing import Any
 
 from batcher.core.config import ModelConfig, Outputs, PoolConfig, require
-from batcher.core.scaler import ScalerConfig
 from batcher.fixed.policy import POLICIES, Policy, make_policy
 
 _TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -33,13 +32,6 @@ class FixedModelConfig(ModelConfig):
     dimensions: int = 0  # an embedding's length (its vectors are checked against it)
     shortenable: bool = False  # an embedding a request may shorten (Matryoshka): /v1/embeddings' dimensions
     workers: int = 8
-    # the scaler (docs/operations.md, "Scaling"): serving workers between min and max (default:
-    # both `workers`, no scaler), a warm pool, and how soon spare or idle workers leave
-    min_workers: int | None = None
-    max_workers: int | None = None
-    warm_workers: int = 0
-    scale_down_after_s: float = 60.0
-    idle_after_s: float = 300.0
     max_batch: int = 50
     max_wait_ms: float = 150.0
     hang_timeout_ms: float = 1000.0
@@ -93,19 +85,11 @@ class FixedModelConfig(ModelConfig):
         """The pool settings of this model's fleet: a slot for every worker it may hold, and
         ``min_workers`` started when it opens if it scales."""
         PoolConfig(self.workers)  # `workers` by the pool's own rules, whatever the scaler's keys say
-        scaling = self.scaling()
+        scaling = self.scaling(self.workers)
         if not scaling.elastic:
             return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name)
         return PoolConfig(scaling.slots, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name,
                           initial=scaling.min_workers)
-
-    def scaling(self) -> ScalerConfig:
-        """The scaler's settings: ``min_workers`` defaults to ``workers``, ``max_workers`` to the
-        larger of the two."""
-        low = self.workers if self.min_workers is None else self.min_workers
-        high = max(self.workers, low) if self.max_workers is None else self.max_workers
-        return ScalerConfig(low, high, self.warm_workers, self.scale_down_after_s, self.idle_after_s)
-
     def batch_policy(self) -> Policy:
         """A fresh flush policy: ``max_batch`` and ``max_wait_ms`` where it takes them, then its options."""
         implied = {"max_batch": self.max_batch, "max_wait": self.max_wait_ms / 1000}

@@ -45,7 +45,7 @@ async def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, 
     scaler if it has a range of workers or a warm pool."""
     async with open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count,
                             outputs=model.outputs) as batcher:
-        scaling = model.scaling()
+        scaling = model.scaling(model.workers)
         if not scaling.elastic:
             yield batcher
             return

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from batcher.core.scaler import Fleet, Scaler, ScalerConfig, Signals, Steps, cold_start, leaving, plan
+from batcher.core.config import ScalerConfig
+from batcher.core.scaler import Fleet, Scaler, Signals, Steps, cold_start, leaving, plan
 from batcher.fixed.config import FixedModelConfig
 
 CALM = Signals(wait=0.0, budget=1.0, rate=10.0, per_worker=20.0, queued=0, busy=1)
@@ -104,10 +105,10 @@ def fixed(**keys) -> FixedModelConfig:
 
 
 def test_the_keys_default_to_workers_and_a_range_opens_slots_for_max_and_warm():
-    assert not fixed(workers=3).scaling().elastic and fixed(workers=3).pool().workers == 3
+    assert not fixed(workers=3).scaling(3).elastic and fixed(workers=3).pool().workers == 3
     ranged = fixed(workers=2, min_workers=1, max_workers=4, warm_workers=1)
     assert (ranged.pool().workers, ranged.pool().initial) == (5, 1)
-    assert fixed(workers=8, min_workers=2).scaling().max_workers == 8
+    assert fixed(workers=8, min_workers=2).scaling(8).max_workers == 8
 
 
 @pytest.mark.parametrize(("keys", "message"), [

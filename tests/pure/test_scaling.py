@@ -21,6 +21,7 @@ from batcher.fixed.slot import SlotState
 from gateway.text.tokenizer import ByteTokenizer
 from tests.support.fixed_batcher import Outcomes
 from tests.support.spawner import Spawner
+from tests.support.waiting import until_trio
 
 BUDGETS = QueueConfig(wait_budgets=(1.0, 0.3))
 
@@ -87,11 +88,9 @@ async def test_a_warm_worker_serves_within_a_tick_of_the_decision_and_the_warm_p
         outcomes = Outcomes(batcher)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(offer, outcomes, 40.0, 3.0)
-            while not batcher.counters.scale_events:
-                await trio.sleep(0.01)
+            await until_trio(lambda: batcher.counters.scale_events, "a decision to scale up", every=0.001)
             decided = trio.current_time()
-            while not fleet.calls(warm_slot[0]):
-                await trio.sleep(0.001)
+            await until_trio(lambda: fleet.calls(warm_slot[0]), "the warm worker's first call", every=0.001)
             served = trio.current_time() - decided
         await trio.sleep(2 * TICK)
         after = batcher.pool.fleet()
