@@ -105,6 +105,10 @@ class ContinuousModelConfig(ModelConfig):
         require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
                  self.compile)
         self.pool()  # checks workers and max_attempts with the pool's own rules
+        scaling = self.scaling(self.workers)
+        require(not scaling.elastic, "min_workers", "no scaler keys on a continuous model (the scaler "
+                "moves fixed-mode fleets for now; docs/operations.md, \"Scaling\")",
+                (scaling.min_workers, scaling.max_workers, scaling.warm_workers))
 
     @property
     def model_dir(self) -> str:
