@@ -105,10 +105,8 @@ class ContinuousModelConfig(ModelConfig):
         require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
                  self.compile)
         self.pool()  # checks workers and max_attempts with the pool's own rules
-        scaling = self.scaling(self.workers)
-        require(not scaling.elastic, "min_workers", "no scaler keys on a continuous model (the scaler "
-                "moves fixed-mode fleets for now; docs/operations.md, \"Scaling\")",
-                (scaling.min_workers, scaling.max_workers, scaling.warm_workers))
+        require(self.warm_workers == 0, "warm_workers", "0 for a continuous model (a warm pool is the "
+                "fixed mode's for now)", self.warm_workers)
 
     @property
     def model_dir(self) -> str:
@@ -122,8 +120,13 @@ class ContinuousModelConfig(ModelConfig):
             super(ContinuousModelConfig, self)._check_files()
 
     def pool(self) -> PoolConfig:
-        """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung."""
-        return PoolConfig(self.workers, self.stats_timeout_ms / 1000, self.max_attempts, model=self.name)
+        """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung. A
+        model that scales has a slot for every replica it may hold, ``min_workers`` started."""
+        PoolConfig(self.workers)  # `workers` by the pool's own rules, whatever the scaler's keys say
+        scaling = self.scaling(self.workers)
+        workers, initial = (scaling.slots, scaling.min_workers) if scaling.elastic else (self.workers, None)
+        return PoolConfig(workers, self.stats_timeout_ms / 1000, self.max_attempts, model=self.name,
+                          initial=initial)
 
     def conversion_argv(self) -> list[str] | None:
         """``python -m`` arguments that convert this model into :attr:`model_dir` once (a

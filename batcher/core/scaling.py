@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -97,12 +98,21 @@ class Scaling:
             await trio.sleep(TICK)
 
 
+B = TypeVar("B")
+
+
 @contextlib.asynccontextmanager
-async def open_scaling(config: ScalerConfig, fleet: Elastic, counters: Counters, model: str
-                       ) -> AsyncIterator[Scaling]:
-    """Run a version's scaler while the context is open."""
-    async with trio.open_nursery() as nursery:
-        scaling = Scaling(config, fleet, counters, model)
-        await nursery.start(scaling.run)
-        yield scaling
-        nursery.cancel_scope.cancel()
+async def open_scaled(opened: AbstractAsyncContextManager[B], config: ScalerConfig,
+                      elastic: Callable[[B], Elastic], counters: Callable[[B], Counters], model: str
+                      ) -> AsyncIterator[B]:
+    """A mode's backend, ``opened``, with its scaler running while the context is open if
+    ``config`` has anything to scale; ``elastic`` makes the backend's :class:`Elastic`."""
+    async with opened as backend:
+        if not config.elastic:
+            yield backend
+            return
+        async with trio.open_nursery() as nursery:
+            scaling = Scaling(config, elastic(backend), counters(backend), model)
+            await nursery.start(scaling.run)
+            yield backend
+            nursery.cancel_scope.cancel()

@@ -13,22 +13,20 @@ What only batches have, only this mode exports::
 
 from __future__ import annotations
 
-import contextlib
 import operator
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from batcher.core.backend import Backend
 from batcher.core.config import QueueConfig
 from batcher.core.mode import Exported, Mode
-from batcher.core.scaling import open_scaling
+from batcher.core.scaling import open_scaled
 from batcher.core.tokenizer import Tokenizer
-from batcher.fixed.batcher import open_batcher
+from batcher.fixed.batcher import Batcher, open_batcher
 from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.counters import BatchCounters
 from batcher.fixed.elastic import FixedFleet
-from batcher.fixed.request import Request
 from batcher.fixed.slot import Spawn
 from batcher.fixed.worker import ProcessWorker
 
@@ -38,19 +36,17 @@ _COUNTERS = (
 )
 
 
-@contextlib.asynccontextmanager
-async def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokenizer: Tokenizer
-                     ) -> AsyncIterator[Backend[Request]]:
+def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokenizer: Tokenizer
+               ) -> AbstractAsyncContextManager[Batcher]:
     """A batcher over the model's pool, pricing each prompt with the model's tokenizer, and its
     scaler if it has a range of workers or a warm pool."""
-    async with open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count,
-                            outputs=model.outputs) as batcher:
-        scaling = model.scaling(model.workers)
-        if not scaling.elastic:
-            yield batcher
-            return
-        async with open_scaling(scaling, FixedFleet(batcher), batcher.counters, model.name):
-            yield batcher
+    opened = open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count,
+                          outputs=model.outputs)
+    return open_scaled(opened, model.scaling(model.workers), FixedFleet, _counters, model.name)
+
+
+def _counters(batcher: Batcher) -> BatchCounters:
+    return batcher.counters
 
 
 def batch_families(backends: Sequence[Exported[BatchCounters]]) -> Iterator[Metric]:
