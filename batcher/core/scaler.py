@@ -63,10 +63,11 @@ class Scaler:
             return 0
         return math.ceil(signals.rate / (signals.per_worker * UTILISATION) - 1e-9)
 
-    def decide(self, signals: Signals, serving: int, now: float) -> Decision:
-        """The workers to serve with at ``now``, given those serving or starting to (``serving``)."""
+    def decide(self, signals: Signals, serving: int, now: float, starting: int = 0) -> Decision:
+        """The workers to serve with at ``now``, given those serving or starting to (``serving``),
+        ``starting`` of them not ready yet: a start under way is work asked for, not idleness."""
         low, high = self.config.min_workers, self.config.max_workers
-        working = signals.queued > 0 or signals.busy > 0
+        working = signals.queued > 0 or signals.busy > 0 or starting > 0
         self._idle_since = math.inf if working else min(self._idle_since, now)
         needed = max(self.needed(signals), 1 if working else 0)
         if serving == 0 and working:

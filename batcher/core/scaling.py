@@ -77,7 +77,7 @@ class Scaling:
         """One decision and its steps."""
         current = self.fleet.fleet()
         heading = current.serving + current.starting
-        decision = self.scaler.decide(self.fleet.signals(), heading, now)
+        decision = self.scaler.decide(self.fleet.signals(), heading, now, current.starting)
         steps = plan(decision.serving, current, self.config.warm_workers)
         self.fleet.promote(steps.promote)
         self.fleet.start(steps.start)

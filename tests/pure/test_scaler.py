@@ -68,6 +68,9 @@ def test_the_last_worker_stops_only_after_idle_after_without_work_and_only_at_mi
     busy.decide(IDLE, 1, now=0.0)
     busy.decide(CALM, 1, now=100.0)  # work in flight: idle again from here
     assert busy.decide(IDLE, 1, now=200.0).direction == "hold"
+    starting = scaler(low=0, down=0.0, idle=120.0)
+    assert starting.decide(IDLE, 1, now=0.0, starting=1).direction == "hold"
+    assert starting.decide(IDLE, 1, now=200.0, starting=1).direction == "hold"  # a start is not idleness
     assert scaler(low=1, down=0.0, idle=0.0).decide(IDLE, 1, now=1e6).direction == "hold"
 
 
