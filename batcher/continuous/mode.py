@@ -3,13 +3,14 @@ by converting a named model once, exporting the ``ferry_engine_*`` families."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.elastic import ContinuousFleet
 from batcher.continuous.engine_process import EngineProcess, EngineWorker, prepare_engines
-from batcher.continuous.metrics import ContinuousCounters, engine_families
+from batcher.continuous.metrics import engine_families
 from batcher.continuous.pool import EnginePool, open_engine_pool
 from batcher.core.config import QueueConfig
 from batcher.core.mode import Mode
@@ -21,11 +22,9 @@ def open_continuous(model: ContinuousModelConfig, queue: QueueConfig, spawn: Cal
                     tokenizer: Detokenizes) -> AbstractAsyncContextManager[EnginePool]:
     """The model's engine pool, and its scaler if it has a range of replicas."""
     opened = open_engine_pool(model, queue, spawn, tokenizer)
-    return open_scaled(opened, model.scaling(model.workers), ContinuousFleet, _counters, model.name)
+    counters = operator.attrgetter("counters")
+    return open_scaled(opened, model.scaling(model.workers), ContinuousFleet, counters, model.name)
 
-
-def _counters(pool: EnginePool) -> ContinuousCounters:
-    return pool.counters
 
 
 MODE = Mode(argv=ContinuousModelConfig.engine_argv, process=EngineProcess, open=open_continuous,

@@ -42,11 +42,9 @@ def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokeni
     scaler if it has a range of workers or a warm pool."""
     opened = open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count,
                           outputs=model.outputs)
-    return open_scaled(opened, model.scaling(model.workers), FixedFleet, _counters, model.name)
+    counters = operator.attrgetter("counters")
+    return open_scaled(opened, model.scaling(model.workers), FixedFleet, counters, model.name)
 
-
-def _counters(batcher: Batcher) -> BatchCounters:
-    return batcher.counters
 
 
 def batch_families(backends: Sequence[Exported[BatchCounters]]) -> Iterator[Metric]:

@@ -52,15 +52,18 @@ def linear(fixed: float, per_input: float = 0.0, jitter: float = 0.0, seed: int 
 class SimulatedWorker:
     """Answers each call after ``service_time(len(inputs))``; outputs are the inputs reversed.
 
-    ``record=False`` keeps no copy of the inputs (a simulation of millions of requests).
+    ``record=False`` keeps no copy of the inputs (a simulation of millions of requests);
+    ``start_s`` is how long it takes to be ready once spawned.
     """
 
     pid: int | None = None
 
     def __init__(
-        self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan(), record: bool = True
+        self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan(), record: bool = True,
+        start_s: float = 0.0,
     ) -> None:
         self.service_time = service_time
+        self.start_s = start_s  # seconds from spawn to ready (loading its model)
         self.injector = FaultInjector(plan)
         self.calls: list[list[str]] = []
         """The inputs of every call this worker received, in order (if recording)."""
@@ -72,7 +75,7 @@ class SimulatedWorker:
     placement = "local"
 
     async def start(self) -> None:
-        await trio.lowlevel.checkpoint()
+        await trio.sleep(self.start_s)
 
     async def call(self, request: RunBatch) -> Result | Error:
         if self._exited.is_set():
