@@ -91,7 +91,11 @@ class Simulation:
     cpu_seconds: float
     wall_seconds: float
     samples: Samples
-    gpu_seconds: float  # the time workers were held (starting, warm, serving or draining), summed
+    held: tuple[int, ...]  # workers held (starting, warm, serving or draining), each virtual second
+
+    @property
+    def gpu_seconds(self) -> float:
+        return float(sum(self.held))
 
     @property
     def requests_per_cpu_second(self) -> float:
@@ -153,7 +157,7 @@ def simulate(
     scaler_log.setLevel(logging.ERROR)  # the wall clock's times mean nothing here: the report counts GPU time
     cpu, wall = time.process_time(), time.perf_counter()
     try:
-        (counters, gpu_seconds), virtual = run_virtual(_run, scenario, recorder, progress, every,
+        (counters, held), virtual = run_virtual(_run, scenario, recorder, progress, every,
                                                        seed=scenario.seed)
     finally:
         pool_log.setLevel(level)
@@ -161,12 +165,12 @@ def simulate(
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     elastic = scenario.scaling is not None and scenario.scaling.elastic
     report = recorder.report(scenario.queue.tiers, counters, None if elastic else scenario.workers)
-    return Simulation(scenario, report, virtual, cpu, wall, recorder.samples(), gpu_seconds)
+    return Simulation(scenario, report, virtual, cpu, wall, recorder.samples(), held)
 
 
 async def _run(
     scenario: Scenario, recorder: Recorder, progress: Callable[[Progress], None] | None, every: float
-) -> tuple[tuple[BatchCounters, float], float]:
+) -> tuple[tuple[BatchCounters, tuple[int, ...]], float]:
     trace, total = scenario.trace, len(scenario.trace)
     budget = scenario.queue.queue_timeout if scenario.timeout is None else scenario.timeout
     deadlines = np.where(np.isnan(trace.deadlines), trace.times + budget, trace.deadlines)
@@ -179,7 +183,8 @@ async def _run(
 
     scaling = scenario.scaling or ScalerConfig(scenario.workers, scenario.workers)
     initial = scaling.min_workers if scaling.elastic else None
-    pool = PoolConfig(workers=scaling.slots, hang_timeout=scenario.hang_timeout, initial=initial)
+    pool = PoolConfig(workers=scaling.slots, hang_timeout=scenario.hang_timeout, initial=initial,
+                      start_timeout=max(PoolConfig().start_timeout, 2 * scenario.start_s))
     policy = make_policy(scenario.policy, **scenario.params)
     spawn = _SeededSpawner(scenario)
     held = GpuTime()
@@ -193,20 +198,19 @@ async def _run(
                 nursery.start_soon(_tell_progress, progress, every, recorder, total, float(trace.times[-1]))
             await all_ended.wait()
             nursery.cancel_scope.cancel()
-    return (batcher.counters, held.seconds), trio.current_time() - start
+    return (batcher.counters, tuple(held.each_second)), trio.current_time() - start
 
 
 class GpuTime:
-    """Worker-seconds a pool held, counted each virtual second from its staffed slots."""
+    """The workers a pool held, read each virtual second from its staffed slots."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.each_second: list[int] = []
 
     async def count(self, pool: WorkerPool) -> None:
         while True:
-            staffed = len(pool.workers())
+            self.each_second.append(len(pool.workers()))
             await trio.sleep(1.0)
-            self.seconds += staffed
 
 
 async def _tell_progress(
