@@ -66,9 +66,10 @@ def main() -> None:
     summary = (
         f"Demand {BASE:g} -> {PEAK:g} req/s over {RAMP} s, {len(arrivals):,} requests, 60 % paid, budgets "
         f"2 s / 0.5 s, a start of {START_S:g} s. Without a scaler, two workers shed "
-        f"{rows[0]['paid shed %']} % of paid and {rows[0]['free shed %']} % of free; four shed nothing that "
-        f"matters and hold {rows[1]['GPU-seconds']:,} GPU-seconds. The scaler sheds {scaled['paid shed %']} % "
-        f"of paid ({scaled['free shed %']} % of free) while its starts take eight minutes, and holds "
+        f"{rows[0]['paid shed %']} % of paid and {rows[0]['free shed %']} % of free; four shed "
+        f"{rows[1]['paid shed %']} % and {rows[1]['free shed %']} % and hold {rows[1]['GPU-seconds']:,} "
+        f"GPU-seconds. The scaler sheds {scaled['paid shed %']} % of paid ({scaled['free shed %']} % of "
+        f"free) while its starts take eight minutes, and holds "
         f"{scaled['GPU-seconds vs 4 workers']}x the four-worker fleet's GPU time; with two warm workers it "
         f"sheds {warm['paid shed %']} % of paid and {warm['free shed %']} % of free for "
         f"{warm['GPU-seconds vs 4 workers']}x."
