@@ -1,13 +1,20 @@
 """``ferry simulate`` runs the production scaler in virtual time: a burst on one worker grows the
 fleet while starts take ``start_s``, a warm pool answers the same burst sooner, and the GPU time
-held is counted each second; the flags reach the scenario."""
+held is counted each second; the flags reach the scenario. The continuous replay runs the same
+scaler over engines that take ``start_s`` to start."""
 
 from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.core.config import QueueConfig, ScalerConfig
 from batcher.sim.arrivals import Trace, piecewise
+from batcher.sim.continuous.engine import EngineSpec
+from batcher.sim.continuous.replay import replay
+from batcher.sim.continuous.workload import Lengths, Workload
 from batcher.sim.fixed.simulate import Scenario, add_arguments, scenario_from_args, simulate
 
 QUEUE = QueueConfig(wait_budgets=(2.0, 0.5))
@@ -42,3 +49,18 @@ def test_the_scaler_flags_make_the_scenario():
                               "--start-s", "480", "--scale-down-after-s", "30"])
     scenario = scenario_from_args(args)
     assert scenario.scaling == ScalerConfig(2, 6, 1, 30.0, 300.0) and scenario.start_s == 480.0
+
+
+def test_the_continuous_replay_runs_the_scaler_from_zero_with_a_start_time():
+    times = piecewise([(30, 1.0), (120, 0.0), (10, 1.0)], seed=5)  # a quiet spell past idle_after_s
+    workload = Workload.synthetic(times, {"paid": 1.0}, Lengths("fixed", 50, 50), Lengths("fixed", 20, 20))
+    model = ContinuousModelConfig(name="sim@1", simulated="llama-70b", num_blocks=512, max_batch_tokens=256,
+                                  min_workers=0, max_workers=1, idle_after_s=30.0)
+    run = replay(workload, model, QueueConfig(tiers=("paid",), wait_budgets=(60.0,)),
+                 EngineSpec.of(model), start_s=20.0)
+    waits = run.outcomes.first - run.outcomes.sent
+    assert run.outcomes.counts()["finished"] == len(workload)
+    assert waits[0] >= 20.0 and np.median(waits) < 20.0  # the first waited out a start; most did not
+    held = "".join(map(str, run.held))
+    assert held.startswith("0") and "1" * 25 in held[:40] and "0" * 30 in held[60:150]  # on, off in the lull
+    assert held.endswith("1")  # and started again for the last requests

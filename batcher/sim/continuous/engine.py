@@ -301,8 +301,9 @@ class SimulatedEngines:
         return self.spawned[slot][-1]
 
     def unread(self, slot: int) -> int:
-        """The tokens the engine of ``slot`` has made and not handed out by now."""
-        return self.current(slot).unread()
+        """The tokens the engine of ``slot`` has made and not handed out by now (none in a slot
+        never staffed)."""
+        return self.current(slot).unread() if slot in self.spawned else 0
 
 
 class ReadAhead(Router):

@@ -253,14 +253,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--crash-prob", type=float, default=0.0, help="a call crashes its worker")
     fleet.add_argument("--hang-prob", type=float, default=0.0, help="a call never returns")
     fleet.add_argument("--hang-timeout-ms", type=float, default=1000.0)
-    scaling = parser.add_argument_group("the scaler (docs/operations.md, Scaling; fixed mode)")
+    scaling = parser.add_argument_group("the scaler (docs/operations.md, Scaling)")
     scaling.add_argument("--min-workers", type=int, help="serving workers at least (default: --workers)")
     scaling.add_argument("--max-workers", type=int, help="serving workers at most (default: --workers)")
-    scaling.add_argument("--warm-workers", type=int, default=0, help="started, ready, no traffic (default 0)")
+    scaling.add_argument("--warm-workers", type=int, default=0, help="fixed: started, no traffic (default 0)")
     scaling.add_argument("--scale-down-after-s", type=float, default=60.0, help="spare this long: down (60)")
     scaling.add_argument("--idle-after-s", type=float, default=300.0,
                           help="min 0: idle this long, stop (300)")
-    scaling.add_argument("--start-s", type=float, default=0.0, help="a worker's spawn to ready (default 0)")
+    scaling.add_argument("--start-s", type=float,
+                         help="a worker's spawn to ready, s (default 0; continuous, scaling: 480)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the run as JSON")
     parser.add_argument(
@@ -323,7 +324,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         timeout=budget,
         seed=args.seed,
         scaling=scaling,
-        start_s=args.start_s,
+        start_s=args.start_s or 0.0,
     )
 
 
