@@ -108,8 +108,6 @@ class ContinuousModelConfig(ModelConfig):
         require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
                  self.compile)
         self.pool()  # checks workers and max_attempts with the pool's own rules
-        require(self.warm_workers == 0, "warm_workers", "0 for a continuous model (a warm pool is the "
-                "fixed mode's for now)", self.warm_workers)
 
     @property
     def model_dir(self) -> str:

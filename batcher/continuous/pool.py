@@ -56,7 +56,7 @@ from batcher.continuous.staffing import Staffing
 from batcher.continuous.token_load import TokenLoad
 from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
-from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
+from batcher.core.backend import Job, OnEvent, Snapshot, Status, WorkerStatus, not_ready_reason
 from batcher.core.config import QueueConfig
 from batcher.core.errors import Expired, ReplicaLost, RequestFailed, Shed, Starting, TooLarge, WorkersFailed
 from batcher.core.scaler import Fleet, leaving
@@ -181,8 +181,7 @@ class EnginePool:
         up = sum(r.up for r in self._replicas)
         reason = not_ready_reason(up, self._readiness.proven)
         staffing = self.staffing
-        workers = tuple(dataclasses.replace(r.status(), state="draining") if r.index in staffing.leaving
-                        else r.status() for r in self._replicas if r.index not in staffing.stopped)
+        workers = tuple(self._reported(r) for r in self._replicas if r.index not in staffing.stopped)
         status = Status(
             self.ready, reason, workers, self.queued, "tokens",
             {"token_rate": load.rate, "cancelled": counters.cancelled, "expired": counters.expired,
@@ -223,35 +222,52 @@ class EnginePool:
         return tuple(self._replicas)
 
     def fleet(self) -> Fleet:
-        """The replicas by role: up ones serve, staffed ones not yet up are starting."""
-        staffed = [r for r in self._replicas
-                   if r.index not in self.staffing.stopped and r.index not in self.staffing.leaving]
-        up = [r for r in staffed if r.up]
-        return Fleet(serving=len(up), starting=len(staffed) - len(up), idle=sum(not r.live for r in up))
+        """The replicas by role: up ones serve, staffed ones not yet up are starting; warm ones
+        (up or starting) apart."""
+        staffing = self.staffing
+        staffed = [r for r in self._replicas if r.index not in staffing.stopped | staffing.leaving]
+        serving = [r for r in staffed if r.index not in staffing.warm]
+        up = [r for r in serving if r.up]
+        warm = [r.up for r in staffed if r.index in staffing.warm]
+        return Fleet(serving=len(up), starting=len(serving) - len(up), warm=sum(warm),
+                     warming=len(warm) - sum(warm), idle=sum(not r.live for r in up))
 
     def start(self, count: int, warm: bool = False) -> None:
-        """Start engines in up to ``count`` stopped slots (a continuous pool keeps none warm)."""
+        """Start engines in up to ``count`` stopped slots, to serve or to be kept warm."""
         assert self._nursery is not None, "the pool runs"
         for index in self.staffing.next_stopped(count):
             r = self._replicas[index]
-            self.staffing.started(index, trio.current_time())
+            self.staffing.started(index, trio.current_time(), warm)
             self._readiness.staffed(self.staffing.staffed)
             r.supervisor.rehire()
             self._nursery.start_soon(self._staff, r)
 
     def promote(self, count: int) -> None:
-        """A continuous pool has no warm replicas to promote."""
+        """Up to ``count`` warm replicas that are up are routed jobs from now on."""
+        ready = sorted(index for index in self.staffing.warm if self._replicas[index].up)
+        self.staffing.warm.difference_update(ready[:count])
+        self._changed()
 
     def retire(self, count: int) -> None:
         """Route nothing more to ``count`` replicas (starting ones, then idle, then busy); each
         stops once it holds no job (:meth:`_dispatch`)."""
+        away = self.staffing.stopped | self.staffing.leaving | self.staffing.warm
         staffed = [(r.index, "starting" if not r.up else "busy" if r.live else "idle") for r in self._replicas
-                   if r.index not in self.staffing.stopped and r.index not in self.staffing.leaving]
+                   if r.index not in away]
         self.staffing.leaving.update(leaving(staffed, count))
         self._changed()
 
     def report(self, decision: str) -> None:
         self.staffing.scaling = decision
+
+    def _reported(self, r: Replica) -> WorkerStatus:
+        """``r`` as ``/readyz`` shows it: a leaving replica is draining, a warm one that is up warm."""
+        status = r.status()
+        if r.index in self.staffing.leaving:
+            return dataclasses.replace(status, state="draining")
+        if r.index in self.staffing.warm and r.up:
+            return dataclasses.replace(status, state="warm")
+        return status
 
     async def _staff(self, r: Replica) -> None:
         try:

@@ -1,7 +1,8 @@
 """Which replicas of a continuous pool that scales are staffed, and how long a start takes.
 
-A replica slot is stopped (no engine: the scaler may start one), starting, up, or leaving (no new
-job is routed to it; it stops once it holds none). A request that finds no replica up waits for
+A replica slot is stopped (no engine: the scaler may start one), starting, up, warm (up, routed
+nothing until the scaler promotes it), or leaving (no new job is routed to it; it stops once it
+holds none). A request that finds no replica up waits for
 one if the measured start time (spawn to ``ready`` of the last replica the scaler started) fits
 its tier's wait budget, else it is refused with the time to ready as its ``Retry-After``
 (:func:`batcher.core.scaler.cold_start`), and the scaler starts one all the same. Pure
@@ -19,6 +20,7 @@ class Staffing:
     def __init__(self, slots: int, initial: int) -> None:
         self.stopped = set(range(initial, slots))
         self.leaving: set[int] = set()
+        self.warm: set[int] = set()  # staffed, but routed nothing until promoted
         self.start_seconds = 0.0  # the last measured start: 0 until one was measured
         self.scaling = ""  # what the scaler last decided, and why (/readyz)
         self.refused = False  # a request was refused for want of a replica since the scaler last looked
@@ -30,18 +32,20 @@ class Staffing:
         return self._slots - len(self.stopped)
 
     def taking(self) -> set[int]:
-        """The slots a new job may be routed to: staffed and not leaving, else (none is) the
-        slot the scaler starts next."""
-        taking = set(range(self._slots)) - self.stopped - self.leaving
-        return taking or {min(self.stopped, default=0)}
+        """The slots a new job may be routed to: staffed, not warm and not leaving; else (none
+        is) a warm one, which the scaler promotes at its next tick, or the slot it starts next."""
+        taking = set(range(self._slots)) - self.stopped - self.leaving - self.warm
+        return taking or set(sorted(self.warm)[:1]) or {min(self.stopped, default=0)}
 
     def next_stopped(self, count: int) -> list[int]:
         """The ``count`` stopped slots the scaler starts first (the lowest)."""
         return sorted(self.stopped)[:count]
 
-    def started(self, slot: int, now: float) -> None:
+    def started(self, slot: int, now: float, warm: bool = False) -> None:
         self.stopped.discard(slot)
         self._starting_at[slot] = now
+        if warm:
+            self.warm.add(slot)
 
     def ready(self, slot: int, now: float) -> None:
         """``slot``'s engine said ready: a start the scaler made is measured."""
@@ -56,6 +60,7 @@ class Staffing:
     def retired(self, slot: int) -> None:
         self.stopped.add(slot)
         self.leaving.discard(slot)
+        self.warm.discard(slot)
         self._starting_at.pop(slot, None)
 
     def cold(self, now: float, budget: float) -> Starting | None:

@@ -2,7 +2,8 @@
 engines that take 8 s to start, in virtual time (MockClock): the first request starts a replica
 and waits for it, the replica stops after ``idle_after_s``, and a request whose wait budget is
 shorter than the measured start is refused at once (503's error, ``Retry-After`` the time to
-ready) while a replica starts for the requests after it."""
+ready) while a replica starts for the requests after it; a warm replica takes the first request
+with no start."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from batcher.continuous.mode import open_continuous
 from batcher.core.backend import Failed, Finished
 from batcher.core.config import QueueConfig
 from batcher.core.errors import Starting
+from batcher.core.scaling import TICK
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from gateway.text.tokenizer import ByteTokenizer
 from tests.support.engine_pool import Client, job
@@ -59,6 +61,17 @@ async def test_a_version_at_zero_starts_for_its_first_request_stops_when_idle_an
     assert isinstance(paid.events[-1], Finished) and paid.ended - arrived <= START + 1.0
 
 
-def test_a_continuous_model_refuses_a_warm_pool():
-    with pytest.raises(ValueError, match="warm_workers: expected 0 for a continuous model"):
-        model(warm_workers=1)
+async def test_a_warm_replica_takes_the_first_request_within_a_tick_and_the_warm_pool_refills(autojump_clock):
+    config = model(warm_workers=1)
+    spawn = SimulatedEngines(EngineSpec.of(config), start_s=START)
+    async with open_continuous(config, QUEUE, spawn, ByteTokenizer()) as pool:
+        await trio.sleep(START + 2 * TICK)
+        before = pool.fleet()
+        states = [w.state for w in pool.snapshot().status.workers]
+        first, arrived = Client(), trio.current_time()
+        pool.submit(job(1, 8, stream=False), first)
+        await first.done.wait()
+        after = pool.fleet()
+    assert (before.serving, before.warm) == (0, 1) and states == ["warm"]
+    assert isinstance(first.events[-1], Finished) and first.ended - arrived < 2 * TICK + 1.0  # no start
+    assert (after.serving, after.warm + after.warming) == (1, 1) and len(spawn.spawned) == 2

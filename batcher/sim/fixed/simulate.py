@@ -256,7 +256,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scaling = parser.add_argument_group("the scaler (docs/operations.md, Scaling)")
     scaling.add_argument("--min-workers", type=int, help="serving workers at least (default: --workers)")
     scaling.add_argument("--max-workers", type=int, help="serving workers at most (default: --workers)")
-    scaling.add_argument("--warm-workers", type=int, default=0, help="fixed: started, no traffic (default 0)")
+    scaling.add_argument("--warm-workers", type=int, default=0, help="started, no traffic (default 0)")
     scaling.add_argument("--scale-down-after-s", type=float, default=60.0, help="spare this long: down (60)")
     scaling.add_argument("--idle-after-s", type=float, default=300.0,
                           help="min 0: idle this long, stop (300)")
