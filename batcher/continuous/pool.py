@@ -179,7 +179,7 @@ class EnginePool:
         counters.replicas = tuple(r.replica_stats() for r in self._replicas)
         load = self.load()
         up = sum(r.up for r in self._replicas)
-        reason = not_ready_reason(up, self._readiness.proven)
+        reason = "" if self.ready else not_ready_reason(up, self._readiness.proven)
         staffing = self.staffing
         workers = tuple(self._reported(r) for r in self._replicas if r.index not in staffing.stopped)
         status = Status(
@@ -203,8 +203,9 @@ class EnginePool:
 
     @property
     def ready(self) -> bool:
-        """A replica is up, and one has finished a sequence since every replica last died."""
-        return any(r.up for r in self._replicas) and self._readiness.proven
+        """A replica is up, and one has finished a sequence since every replica last died; or the
+        scaler has taken every replica away (a request starts one: it takes traffic)."""
+        return (any(r.up for r in self._replicas) and self._readiness.proven) or not self.staffing.staffed
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every engine, report started once all are up, then dispatch until cancelled."""

@@ -115,6 +115,8 @@ class WorkerPool:
         allowance, :meth:`_paced`), even while supervision still lets a batch that hung before
         run longer: with every worker up hung, nothing the fleet is sent can start."""
         now = trio.current_time()
+        if not self._staffed_count():  # scaled to zero: a request starts a worker, so it takes traffic
+            return True
         return self._readiness.proven and any(self._state(slot, now) in SERVING for slot in self._slots)
 
     def free_in(self, now: float) -> list[float]:

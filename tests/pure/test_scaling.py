@@ -114,11 +114,12 @@ async def test_at_min_zero_the_first_request_starts_a_worker_which_stops_after_i
     async with elastic(fleet, min_workers=0, max_workers=2, idle_after_s=30.0) as batcher:
         await trio.sleep(10.0)
         empty = len(fleet.spawned)
+        ready_at_zero = batcher.snapshot().status.ready
         answer = await batcher.answer("first", "paid")
         started = batcher.pool.fleet().serving
         await trio.sleep(29.0)
         kept = batcher.pool.fleet().serving
         await trio.sleep(2.0)
         stopped = batcher.pool.fleet().serving, batcher.snapshot().status.scaling
-    assert (empty, answer, started, kept) == (0, "tsrif", 1, 1)
+    assert (empty, ready_at_zero, answer, started, kept) == (0, True, "tsrif", 1, 1)
     assert stopped[0] == 0 and stopped[1] == "down 1 -> 0 (idle): no work for 30s"

@@ -1,9 +1,9 @@
 """SmolLM2 at ``min_workers = 0`` over a real ``ferry serve``, real engine processes and real
-HTTP: it serves with no engine until its first request, which waits for one to start (its paid
-budget is longer than a start) and is answered; the engine stops after ``idle_after_s``; then a
-free request, whose budget is shorter than the measured start, gets 503 ``overloaded_error``
-with ``Retry-After`` the time to ready, in both the Anthropic and OpenAI shapes, while an engine
-starts for the requests that follow."""
+HTTP: it is ready (takes traffic) with no engine until its first request, which waits for one
+to start (its paid budget is longer than a start) and is answered; the engine stops after
+``idle_after_s``, and the version is still ready; then a free request, whose budget is shorter
+than the measured start, gets 503 ``overloaded_error`` with ``Retry-After`` the time to ready,
+in both the Anthropic and OpenAI shapes, while an engine starts for the requests that follow."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def engines(models: dict) -> list:
 def test_smollm2_at_zero_starts_for_its_first_request_stops_when_idle_and_tells_a_short_budget_when(tmp_path):
     gateway = Gateway(tmp_path, CONFIG)
     try:
-        before = engines(gateway.ready()["models"])
+        empty = gateway.ready()
+        before = engines(empty["models"])
         question = message("What is the capital of France?", model="smollm2@1", max_tokens=20)
         status, _, first = gateway.request("POST", "/v1/messages", question)
         started = gateway.ready()["models"]["smollm2@1"]
@@ -66,7 +67,8 @@ def test_smollm2_at_zero_starts_for_its_first_request_stops_when_idle_and_tells_
                          what="an engine started for the refused requests")
     finally:
         assert gateway.stop() == 0
-    assert before == []
+    assert before == [] and empty["ready"]  # at zero it takes traffic: a load balancer keeps sending it
+    assert idle["smollm2@1"]["ready"] and idle["smollm2@1"]["reason"] == ""
     assert status == 200 and "Paris" in first["content"][0]["text"]
     assert measured > 0 and started["scaling"] == "up 0 -> 1 (cold): work arrived with no worker"
     assert idle["smollm2@1"]["scaling"] == "down 1 -> 0 (idle): no work for 1s"
