@@ -134,16 +134,12 @@ class Steps:
 
 def plan(target: int, fleet: Fleet, warm_workers: int) -> Steps:
     """The steps from ``fleet`` to ``target`` serving workers with ``warm_workers`` kept warm:
-    a warm worker is promoted before any is started, and the warm pool is refilled after."""
-    heading = fleet.serving + fleet.starting
-    promote = start = retire = 0
-    if target > heading:
-        promote = min(target - heading, fleet.warm)
-        start = target - heading - promote
-    elif target < heading:
-        retire = heading - target
+    a ready warm worker is promoted before any is started, and in place of one still starting
+    (which then leaves: starting ones leave first), and the warm pool is refilled after."""
+    promote = min(max(0, target - fleet.serving), fleet.warm)
+    heading = fleet.serving + promote + fleet.starting
     refill = max(0, warm_workers - (fleet.warm - promote) - fleet.warming)
-    return Steps(promote, start, refill, retire)
+    return Steps(promote, max(0, target - heading), refill, max(0, heading - target))
 
 
 def leaving(states: list[tuple[int, str]], count: int) -> list[int]:

@@ -85,6 +85,9 @@ def test_a_decision_up_promotes_warm_workers_before_starting_any_and_refills_the
     assert plan(2, Fleet(serving=1, warm=2), warm_workers=2) == Steps(promote=1, start_warm=1)
     assert plan(2, Fleet(serving=1, starting=1, warming=1), warm_workers=1) == Steps()
     assert plan(1, Fleet(serving=3, starting=1), warm_workers=0) == Steps(retire=3)
+    # a warm worker ready while one still starts: it serves now, the start is called off
+    assert plan(3, Fleet(serving=2, starting=1, warm=1), warm_workers=1) == Steps(promote=1, start_warm=1,
+                                                                                  retire=1)
 
 
 def test_starting_workers_leave_first_then_idle_ones_highest_first_and_busy_ones_last():
