@@ -3,12 +3,12 @@ scaler, and the scaler with a warm pool, through the production batcher, pool an
 virtual time.
 
 A fixed-mode model on reference GPUs (200 ms a call of up to 10 requests: 50 requests/s each),
-60 % paid, wait budgets 2 s paid and 0.5 s free: 80 req/s for 60 s, a linear rise to 160 req/s
-over 300 s, 600 s at 160, then 900 s back at 80. Fleets: two workers (sized for the base, no
-scaler), four (sized for the peak, no scaler), and min 2 / max 6 with the scaler, without and
-with two warm workers; every start takes START_S. Paid latency p95, each tier's shed share, and
-the GPU-seconds held (starting, warm, serving or draining). The claim and the figures:
-experiments/docs/scaling.md.
+60 % paid, wait budgets 2 s paid and 0.5 s free: 80 req/s for 600 s (a warm pool is warm by
+then), a linear rise to 160 req/s over 300 s, 600 s at 160, then 900 s back at 80. Fleets: two
+workers (sized for the base, no scaler), four (sized for the peak, no scaler), and min 2 / max 6
+with the scaler, without and with two warm workers; every start takes START_S. Paid latency
+p95, each tier's shed share, and the GPU-seconds held (starting, warm, serving or draining).
+The claim and the figures: experiments/docs/scaling.md.
 
     python -m experiments.scaling
 """
@@ -22,7 +22,7 @@ from batcher.sim.arrivals import Trace, piecewise
 from batcher.sim.fixed.simulate import Scenario, Simulation, simulate
 from experiments.common import plt, write
 
-BASE, PEAK, BEFORE, RAMP, HOLD, AFTER, PIECES = 80.0, 160.0, 60, 300, 600, 900, 30
+BASE, PEAK, BEFORE, RAMP, HOLD, AFTER, PIECES = 80.0, 160.0, 600, 300, 600, 900, 30
 START_S, PAID_SHARE, BATCH = 480.0, 0.6, 10
 QUEUE = QueueConfig(wait_budgets=(2.0, 0.5))
 ARMS = {
@@ -77,7 +77,7 @@ def main() -> None:
     figure, axis = plt.subplots(figsize=(7, 4))
     for name, run in runs.items():
         axis.plot(np.arange(len(run.held)), run.held, label=name)
-    axis.set_xlabel("virtual seconds (demand doubles from 60 s to 360 s, falls back at 960 s)")
+    axis.set_xlabel("virtual seconds (demand doubles from 600 s to 900 s, falls back at 1,500 s)")
     axis.set_ylabel("workers held")
     other = axis.twinx()
     counts, edges = np.histogram(arrivals.times, bins=np.arange(0, arrivals.times[-1] + 30, 30))
