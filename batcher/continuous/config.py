@@ -53,6 +53,7 @@ class ContinuousModelConfig(ModelConfig):
     compile: bool = False  # engine = "vllm": torch.compile the model (a slower start, faster steps)
     affinity_bound: int = 2048  # tokens: a prefix holder busier than the least loaded by more loses it
     stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
+    start_timeout_ms: float = 120_000.0  # an engine not ready this long after spawn did not start
     max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
     temperature: float = 1.0  # of a request that names none (the Messages API's default); 0: greedy
     engine: str = "ferry"  # a name in ENGINES
@@ -98,6 +99,8 @@ class ContinuousModelConfig(ModelConfig):
             "milliseconds > 0",
             self.stats_timeout_ms,
         )
+        require(0 < self.start_timeout_ms < math.inf, "start_timeout_ms", "milliseconds > 0",
+                self.start_timeout_ms)
         require(0.0 <= self.temperature <= 1.0, "temperature", "a number in 0..1", self.temperature)
         require(self.engine in ENGINES, "engine", f"one of {list(ENGINES)}", self.engine)
         require(self.engine == "ferry" or not self.simulated, "engine", "'ferry' for a simulated model",
@@ -118,8 +121,13 @@ class ContinuousModelConfig(ModelConfig):
             super(ContinuousModelConfig, self)._check_files()
 
     def pool(self) -> PoolConfig:
-        """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung."""
-        return PoolConfig(self.workers, self.stats_timeout_ms / 1000, self.max_attempts, model=self.name)
+        """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung. A
+        model that scales has a slot for every replica it may hold, ``min_workers`` started."""
+        PoolConfig(self.workers)  # `workers` by the pool's own rules, whatever the scaler's keys say
+        scaling = self.scaling(self.workers)
+        workers, initial = (scaling.slots, scaling.min_workers) if scaling.elastic else (self.workers, None)
+        return PoolConfig(workers, self.stats_timeout_ms / 1000, self.max_attempts, model=self.name,
+                          initial=initial, start_timeout=self.start_timeout_ms / 1000)
 
     def conversion_argv(self) -> list[str] | None:
         """``python -m`` arguments that convert this model into :attr:`model_dir` once (a

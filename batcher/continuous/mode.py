@@ -3,11 +3,29 @@ by converting a named model once, exporting the ``ferry_engine_*`` families."""
 
 from __future__ import annotations
 
-from batcher.continuous.config import ContinuousModelConfig
-from batcher.continuous.engine_process import EngineProcess, prepare_engines
-from batcher.continuous.metrics import engine_families
-from batcher.continuous.pool import open_engine_pool
-from batcher.core.mode import Mode
+import operator
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 
-MODE = Mode(argv=ContinuousModelConfig.engine_argv, process=EngineProcess, open=open_engine_pool,
+from batcher.continuous.config import ContinuousModelConfig
+from batcher.continuous.elastic import ContinuousFleet
+from batcher.continuous.engine_process import EngineProcess, EngineWorker, prepare_engines
+from batcher.continuous.metrics import engine_families
+from batcher.continuous.pool import EnginePool, open_engine_pool
+from batcher.core.config import QueueConfig
+from batcher.core.mode import Mode
+from batcher.core.scaling import open_scaled
+from batcher.core.tokenizer import Detokenizes
+
+
+def open_continuous(model: ContinuousModelConfig, queue: QueueConfig, spawn: Callable[[int], EngineWorker],
+                    tokenizer: Detokenizes) -> AbstractAsyncContextManager[EnginePool]:
+    """The model's engine pool, and its scaler if it has a range of replicas."""
+    opened = open_engine_pool(model, queue, spawn, tokenizer)
+    counters = operator.attrgetter("counters")
+    return open_scaled(opened, model.scaling(model.workers), ContinuousFleet, counters, model.name)
+
+
+
+MODE = Mode(argv=ContinuousModelConfig.engine_argv, process=EngineProcess, open=open_continuous,
             prepare=prepare_engines, families=engine_families)

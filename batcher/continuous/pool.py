@@ -41,6 +41,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import logging
 import math
 from collections.abc import AsyncIterator, Callable
 
@@ -51,16 +52,20 @@ from batcher.continuous.engine_process import EngineWorker
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
+from batcher.continuous.staffing import Staffing
 from batcher.continuous.token_load import TokenLoad
 from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
-from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason, top_tenants
+from batcher.core.backend import Job, OnEvent, Snapshot, Status, WorkerStatus, not_ready_reason, top_tenants
 from batcher.core.config import QueueConfig
-from batcher.core.errors import Expired, ReplicaLost, RequestFailed, Shed, TooLarge, WorkersFailed
-from batcher.core.supervisor import Readiness, Supervisor, start_slots
+from batcher.core.errors import Expired, ReplicaLost, RequestFailed, Shed, Starting, TooLarge, WorkersFailed
+from batcher.core.scaler import Fleet, leaving
+from batcher.core.supervisor import Readiness, SlotStartError, Supervisor, start_slots
 from batcher.core.tokenizer import Detokenizes
 from workers.prefix_hash import prefix_hashes
 from workers.protocol import Add
+
+log = logging.getLogger("ferry.engines")
 
 PREFILL_STEPS = 2
 """Steps' worth of prompt an engine is given ahead: the next step's chunk is already there while
@@ -84,12 +89,13 @@ class EnginePool:
     ) -> None:
         self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
         self.counters = ContinuousCounters()
-        self._readiness = Readiness(config.workers)
+        timeout, pool = config.stats_timeout_ms / 1000, config.pool()
+        initial = pool.workers if pool.initial is None else pool.initial
+        self._readiness = Readiness(initial)
         self._replicas = [
             Replica(i, queue, self.counters, self._changed, self._readiness.answered)
-            for i in range(config.workers)
+            for i in range(pool.workers)
         ]
-        timeout, pool = config.stats_timeout_ms / 1000, config.pool()
         for r in self._replicas:
             r.supervisor = Supervisor(
                 r.index,
@@ -98,8 +104,11 @@ class EnginePool:
                 self.counters,
                 functools.partial(self._serve, r, timeout),
                 on_down=functools.partial(self._lost, r),
+                on_retired=functools.partial(self._retired, r),
             )
-        self.router = Router([0] * config.workers, config.affinity_bound)
+        self.router = Router([0] * pool.workers, config.affinity_bound)
+        self.staffing = Staffing(pool.workers, initial)
+        self._nursery: trio.Nursery | None = None
         self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
         self._prompts = [0] * len(queue.tiers)  # prompt tokens queued, by tier: prefilled before they start
         self._rids = itertools.count(1)
@@ -116,7 +125,9 @@ class EnginePool:
         wait = job.deadline if job.deadline is not None else self._patience(tier)
         hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
         ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
-        error: TooLarge | Shed | None = self._too_large(job)
+        error: TooLarge | Shed | Starting | None = self._too_large(job)
+        if error is None and not any(r.up for r in self._replicas):
+            error = self.staffing.cold(now, self.queue_config.deadline(tier))
         if error is None:
             replica = self._route(ticket)
             if self.admission is not None:
@@ -177,12 +188,15 @@ class EnginePool:
         counters.replicas = tuple(r.replica_stats() for r in self._replicas)
         load = self.load()
         up = sum(r.up for r in self._replicas)
-        reason = not_ready_reason(up, self._readiness.proven)
+        reason = "" if self.ready else not_ready_reason(up, self._readiness.proven)
+        staffing = self.staffing
+        workers = tuple(self._reported(r) for r in self._replicas if r.index not in staffing.stopped)
         status = Status(
-            self.ready, reason, tuple(r.status() for r in self._replicas), self.queued, "tokens",
+            self.ready, reason, workers, self.queued, "tokens",
             {"token_rate": load.rate, "cancelled": counters.cancelled, "expired": counters.expired,
-             "reruns": counters.reruns, "interrupted": counters.interrupted},
-            top_tenants(self._backlogs()),
+             "reruns": counters.reruns, "interrupted": counters.interrupted,
+             "start_seconds": staffing.start_seconds},
+            top_tenants(self._backlogs()), scaling=staffing.scaling,
         )
         return Snapshot(self.config.mode, status, counters, load)
 
@@ -209,15 +223,86 @@ class EnginePool:
 
     @property
     def ready(self) -> bool:
-        """A replica is up, and one has finished a sequence since every replica last died."""
-        return any(r.up for r in self._replicas) and self._readiness.proven
+        """A replica is up, and one has finished a sequence since every replica last died; or the
+        scaler has taken every replica away (a request starts one: it takes traffic)."""
+        return (any(r.up for r in self._replicas) and self._readiness.proven) or not self.staffing.staffed
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start every engine, report started once all are up, then dispatch until cancelled."""
         async with trio.open_nursery() as nursery:
-            await start_slots(nursery, [r.supervisor for r in self._replicas], self.config.name)
+            self._nursery = nursery
+            staffed = [r.supervisor for r in self._replicas if r.index not in self.staffing.stopped]
+            await start_slots(nursery, staffed, self.config.name)
             nursery.start_soon(self._dispatch)
             task_status.started()
+
+    # --- what a scaler does to the pool (batcher.core.scaling) ----------------------------
+
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        return tuple(self._replicas)
+
+    def fleet(self) -> Fleet:
+        """The replicas by role: up ones serve, staffed ones not yet up are starting; warm ones
+        (up or starting) apart."""
+        staffing = self.staffing
+        staffed = [r for r in self._replicas if r.index not in staffing.stopped | staffing.leaving]
+        serving = [r for r in staffed if r.index not in staffing.warm]
+        up = [r for r in serving if r.up]
+        warm = [r.up for r in staffed if r.index in staffing.warm]
+        return Fleet(serving=len(up), starting=len(serving) - len(up), warm=sum(warm),
+                     warming=len(warm) - sum(warm), idle=sum(not r.live for r in up))
+
+    def start(self, count: int, warm: bool = False) -> None:
+        """Start engines in up to ``count`` stopped slots, to serve or to be kept warm."""
+        assert self._nursery is not None, "the pool runs"
+        for index in self.staffing.next_stopped(count):
+            r = self._replicas[index]
+            self.staffing.started(index, trio.current_time(), warm)
+            self._readiness.staffed(self.staffing.staffed)
+            r.supervisor.rehire()
+            self._nursery.start_soon(self._staff, r)
+
+    def promote(self, count: int) -> None:
+        """Up to ``count`` warm replicas that are up are routed jobs from now on."""
+        ready = sorted(index for index in self.staffing.warm if self._replicas[index].up)
+        self.staffing.warm.difference_update(ready[:count])
+        self._changed()
+
+    def retire(self, count: int) -> None:
+        """Route nothing more to ``count`` replicas (starting ones, then idle, then busy); each
+        stops once it holds no job (:meth:`_dispatch`)."""
+        away = self.staffing.stopped | self.staffing.leaving | self.staffing.warm
+        staffed = [(r.index, "starting" if not r.up else "busy" if r.live else "idle") for r in self._replicas
+                   if r.index not in away]
+        self.staffing.leaving.update(leaving(staffed, count))
+        self._changed()
+
+    def report(self, decision: str) -> None:
+        self.staffing.scaling = decision
+
+    def _reported(self, r: Replica) -> WorkerStatus:
+        """``r`` as ``/readyz`` shows it: a leaving replica is draining, a warm one that is up warm."""
+        status = r.status()
+        if r.index in self.staffing.leaving:
+            return dataclasses.replace(status, state="draining")
+        if r.index in self.staffing.warm and r.up:
+            return dataclasses.replace(status, state="warm")
+        return status
+
+    async def _staff(self, r: Replica) -> None:
+        try:
+            await r.supervisor.run()
+        except SlotStartError as exc:
+            log.warning("%s: an engine added by the scaler did not start: %s", self.config.name, exc)
+            self._retired(r)
+
+    def _retired(self, r: Replica) -> None:
+        """``r``'s engine is gone for good (drained and stopped, or it never started)."""
+        self.staffing.retired(r.index)
+        self._readiness.left(r.index)
+        self._readiness.staffed(self.staffing.staffed)
+        self._changed()
 
     # --- placement ----------------------------------------------------------------------
 
@@ -235,7 +320,7 @@ class EnginePool:
         bs = self.config.block_size
         needed = blocks(len(job.prompt_tokens) + job.max_tokens, bs)
         capacity = max(r.total_blocks for r in self._replicas)
-        if needed <= capacity:
+        if needed <= capacity or not capacity:  # no replica has started yet: none can judge it
             return None
         return TooLarge(
             f"prompt is too long for this model's KV cache: {len(job.prompt_tokens)} prompt tokens + "
@@ -245,8 +330,9 @@ class EnginePool:
 
     def _route(self, ticket: Ticket) -> Replica:
         """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
-        up = any(r.up for r in self._replicas)
-        loads = [r.load if r.up or not up else None for r in self._replicas]
+        taking = self.staffing.taking()
+        up = any(r.up for r in self._replicas if r.index in taking)
+        loads = [r.load if r.index in taking and (r.up or not up) else None for r in self._replicas]
         route = self.router.choose(loads, ticket.hashes)
         ticket.replica = route.replica
         job = ticket.job
@@ -282,6 +368,8 @@ class EnginePool:
                 wake = min(wake, self._expire(r, now))
                 if r.up:
                     self._fill(r, now)
+                if self.staffing.drained(r.index, bool(r.live or r.queue.count or r.reruns)):
+                    r.supervisor.retire()
             self._wakeup = trio.Event()
             with trio.move_on_at(wake):
                 await self._wakeup.wait()
@@ -325,6 +413,7 @@ class EnginePool:
     # --- engines coming and going -------------------------------------------------------
 
     async def _serve(self, r: Replica, timeout: float, worker: EngineWorker) -> bool:
+        self.staffing.ready(r.index, trio.current_time())
         self.router.resize(r.index, worker.first_stats.total_blocks)
         return await r.serve(worker, timeout)
 
@@ -332,7 +421,8 @@ class EnginePool:
         """``r``'s engine is gone (before anything awaits): re-run what showed its client
         nothing, end the streams that showed text, and move what only queued there."""
         now = trio.current_time()
-        self._readiness.lost(r.index)
+        if r.index not in self.staffing.leaving:
+            self._readiness.lost(r.index)
         self.router.forget(r.index)
         lost = r.down()
         reruns, queued = r.evacuate(now)  # placed again elsewhere below

@@ -142,14 +142,16 @@ class Status:
     unit: str
     details: Mapping[str, float] = dataclasses.field(default_factory=dict)
     tenants: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    scaling: str = ""  # what the version's scaler last decided, and why (none without a scaler)
 
     def body(self) -> dict[str, Any]:
         """The status as ``/readyz`` shows it: the common fields, then the mode's own."""
         workers = [{"slot": w.slot, "pid": w.pid, "state": w.state, "restarts": w.restarts,
                     "placement": w.placement, **w.details}
                    for w in self.workers]
+        scaling = {"scaling": self.scaling} if self.scaling else {}
         return {"ready": self.ready, "reason": self.reason, "workers": workers, "queued": self.queued,
-                "queued_unit": self.unit, **self.details}
+                "queued_unit": self.unit, **scaling, **self.details}
 
 
 TOP_TENANTS = 5

@@ -77,9 +77,12 @@ class PoolConfig:
     # a busy worker whose call ends within this many seconds may be sent its next batch, to wait
     # in its pipe and start the moment the call ends (0: only an idle worker takes a batch)
     dispatch_ahead: float = 0.0
+    initial: int | None = None  # workers started when the pool opens (None: all); a scaler adds the rest
 
     def __post_init__(self) -> None:
         require(1 <= self.workers <= 4096, "workers", "1..4096", self.workers)
+        require(self.initial is None or 0 <= self.initial <= self.workers, "initial",
+                f"0..workers ({self.workers})", self.initial)
         for name in ("hang_timeout", "start_timeout"):
             value = getattr(self, name)
             require(0 < value < math.inf, name, "a finite number of seconds > 0", value)
@@ -92,6 +95,36 @@ class PoolConfig:
             f"seconds >= restart_backoff ({self.restart_backoff})",
             self.max_restart_backoff,
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScalerConfig:
+    """A version's scaling settings (the model table's keys of the same names)."""
+
+    min_workers: int
+    max_workers: int
+    warm_workers: int = 0
+    scale_down_after: float = 60.0  # seconds of spare capacity before workers leave
+    idle_after: float = 300.0  # seconds without work before the last worker stops (min_workers = 0)
+
+    def __post_init__(self) -> None:
+        require(0 <= self.min_workers <= 4096, "min_workers", "0..4096", self.min_workers)
+        require(max(1, self.min_workers) <= self.max_workers <= 4096, "max_workers",
+                f"max(1, min_workers = {self.min_workers})..4096", self.max_workers)
+        require(0 <= self.warm_workers <= 4096, "warm_workers", "0..4096", self.warm_workers)
+        for name in ("scale_down_after", "idle_after"):
+            value = getattr(self, name)
+            require(0 <= value < math.inf, f"{name}_s", "a finite number of seconds >= 0", value)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether there is anything to scale: a range of workers, or a warm pool."""
+        return self.min_workers != self.max_workers or self.warm_workers > 0
+
+    @property
+    def slots(self) -> int:
+        """Worker slots the version may hold at once: serving and warm."""
+        return self.max_workers + self.warm_workers
 
 
 TOKENIZERS = ("bytes",)  # built in; any other value names a tokenizer.json (gateway/text/tokenizer.py)
@@ -190,6 +223,13 @@ class ModelConfig:
     accelerator_type: str = ""
     python: str = ""  # the interpreter its workers run under (a virtualenv's); '' is the gateway's own
     gpu_hour_price: float = 0.0  # what one GPU costs an hour (0: not priced): batcher/core/cost.py
+    # the scaler (docs/operations.md, "Scaling"): serving workers between min and max (default:
+    # both the mode's `workers`, no scaler), a warm pool, and how soon spare or idle workers leave
+    min_workers: int | None = None
+    max_workers: int | None = None
+    warm_workers: int = 0
+    scale_down_after_s: float = 60.0
+    idle_after_s: float = 300.0
 
     def __post_init__(self) -> None:
         require(bool(self.name), "name", "a model name", self.name)
@@ -224,6 +264,13 @@ class ModelConfig:
         """This table with the paths its mode reads relative to the configuration file resolved
         against ``base``, that file's directory (none, unless its mode has some)."""
         return self
+
+    def scaling(self, workers: int) -> ScalerConfig:
+        """The scaler's settings for a mode whose fleet has ``workers`` workers when it does not
+        scale: ``min_workers`` defaults to that, ``max_workers`` to the larger of the two."""
+        low = workers if self.min_workers is None else self.min_workers
+        high = max(workers, low) if self.max_workers is None else self.max_workers
+        return ScalerConfig(low, high, self.warm_workers, self.scale_down_after_s, self.idle_after_s)
 
     @property
     def interpreter(self) -> str:

@@ -58,6 +58,9 @@ class Counters:
     queue_wait: collections.defaultdict[int, Histogram] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(lambda: Histogram(WAIT_BOUNDS))
     )  # seconds from arrival to dispatch, by tier index
+    scale_events: collections.Counter[tuple[str, str]] = dataclasses.field(
+        default_factory=collections.Counter
+    )  # decisions of a scaler that moved, by (direction, cause): batcher/core/scaler.py
 
     def copy(self) -> Self:
         """A deep copy: what a snapshot hands the asyncio thread, which must not read live counters."""

@@ -24,6 +24,12 @@ class Shed(Overloaded):
     """Refused at admission: its estimated wait is over its tier's budget (it never queued)."""
 
 
+class Starting(Overloaded):
+    """No worker serves the model now and none can be ready within the request's wait budget:
+    a version scaled to zero, starting (HTTP 503, ``overloaded_error``). ``retry_after`` is the
+    expected time until one is ready, so that a client's SDK retries when it can be served."""
+
+
 class Expired(Overloaded):
     """Admitted, but not dispatched before its deadline: it left the queue without a GPU call."""
 

@@ -12,6 +12,7 @@ names and reasons: never an API key or prompt text.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -28,6 +29,14 @@ from batcher.core.modes import serving
 class _Backend:
     model: str
     tiers: list[str]
+
+
+ROLES = ("starting", "warm", "serving", "draining")
+"""The states ``ferry_workers`` counts: a worker taking work (idle, busy, hung...) is serving."""
+
+
+def _role(state: str) -> str:
+    return state if state in ROLES else "serving"
 
 
 _SHARED_COUNTERS = (
@@ -64,6 +73,14 @@ class CoreCollector(Collector):
         estimate = GaugeMetricFamily(
             "ferry_estimated_wait_seconds", "Estimated wait of a new request.", labels=["model", "tier"]
         )
+        workers = GaugeMetricFamily(
+            "ferry_workers", "Worker slots by state: starting, warm, serving, draining.",
+            labels=["model", "state"],
+        )
+        scale_events = CounterMetricFamily(
+            "ferry_scale_events", "Decisions of a scaler that moved, by direction and cause.",
+            labels=["model", "direction", "cause"],
+        )
         placement = GaugeMetricFamily(
             "ferry_worker_placement",
             "1 per worker slot, labelled with where its worker runs (local, or ray:node).",
@@ -89,7 +106,12 @@ class CoreCollector(Collector):
                 estimate.add_metric([model, tier], load.wait(index))
             for worker in snapshot.status.workers:
                 placement.add_metric([model, str(worker.slot), worker.placement], 1)
+            states = collections.Counter(_role(worker.state) for worker in snapshot.status.workers)
+            for state in ROLES:
+                workers.add_metric([model, state], states[state])
+            for (direction, cause), count in sorted(counters.scale_events.items()):
+                scale_events.add_metric([model, direction, cause], count)
         yield from (family for family, _ in families)
-        yield from (wait, *queued.values(), estimate, placement)
+        yield from (wait, *queued.values(), estimate, workers, scale_events, placement)
         for mode, exported in by_mode.items():
             yield from serving(mode).families(exported)

@@ -53,8 +53,9 @@ class WorkerStartError(Exception):
     raises one, however many of its workers failed (:func:`start_slots`)."""
 
 
-class _SlotStartError(Exception):
-    """One slot's first worker did not come up (what :func:`start_slots` gathers)."""
+class SlotStartError(Exception):
+    """One slot's first worker did not come up (what :func:`start_slots` gathers, and what a
+    pool that adds a slot while it runs is told)."""
 
 
 def _nothing() -> None:
@@ -92,6 +93,7 @@ class Supervisor(Generic[W]):
         on_exit: Callable[[], None] = _nothing,
         on_down: Callable[[], None] = _nothing,
         idle: Callable[[], bool] = _busy,
+        on_retired: Callable[[], None] = _nothing,
     ) -> None:
         self.index = index
         self.worker: W | None = None
@@ -105,10 +107,28 @@ class Supervisor(Generic[W]):
         self._on_exit = on_exit
         self._on_down = on_down
         self._idle = idle  # at shutdown, an idle worker gets SHUTDOWN_GRACE to close its model
+        self._on_retired = on_retired  # run returned after retire(): the worker is reaped
+        self._staffed = trio.CancelScope()
+
+    def retire(self) -> None:
+        """Stop keeping the slot staffed: :meth:`run` stops its worker (an idle one gets
+        ``SHUTDOWN_GRACE`` to close its model) and returns. The owner retires only a worker
+        with nothing in flight, or one starting (a scaler taking a worker away)."""
+        self._staffed.cancel()
+
+    def rehire(self) -> None:
+        """Let a retired slot be staffed again by the next :meth:`run`."""
+        self._staffed = trio.CancelScope()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the first worker (raise if it cannot: :func:`start_slots` reports it), report
-        started, then keep the slot staffed until cancelled."""
+        started, then keep the slot staffed until cancelled, or until :meth:`retire`d."""
+        with self._staffed:
+            await self._keep(task_status)
+        if self._staffed.cancelled_caught:
+            self._on_retired()
+
+    async def _keep(self, task_status: trio.TaskStatus[None]) -> None:
         backoff = self._config.restart_backoff
         first = True
         while True:
@@ -121,7 +141,7 @@ class Supervisor(Generic[W]):
                 with trio.CancelScope(shield=True):
                     await worker.stop()
                 if first:
-                    raise _SlotStartError(f"worker {self.index}: {_why(exc)}") from exc
+                    raise SlotStartError(f"worker {self.index}: {_why(exc)}") from exc
                 log.warning("worker %d failed to restart (%r); next try in %.1fs", self.index, exc, backoff)
             except BaseException:  # cancelled while starting (shutdown): leave no process behind
                 with trio.CancelScope(shield=True):
@@ -168,12 +188,12 @@ async def start_slots(nursery: trio.Nursery, supervisors: Sequence[Supervisor], 
     ``start_timeout``), so the outcome does not depend on which failure came first: one
     :class:`WorkerStartError` naming the model, how many workers failed, and the reason of the
     lowest slot among them. The workers that did start are stopped when ``nursery`` unwinds."""
-    failed: dict[int, _SlotStartError] = {}
+    failed: dict[int, SlotStartError] = {}
 
     async def start(supervisor: Supervisor) -> None:
         try:
             await nursery.start(supervisor.run)
-        except _SlotStartError as exc:
+        except SlotStartError as exc:
             failed[supervisor.index] = exc
 
     async with trio.open_nursery() as starting:
@@ -198,6 +218,14 @@ class Readiness:
     def __init__(self, slots: int) -> None:
         self._slots = slots
         self._lost: set[int] = set()
+
+    def staffed(self, slots: int) -> None:
+        """The fleet now keeps ``slots`` workers (a scaler added or took some away)."""
+        self._slots = slots
+
+    def left(self, slot: int) -> None:
+        """Slot ``slot`` was taken away on purpose: its loss says nothing about the workers."""
+        self._lost.discard(slot)
 
     @property
     def proven(self) -> bool:

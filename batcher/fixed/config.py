@@ -61,7 +61,7 @@ class FixedModelConfig(ModelConfig):
         )
         require(0 <= self.dispatch_ahead_ms < math.inf, "dispatch_ahead_ms", "milliseconds >= 0",
                 self.dispatch_ahead_ms)
-        self.pool()  # checks workers and max_attempts with the pool's own rules
+        self.pool()  # checks workers, max_attempts and the scaler's keys with the pool's own rules
         self.batch_policy()  # checks the policy's name and options with its own rules
 
     @property
@@ -85,9 +85,16 @@ class FixedModelConfig(ModelConfig):
         return dataclasses.replace(self, pythonpath=paths)
 
     def pool(self) -> PoolConfig:
-        """The pool settings of this model's fleet."""
-        return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name,
-                          dispatch_ahead=self.dispatch_ahead_ms / 1000)
+        """The pool settings of this model's fleet: a slot for every worker it may hold, and
+        ``min_workers`` started when it opens if it scales."""
+        PoolConfig(self.workers)  # `workers` by the pool's own rules, whatever the scaler's keys say
+        scaling = self.scaling(self.workers)
+        ahead = self.dispatch_ahead_ms / 1000
+        if not scaling.elastic:
+            return PoolConfig(self.workers, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name,
+                              dispatch_ahead=ahead)
+        return PoolConfig(scaling.slots, self.hang_timeout_ms / 1000, self.max_attempts, model=self.name,
+                          dispatch_ahead=ahead, initial=scaling.min_workers)
 
     def batch_policy(self) -> Policy:
         """A fresh flush policy: ``max_batch`` and ``max_wait_ms`` where it takes them, then its options."""

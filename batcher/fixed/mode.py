@@ -19,14 +19,14 @@ from contextlib import AbstractAsyncContextManager
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
-from batcher.core.backend import Backend
 from batcher.core.config import QueueConfig
 from batcher.core.mode import Exported, Mode
+from batcher.core.scaling import open_scaled
 from batcher.core.tokenizer import Tokenizer
-from batcher.fixed.batcher import open_batcher
+from batcher.fixed.batcher import Batcher, open_batcher
 from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.counters import BatchCounters
-from batcher.fixed.request import Request
+from batcher.fixed.elastic import FixedFleet
 from batcher.fixed.slot import Spawn
 from batcher.fixed.worker import ProcessWorker
 
@@ -37,10 +37,14 @@ _COUNTERS = (
 
 
 def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokenizer: Tokenizer
-               ) -> AbstractAsyncContextManager[Backend[Request]]:
-    """A batcher over the model's pool, pricing each prompt with the model's tokenizer."""
-    return open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count,
-                        outputs=model.outputs)
+               ) -> AbstractAsyncContextManager[Batcher]:
+    """A batcher over the model's pool, pricing each prompt with the model's tokenizer, and its
+    scaler if it has a range of workers or a warm pool."""
+    opened = open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count,
+                          outputs=model.outputs)
+    counters = operator.attrgetter("counters")
+    return open_scaled(opened, model.scaling(model.workers), FixedFleet, counters, model.name)
+
 
 
 def batch_families(backends: Sequence[Exported[BatchCounters]]) -> Iterator[Metric]:

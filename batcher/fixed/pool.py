@@ -25,7 +25,8 @@ import trio
 
 from batcher.core.config import TEXT, Outputs, PoolConfig
 from batcher.core.errors import RequestFailed, WorkersFailed
-from batcher.core.supervisor import Readiness, Supervisor, start_slots
+from batcher.core.scaler import Fleet, leaving
+from batcher.core.supervisor import Readiness, SlotStartError, Supervisor, start_slots
 from batcher.fixed.counters import BatchCounters
 from batcher.fixed.request import Batch, Request, RequestState
 from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
@@ -72,11 +73,20 @@ class WorkerPool:
                 slot.index, spawn, config, self.counters, functools.partial(self._serve, slot),
                 on_exit=functools.partial(self._exited, slot), on_down=functools.partial(self._down, slot),
                 idle=functools.partial(self._is_idle, slot),
+                on_retired=functools.partial(self._stopped, slot),
             )
+        initial = config.workers if config.initial is None else config.initial
+        for slot in self._slots[initial:]:
+            slot.state = SlotState.STOPPED
+        self._warm: set[int] = set()  # slots whose worker takes no work until promoted
+        self._leaving: set[int] = set()  # slots to stop once their call ends (or at once, if idle)
+        self._nursery: trio.Nursery | None = None
+        self.scaling = ""
+        """What the version's scaler last decided, and why (``/readyz``); empty without one."""
         self._idle: list[Slot] = []  # by slot index: the lowest idle GPU takes the next batch
         self._retry: deque[Batch] = deque()
         self._batch_ids = itertools.count(1)
-        self._readiness = Readiness(config.workers)
+        self._readiness = Readiness(initial)
         self._probe: Request | None = None  # the probe call in flight, if any
         self._overdue_changed = trio.Event()  # wakes the task that fails overdue requests
 
@@ -86,8 +96,11 @@ class WorkerPool:
 
     @property
     def live_workers(self) -> int:
-        """Workers up and able to take a call (idle or busy), not starting or restarting."""
-        return sum(slot.state is not SlotState.STARTING for slot in self._slots)
+        """Workers up and able to take a call (idle or busy), not starting, warm or leaving."""
+        return sum(map(self._taking, self._slots))
+
+    def _taking(self, slot: Slot) -> bool:
+        return slot.state in SERVING and slot.index not in self._leaving
 
     @property
     def ready(self) -> bool:
@@ -98,15 +111,17 @@ class WorkerPool:
         allowance, :meth:`_paced`), even while supervision still lets a batch that hung before
         run longer: with every worker up hung, nothing the fleet is sent can start."""
         now = trio.current_time()
+        if not self._staffed_count():  # scaled to zero: a request starts a worker, so it takes traffic
+            return True
         return self._readiness.proven and any(self._state(slot, now) in SERVING for slot in self._slots)
 
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
         call at the recent call time (0 once overdue), and of the batch waiting to follow it.
         Admission plans with it (``BatchLoad``)."""
-        seconds, busy, starting = self.call_seconds, SlotState.BUSY, SlotState.STARTING
+        seconds, busy = self.call_seconds, SlotState.BUSY
         return [max(0.0, s.busy_since + seconds * (1 if s.ahead is None else 2) - now) if s.state is busy
-                else 0.0 for s in self._slots if s.state is not starting]
+                else 0.0 for s in self._slots if self._taking(s)]
 
     def takers(self, now: float) -> int:
         """Workers that may be sent a batch now: the idle ones, and those whose call ends within
@@ -117,17 +132,22 @@ class WorkerPool:
         """When the next busy worker comes within ``dispatch_ahead`` of its call's end (inf: none will)."""
         if not self._ahead_allowed():
             return math.inf
-        return min((opens for slot in self._slots if slot.state is SlotState.BUSY and slot.ahead is None
+        return min((opens for slot in self._slots if self._may_follow(slot)
                     and (opens := self._opens_at(slot)) > now), default=math.inf)
 
     def _open(self, slot: Slot, now: float) -> bool:
         """Whether a busy worker takes its next batch ahead now: its call should end within
         ``dispatch_ahead`` (not one already past that, which may be hung), none waits to follow,
-        and no failed batch waits for an idle worker (a retry goes before new batches)."""
-        if slot.state is not SlotState.BUSY or slot.ahead is not None or not self._ahead_allowed():
+        it is not leaving, and no failed batch waits for an idle worker (a retry goes before new
+        batches)."""
+        if not self._may_follow(slot) or not self._ahead_allowed():
             return False
         opens = self._opens_at(slot)
         return opens <= now < opens + 2 * self.config.dispatch_ahead
+
+    def _may_follow(self, slot: Slot) -> bool:
+        """A busy worker that stays, with no batch waiting in its pipe yet."""
+        return slot.state is SlotState.BUSY and slot.ahead is None and slot.index not in self._leaving
 
     def _ahead_allowed(self) -> bool:
         return self.config.dispatch_ahead > 0 and self.call_seconds > 0 and not self._retry
@@ -136,13 +156,17 @@ class WorkerPool:
         return slot.busy_since + self.call_seconds - self.config.dispatch_ahead
 
     def workers(self) -> list[WorkerInfo]:
+        """Every staffed slot (a stopped one, which a scaler may staff later, is left out)."""
         now = trio.current_time()
         return [WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None,
                            self._state(slot, now), slot.supervisor.restarts,
-                           worker.placement if worker else "local") for slot in self._slots]
+                           worker.placement if worker else "local")
+                for slot in self._slots if slot.state is not SlotState.STOPPED]
 
     def _state(self, slot: Slot, now: float) -> SlotState:
-        """A slot's state as reported: BUSY past :meth:`_paced` reads HUNG."""
+        """A slot's state as reported: a leaving one reads DRAINING, BUSY past :meth:`_paced` HUNG."""
+        if slot.index in self._leaving:
+            return SlotState.DRAINING
         if slot.state is SlotState.BUSY and now - slot.busy_since > self._paced():
             return SlotState.HUNG
         return slot.state
@@ -184,9 +208,78 @@ class WorkerPool:
         """Start every worker, report started once all are ready, then supervise forever (one
         :class:`~batcher.core.supervisor.WorkerStartError` if any cannot start)."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._fail_overdue)
-            await start_slots(nursery, [slot.supervisor for slot in self._slots], self.config.model)
+            staffed = [slot.supervisor for slot in self._slots if slot.state is not SlotState.STOPPED]
+            await start_slots(nursery, staffed, self.config.model)
             task_status.started()
+
+    # --- what a scaler does to the pool (batcher.core.scaling) ----------------------------------
+
+    def fleet(self) -> Fleet:
+        """The workers by role, as the scaler plans with them."""
+        counts = {"serving": 0, "starting": 0, "warm": 0, "warming": 0, "idle": 0}
+        for slot in self._slots:
+            if slot.state is SlotState.STOPPED or slot.index in self._leaving:
+                continue
+            if slot.index in self._warm:
+                counts["warm" if slot.state is SlotState.WARM else "warming"] += 1
+            elif slot.state is SlotState.STARTING:
+                counts["starting"] += 1
+            else:
+                counts["serving"] += 1
+                counts["idle"] += slot.state is SlotState.IDLE
+        return Fleet(**counts)
+
+    def start(self, count: int, warm: bool = False) -> None:
+        """Staff up to ``count`` stopped slots (lowest first), to serve or to be kept warm."""
+        assert self._nursery is not None, "the pool runs"
+        for slot in [s for s in self._slots if s.state is SlotState.STOPPED][:count]:
+            slot.state = SlotState.STARTING
+            if warm:
+                self._warm.add(slot.index)
+            self._readiness.staffed(self._staffed_count())
+            slot.supervisor.rehire()
+            self._nursery.start_soon(self._staff, slot)
+
+    def promote(self, count: int) -> None:
+        """Up to ``count`` warm workers take work from now on (at once: they are ready)."""
+        for slot in [s for s in self._slots if s.state is SlotState.WARM][:count]:
+            self._warm.discard(slot.index)
+            self._became_idle(slot)
+
+    def retire(self, count: int) -> None:
+        """Take ``count`` serving workers away: starting ones and idle ones stop now, busy ones
+        drain (their call ends, then they stop); never a worker in a call."""
+        states = [(s.index, s.state.value) for s in self._slots
+                  if s.index not in self._warm | self._leaving and s.state is not SlotState.STOPPED]
+        for index in leaving(states, count):
+            slot = self._slots[index]
+            self._leaving.add(index)
+            if slot in self._idle:
+                self._idle.remove(slot)
+            if slot.state is not SlotState.BUSY:
+                slot.supervisor.retire()
+
+    async def _staff(self, slot: Slot) -> None:
+        try:
+            await slot.supervisor.run()
+        except SlotStartError as exc:
+            log.warning("%s: a worker added by the scaler did not start: %s", self.config.model, exc)
+            self._stopped(slot)
+
+    def _stopped(self, slot: Slot) -> None:
+        """A slot's worker is gone for good (retired and reaped, or it never started): the slot is free."""
+        slot.state = SlotState.STOPPED
+        self._warm.discard(slot.index)
+        self._leaving.discard(slot.index)
+        if slot in self._idle:
+            self._idle.remove(slot)
+        self._readiness.left(slot.index)
+        self._readiness.staffed(self._staffed_count())
+
+    def _staffed_count(self) -> int:
+        return sum(s.state is not SlotState.STOPPED for s in self._slots)
 
     async def _serve(self, slot: Slot, worker: Worker) -> bool:
         """Serve batches until the worker must die; True if it answered at least one call. Its
@@ -363,9 +456,16 @@ class WorkerPool:
         return None
 
     def _others_up(self, failed_on: set[int]) -> bool:
-        return any(s.state is not SlotState.STARTING and s.index not in failed_on for s in self._slots)
+        return any(self._taking(s) and s.index not in failed_on for s in self._slots)
 
     def _became_idle(self, slot: Slot) -> None:
+        if slot.index in self._leaving:  # drained: its call has ended
+            slot.state = SlotState.IDLE
+            slot.supervisor.retire()
+            return
+        if slot.index in self._warm:
+            slot.state = SlotState.WARM
+            return
         if retry := self._retry_for(slot):
             self._send(slot, retry)
             return
@@ -391,7 +491,7 @@ class WorkerPool:
     def _exited(self, slot: Slot) -> None:
         """The exit watch saw the worker die: an idle one stops waiting for work (a busy one's
         call fails on its own, as a crash or as undelivered)."""
-        if slot.state is SlotState.IDLE:
+        if slot.state in (SlotState.IDLE, SlotState.WARM):
             worker = slot.supervisor.worker
             assert worker is not None, "the exit watch watches a started worker"
             log.warning("worker %d (pid %s) died while idle; restarting it", slot.index, worker.pid)
@@ -400,12 +500,16 @@ class WorkerPool:
 
     @staticmethod
     def _is_idle(slot: Slot) -> bool:
-        return slot.state is SlotState.IDLE
+        return slot.state in (SlotState.IDLE, SlotState.WARM)
 
     def _down(self, slot: Slot) -> None:
-        """The slot has no worker until its supervisor starts another: it takes no work."""
+        """The slot has no worker until its supervisor starts another: it takes no work. A
+        leaving slot's worker is not replaced: the slot stops."""
         slot.state = SlotState.STARTING
-        self._readiness.lost(slot.index)
+        if slot.index in self._leaving:
+            slot.supervisor.retire()  # its supervisor returns once the worker is reaped: _stopped
+        else:
+            self._readiness.lost(slot.index)
         if slot in self._idle:
             self._idle.remove(slot)
 

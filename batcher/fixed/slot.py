@@ -37,6 +37,9 @@ class SlotState(enum.Enum):
     IDLE = "idle"
     BUSY = "busy"
     HUNG = "hung"  # reported only (WorkerInfo): busy past the time a call may run before it is hung
+    WARM = "warm"  # ready, and kept from traffic until a scaler promotes it
+    DRAINING = "draining"  # reported only: leaving once its call ends
+    STOPPED = "stopped"  # no worker: a slot a scaler may staff
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

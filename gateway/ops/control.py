@@ -156,6 +156,8 @@ def render_status(status: dict) -> str:
         rows += [(tenant or "-", name, f"{work:g} {unit}")
                  for work, tenant, name, unit in queued[:TOP_TENANTS]]
         lines += [*_table(rows), ""]
+    scaled = [f"{v['name']} scaled {v['scaling']}" for v in status["versions"] if v.get("scaling")]
+    lines += [*scaled, ""] if scaled else []
     rows = [("ALIAS", "VERSION", "WEIGHT", "IN FILE", "SET BY")]
     for alias in status["aliases"]:
         for version in sorted({*alias["weights"], *alias["file"]}):

@@ -374,6 +374,7 @@ class Rollout:
                 "queued": status.queued if status is not None else None,
                 "queued_unit": status.unit if status is not None else None,
                 "tenants": dict(status.tenants) if status is not None else {},
+                "scaling": status.scaling if status is not None else "",
             })
         file = {split.alias: split for split in splits_of(self.applied.models, self.applied.aliases)}
         routed = self.gateway.catalog.splits

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from batcher.core.errors import Overloaded, RequestFailed, TooLarge
+from batcher.core.errors import Overloaded, RequestFailed, Starting, TooLarge
 
 
 class ApiError(Exception):
@@ -89,6 +89,7 @@ ERRORS: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (RequestTimeout, ErrorKind(408, "timeout_error")),
     (RequestTooLarge, ErrorKind(413, "request_too_large")),
     (RateLimited, ErrorKind(429, "rate_limit_error", retry_after=True)),
+    (Starting, ErrorKind(503, "overloaded_error", retry_after=True)),  # scaled to zero: retry once one is up
     (Overloaded, ErrorKind(529, "overloaded_error", retry_after=True)),
     (RequestFailed, ErrorKind(500, "api_error")),
     (ShuttingDown, ErrorKind(503, "overloaded_error", retry_after=True)),  # retry: another gateway, or soon

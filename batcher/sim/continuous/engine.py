@@ -99,9 +99,10 @@ class SimulatedEngine:
     pid: int | None = None
     placement = "local"  # it runs inside this process
 
-    def __init__(self, spec: EngineSpec, name: str, jump: bool = False) -> None:
+    def __init__(self, spec: EngineSpec, name: str, jump: bool = False, start_s: float = 0.0) -> None:
         self.name = name
         self.jump = jump
+        self.start_s = start_s  # seconds from spawn to ready (loading weights)
         self.leapt = 0  # steps taken inside runs of decode steps beyond the first of each
         self.cut = 0  # runs that work or a look reached before their planned end
         self.runner = spec.runner()
@@ -124,7 +125,7 @@ class SimulatedEngine:
         self._reading = trio.CancelScope()
 
     async def start(self) -> None:
-        await trio.lowlevel.checkpoint()
+        await trio.sleep(self.start_s)
         self.reported_at = trio.current_time()
         first = self.loop.stats(self.reported_at)
         assert first is not None, "the loop reports at once"
@@ -281,16 +282,17 @@ class SimulatedEngine:
 class SimulatedEngines:
     """A spawn for the :class:`~batcher.continuous.pool.EnginePool`: a fresh engine for a slot at each
     start, every one kept (``spawned[slot]``) so that tests and reports can reach them; with
-    ``jump``, each jumps its runs of decode steps and merges its frames (see the module doc)."""
+    ``jump``, each jumps its runs of decode steps and merges its frames (see the module doc); each
+    takes ``start_s`` seconds from spawn to ready."""
 
-    def __init__(self, spec: EngineSpec, jump: bool = False) -> None:
+    def __init__(self, spec: EngineSpec, jump: bool = False, start_s: float = 0.0) -> None:
         spec.runner()  # a spec the runner refuses fails here, not at the pool's first start
-        self.spec, self.jump = spec, jump
+        self.spec, self.jump, self.start_s = spec, jump, start_s
         self.spawned: dict[int, list[SimulatedEngine]] = {}
 
     def __call__(self, slot: int) -> SimulatedEngine:
         starts = self.spawned.setdefault(slot, [])
-        engine = SimulatedEngine(self.spec, f"{slot}:{len(starts) + 1}", self.jump)
+        engine = SimulatedEngine(self.spec, f"{slot}:{len(starts) + 1}", self.jump, self.start_s)
         starts.append(engine)
         return engine
 
@@ -299,8 +301,9 @@ class SimulatedEngines:
         return self.spawned[slot][-1]
 
     def unread(self, slot: int) -> int:
-        """The tokens the engine of ``slot`` has made and not handed out by now."""
-        return self.current(slot).unread()
+        """The tokens the engine of ``slot`` has made and not handed out by now (none in a slot
+        never staffed)."""
+        return self.current(slot).unread() if slot in self.spawned else 0
 
 
 class ReadAhead(Router):

@@ -41,7 +41,8 @@ import numpy as np
 import trio
 
 from batcher.continuous.config import ContinuousModelConfig
-from batcher.continuous.pool import EnginePool, open_engine_pool
+from batcher.continuous.mode import open_continuous
+from batcher.continuous.pool import EnginePool
 from batcher.core.backend import Delta, Failed, Finished, Job, Sampling
 from batcher.core.config import QueueConfig
 from batcher.core.errors import Expired, Overloaded, Shed
@@ -163,6 +164,7 @@ class Replayed:
     virtual_seconds: float
     cpu_seconds: float
     shed_by_pool: int
+    held: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # replicas held, each sample
 
 
 async def drive(
@@ -231,20 +233,25 @@ async def drive(
 
 async def _sample(
     spawn: SimulatedEngines,
-    workers: int,
+    pool: EnginePool,
     every: float,
     kv_use: list[list[float]],
+    held: list[int],
     progress: Callable[[float], None] | None,
 ) -> None:
     while True:
         await trio.sleep(every)
         row = []
-        for slot in range(workers):
+        for slot in range(len(pool.replicas)):
+            if slot not in spawn.spawned:  # a slot the scaler has not staffed yet
+                row.append(0.0)
+                continue
             engine = spawn.current(slot)
             engine.catch_up()  # its blocks as they are now, a run of decode steps committed to now
             blocks = engine.engine.scheduler.blocks
             row.append(blocks.num_used / blocks.num_blocks)
         kv_use.append(row)
+        held.append(pool.staffing.staffed)
         if progress is not None:
             progress(trio.current_time())
 
@@ -275,20 +282,24 @@ def replay(
     prefix_cache: bool = True,
     drain: float = 3600.0,
     jump: bool = False,
+    start_s: float = 0.0,
 ) -> Replayed:
     """Run ``workload`` to its end in virtual time (see the module doc). ``prefix_cache=False``
     gives every request a tenant of its own, which salts its blocks' hashes: no prompt hits
     another's blocks, the cache is off as far as the traffic can tell. A run with requests still
     open ``drain`` virtual seconds after the last arrival stops with RuntimeError: the pool's
     deadlines end every request, so that is a bug, not a long run. ``jump``: advance runs of pure
-    decode steps at once and merge the engines' frames (see the module doc)."""
+    decode steps at once and merge the engines' frames (see the module doc). ``start_s``: each
+    engine's spawn to ready; a model with ``min_workers``/``max_workers`` runs the production scaler."""
     if not len(workload):
         raise ValueError("replay: the workload has no request")
     if tuple(queue.tiers) != workload.tiers:
         raise ValueError(f"replay: the workload's tiers {workload.tiers} are not the queue's {queue.tiers}")
     outcomes = Outcomes(len(workload))
-    spawn = SimulatedEngines(spec, jump)
+    spawn = SimulatedEngines(spec, jump, start_s)
+    slots = model.pool().workers
     kv_use: list[list[float]] = []
+    held: list[int] = []
     cpu = time.process_time()
     span = float(workload.times[-1])
 
@@ -299,18 +310,13 @@ def replay(
     async def run() -> tuple[float, int]:
         done = trio.Event()
         prompts = Prompts(workload, spec.vocab or spec.cost.shape.vocab, seed)
-        async with open_engine_pool(model, queue, spawn, IdText()) as pool:
+        async with open_continuous(model, queue, spawn, IdText()) as pool:
             if jump:  # its engines hand a sequence's tokens out at its end: its router counts them
                 pool.router = ReadAhead(pool.router, spawn.unread)
             start = trio.current_time()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
-                    _sample,
-                    spawn,
-                    model.workers,
-                    sample_every,
-                    kv_use,
-                    None if progress is None else tell,
+                    _sample, spawn, pool, sample_every, kv_use, held, None if progress is None else tell
                 )
                 nursery.start_soon(drive, pool, workload, prompts, outcomes, done, prefix_cache)
                 with trio.move_on_at(start + span + drain):
@@ -324,8 +330,8 @@ def replay(
             f"replay: {len(workload) - outcomes.ended} requests had not ended {drain:g} virtual s "
             "after the last arrival"
         )
-    kv = np.asarray(kv_use) if kv_use else np.zeros((0, model.workers))
-    used = [spawn.current(slot).engine.scheduler.blocks.num_used for slot in range(model.workers)]
-    return Replayed(
-        workload, outcomes, counters(spawn, model.workers), kv, used, virtual, time.process_time() - cpu, shed
-    )
+    kv = np.asarray(kv_use) if kv_use else np.zeros((0, slots))
+    used = [spawn.current(slot).engine.scheduler.blocks.num_used if slot in spawn.spawned else 0
+            for slot in range(slots)]
+    return Replayed(workload, outcomes, counters(spawn, slots), kv, used, virtual, time.process_time() - cpu,
+                    shed, np.asarray(held))

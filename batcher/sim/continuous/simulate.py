@@ -167,6 +167,11 @@ def workload_from_args(args: argparse.Namespace, tiers: tuple[str, ...]) -> Work
     )
 
 
+START_S = 480.0
+"""Seconds a simulated 70B replica takes from spawn to ready (weights loaded), by default when
+the run scales."""
+
+
 def main(args: argparse.Namespace) -> int:
     """Run one continuous scenario, print its table, optionally write JSON."""
     try:
@@ -176,6 +181,8 @@ def main(args: argparse.Namespace) -> int:
         budgets = tuple(ms / 1000 for ms in _number(args.wait_budget_ms, "--wait-budget-ms"))
         queue = QueueConfig(wait_budgets=budgets)
         replicas = DEFAULT_REPLICAS if args.workers is None else args.workers
+        scaled = args.min_workers is not None or args.max_workers is not None
+        start_s = (START_S if scaled else 0.0) if args.start_s is None else args.start_s
         model = ContinuousModelConfig(
             name="sim@1",
             simulated="llama-70b",
@@ -184,6 +191,12 @@ def main(args: argparse.Namespace) -> int:
             max_batch_tokens=args.max_batch_tokens,
             max_seqs=args.max_seqs,
             affinity_bound=args.affinity_bound,
+            min_workers=args.min_workers,
+            max_workers=args.max_workers,
+            warm_workers=args.warm_workers,
+            scale_down_after_s=args.scale_down_after_s,
+            idle_after_s=args.idle_after_s,
+            start_timeout_ms=max(120_000.0, 2000 * start_s),
         )
         spec = EngineSpec.of(model, cost)
         workload = workload_from_args(args, queue.tiers)
@@ -205,6 +218,7 @@ def main(args: argparse.Namespace) -> int:
         sample_every=min(every, 1.0),
         progress=None if args.quiet else _every(every),
         jump=not args.step_by_step,
+        start_s=start_s,
     )
     report = ContinuousReport.of(run)
     print(report.table())
@@ -213,6 +227,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"cost: {report.cost_per_million_tokens(args.gpu_hour_price * gpus):,.4f} per million tokens "
               f"({report.tokens:,} tokens answered; {replicas} replicas x {gpus} GPUs at "
               f"{args.gpu_hour_price:g} a GPU-hour)")
+    print(f"replica-seconds held: {run.held.sum() * min(every, 1.0):,.0f}")
     print(
         f"simulated {report.virtual_seconds:,.1f} virtual s in {report.cpu_seconds:.2f} CPU s "
         f"({report.requests / max(report.cpu_seconds, 1e-9):,.0f} requests, "

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import math
+import operator
 import sys
 import time
 from collections.abc import Callable
@@ -32,10 +33,13 @@ from typing import Any
 import numpy as np
 import trio
 
-from batcher.core.config import PoolConfig, QueueConfig
+from batcher.core.config import PoolConfig, QueueConfig, ScalerConfig
+from batcher.core.scaling import open_scaled
 from batcher.fixed.batcher import open_batcher
 from batcher.fixed.counters import BatchCounters
+from batcher.fixed.elastic import FixedFleet
 from batcher.fixed.policy import POLICIES, make_policy
+from batcher.fixed.pool import WorkerPool
 from batcher.sim.arrivals import Trace, bursty, poisson
 from batcher.sim.continuous import simulate as llm_simulate
 from batcher.sim.fixed.replay import Replay
@@ -72,6 +76,8 @@ class Scenario:
     turnaround: float = 0.0  # the gateway's hop from a result to the next frame (SimulatedWorker)
     timeout: float | None = None
     seed: int = 0
+    scaling: ScalerConfig | None = None  # the production scaler, between min and max workers
+    start_s: float = 0.0  # seconds a worker takes from spawn to ready
 
     def with_(self, **changes: Any) -> Scenario:
         return dataclasses.replace(self, **changes)
@@ -87,6 +93,11 @@ class Simulation:
     cpu_seconds: float
     wall_seconds: float
     samples: Samples
+    held: tuple[int, ...]  # workers held (starting, warm, serving or draining), each virtual second
+
+    @property
+    def gpu_seconds(self) -> float:
+        return float(sum(self.held))
 
     @property
     def requests_per_cpu_second(self) -> float:
@@ -105,8 +116,11 @@ class Simulation:
                 "tiers": list(scenario.queue.tiers),
                 "timeout": scenario.timeout,
                 "seed": scenario.seed,
+                "scaling": dataclasses.asdict(scenario.scaling) if scenario.scaling else None,
+                "start_s": scenario.start_s,
             },
             "report": self.report.as_dict(),
+            "gpu_seconds": self.gpu_seconds,
             "virtual_seconds": self.virtual_seconds,
             "cpu_seconds": self.cpu_seconds,
             "wall_seconds": self.wall_seconds,
@@ -128,8 +142,9 @@ class _SeededSpawner:
         self._spawned[slot] += 1
         seed = scenario.seed * 1_000_003 + scenario.faults.seed * 7_919 + slot * 65_537 + number
         service = linear(scenario.service.fixed, scenario.service.per_input, scenario.service.jitter, seed)
-        return SimulatedWorker(service, dataclasses.replace(scenario.faults, seed=seed), record=False,
-                               turnaround=scenario.turnaround)
+        faults = dataclasses.replace(scenario.faults, seed=seed)
+        return SimulatedWorker(service, faults, record=False, turnaround=scenario.turnaround,
+                               start_s=scenario.start_s)
 
 
 def simulate(
@@ -139,26 +154,29 @@ def simulate(
     if not len(scenario.trace):
         raise ValueError("simulate: the trace has no arrival")
     recorder = Recorder(len(scenario.trace))
-    pool_log = logging.getLogger("ferry.pool")
-    level = pool_log.level
+    pool_log, scaler_log = logging.getLogger("ferry.pool"), logging.getLogger("ferry.scaler")
+    level, scaler_level = pool_log.level, scaler_log.level
     pool_log.setLevel(logging.ERROR)  # faults by the thousand: the report counts them
+    scaler_log.setLevel(logging.ERROR)  # the wall clock's times mean nothing here: the report counts GPU time
     cpu, wall = time.process_time(), time.perf_counter()
     try:
-        counters, virtual = run_virtual(_run, scenario, recorder, progress, every, seed=scenario.seed)
+        (counters, held), virtual = run_virtual(_run, scenario, recorder, progress, every,
+                                                       seed=scenario.seed)
     finally:
         pool_log.setLevel(level)
+        scaler_log.setLevel(scaler_level)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    report = recorder.report(scenario.queue.tiers, counters, scenario.workers)
-    return Simulation(scenario, report, virtual, cpu, wall, recorder.samples())
+    elastic = scenario.scaling is not None and scenario.scaling.elastic
+    report = recorder.report(scenario.queue.tiers, counters, None if elastic else scenario.workers)
+    return Simulation(scenario, report, virtual, cpu, wall, recorder.samples(), held)
 
 
 async def _run(
     scenario: Scenario, recorder: Recorder, progress: Callable[[Progress], None] | None, every: float
-) -> tuple[BatchCounters, float]:
+) -> tuple[tuple[BatchCounters, tuple[int, ...]], float]:
     trace, total = scenario.trace, len(scenario.trace)
-    start = trio.current_time()
     budget = scenario.queue.queue_timeout if scenario.timeout is None else scenario.timeout
-    deadlines = np.where(np.isnan(trace.deadlines), trace.times + budget, trace.deadlines) + start
+    deadlines = np.where(np.isnan(trace.deadlines), trace.times + budget, trace.deadlines)
     all_ended = trio.Event()
 
     def ended(request: Any) -> None:
@@ -166,18 +184,37 @@ async def _run(
         if recorder.ended == total:
             all_ended.set()
 
-    pool = PoolConfig(workers=scenario.workers, hang_timeout=scenario.hang_timeout,
+    scaling = scenario.scaling or ScalerConfig(scenario.workers, scenario.workers)
+    initial = scaling.min_workers if scaling.elastic else None
+    pool = PoolConfig(workers=scaling.slots, hang_timeout=scenario.hang_timeout, initial=initial,
+                      start_timeout=max(PoolConfig().start_timeout, 2 * scenario.start_s),
                       dispatch_ahead=scenario.dispatch_ahead)
     policy = make_policy(scenario.policy, **scenario.params)
     spawn = _SeededSpawner(scenario)
-    async with open_batcher(spawn, pool, policy, scenario.queue) as batcher:
-        batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, deadlines, ended))
+    held = GpuTime()
+    opened = open_batcher(spawn, pool, policy, scenario.queue)
+    async with open_scaled(opened, scaling, FixedFleet, operator.attrgetter("counters"), "sim") as batcher:
+        start = trio.current_time()  # the fleet (min_workers of it) is up: the trace starts
+        batcher.feed(Replay(batcher, trace.times + start, trace.tier, trace.tiers, deadlines + start, ended))
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(held.count, batcher.pool)
             if progress is not None:
                 nursery.start_soon(_tell_progress, progress, every, recorder, total, float(trace.times[-1]))
             await all_ended.wait()
             nursery.cancel_scope.cancel()
-    return batcher.counters, trio.current_time() - start
+    return (batcher.counters, tuple(held.each_second)), trio.current_time() - start
+
+
+class GpuTime:
+    """The workers a pool held, read each virtual second from its staffed slots."""
+
+    def __init__(self) -> None:
+        self.each_second: list[int] = []
+
+    async def count(self, pool: WorkerPool) -> None:
+        while True:
+            self.each_second.append(len(pool.workers()))
+            await trio.sleep(1.0)
 
 
 async def _tell_progress(
@@ -224,6 +261,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a busy worker this near its call's end takes the next batch (default 0: off)")
     fleet.add_argument("--turnaround-ms", type=float, default=0.0,
                        help="the gateway's hop from a result to the next frame sent to an idle worker")
+    scaling = parser.add_argument_group("the scaler (docs/operations.md, Scaling)")
+    scaling.add_argument("--min-workers", type=int, help="serving workers at least (default: --workers)")
+    scaling.add_argument("--max-workers", type=int, help="serving workers at most (default: --workers)")
+    scaling.add_argument("--warm-workers", type=int, default=0, help="started, no traffic (default 0)")
+    scaling.add_argument("--scale-down-after-s", type=float, default=60.0, help="spare this long: down (60)")
+    scaling.add_argument("--idle-after-s", type=float, default=300.0,
+                          help="min 0: idle this long, stop (300)")
+    scaling.add_argument("--start-s", type=float,
+                         help="a worker's spawn to ready, s (default 0; continuous, scaling: 480)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="also write the run as JSON")
     parser.add_argument(
@@ -273,11 +319,15 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         params.setdefault(
             "service_time", (args.service_ms + args.per_input_ms * params.get("max_batch", 50)) / 1000
         )
+    workers = 8 if args.workers is None else args.workers
+    low = workers if args.min_workers is None else args.min_workers
+    high = max(workers, low) if args.max_workers is None else args.max_workers
+    scaling = ScalerConfig(low, high, args.warm_workers, args.scale_down_after_s, args.idle_after_s)
     return Scenario(
         trace,
         policy=args.policy,
         params=params,
-        workers=8 if args.workers is None else args.workers,
+        workers=workers,
         service=Service(args.service_ms / 1000, args.per_input_ms / 1000, args.jitter),
         faults=FaultPlan(crash_prob=args.crash_prob, hang_prob=args.hang_prob, seed=args.seed),
         queue=queue,
@@ -286,6 +336,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         turnaround=args.turnaround_ms / 1000,
         timeout=budget,
         seed=args.seed,
+        scaling=scaling,
+        start_s=args.start_s or 0.0,
     )
 
 
@@ -306,6 +358,7 @@ def main(args: argparse.Namespace) -> int:
     )
     run = simulate(scenario, None if args.quiet else print_progress, args.progress_every)
     print(run.report.table())
+    print(f"GPU-seconds held: {run.gpu_seconds:,.0f}")
     print(
         f"simulated {run.virtual_seconds:,.1f} virtual s in {run.cpu_seconds:.2f} CPU s "
         f"({run.requests_per_cpu_second:,.0f} requests per CPU second)"

@@ -53,7 +53,8 @@ def linear(fixed: float, per_input: float = 0.0, jitter: float = 0.0, seed: int 
 class SimulatedWorker:
     """Answers each call after ``service_time(len(inputs))``; outputs are the inputs reversed.
 
-    ``record=False`` keeps no copy of the inputs (a simulation of millions of requests).
+    ``record=False`` keeps no copy of the inputs (a simulation of millions of requests);
+    ``start_s`` is how long it takes to be ready once spawned.
     ``turnaround`` is the gateway's hop from a result to the next call's frame: a call sent
     after the one before it ended starts that much later; one sent ahead, waiting in the pipe
     when the call before it ends, starts at once (``PoolConfig.dispatch_ahead``).
@@ -64,11 +65,13 @@ class SimulatedWorker:
     def __init__(
         self, service_time: ServiceTime = constant(0.2), plan: FaultPlan = FaultPlan(), record: bool = True,
         turnaround: float = 0.0,
+        start_s: float = 0.0,
     ) -> None:
         self.service_time = service_time
         self.turnaround = turnaround
         self._sent: dict[int, float] = {}  # when each call not yet started was sent (with a turnaround)
         self._free_since = -math.inf  # when its last call ended
+        self.start_s = start_s  # seconds from spawn to ready (loading its model)
         self.injector = FaultInjector(plan)
         self.calls: list[list[str]] = []
         """The inputs of every call this worker received, in order (if recording)."""
@@ -82,7 +85,7 @@ class SimulatedWorker:
     placement = "local"
 
     async def start(self) -> None:
-        await trio.lowlevel.checkpoint()
+        await trio.sleep(self.start_s)
 
     async def send(self, frame: RunBatch | Skip) -> None:
         """A frame into its pipe: a call waits there until the call before it has ended."""
