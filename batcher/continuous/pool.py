@@ -46,6 +46,7 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from batcher.continuous.config import ContinuousModelConfig
+from batcher.continuous.engine_loss import Fate, fate
 from batcher.continuous.engine_process import EngineWorker
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
@@ -53,7 +54,7 @@ from batcher.continuous.router import Router
 from batcher.continuous.token_load import TokenLoad
 from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
-from batcher.core.backend import Job, OnEvent, Snapshot, Status, not_ready_reason
+from batcher.core.backend import Job, OnEvent, Snapshot, Status, Usage, not_ready_reason
 from batcher.core.config import QueueConfig
 from batcher.core.errors import Expired, ReplicaLost, RequestFailed, Shed, TooLarge, WorkersFailed
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
@@ -171,7 +172,7 @@ class EnginePool:
         status = Status(
             self.ready, reason, tuple(r.status() for r in self._replicas), self.queued, "tokens",
             {"token_rate": load.rate, "cancelled": counters.cancelled, "expired": counters.expired,
-             "reruns": counters.reruns, "interrupted": counters.interrupted},
+             "reruns": counters.reruns, "interrupted": counters.interrupted, "resumed": counters.resumed},
         )
         return Snapshot(self.config.mode, status, counters, load)
 
@@ -296,8 +297,10 @@ class EnginePool:
             self.router.sent(r.index, ticket.hashes)
             if sampling.temperature is None:
                 sampling = sampling.replace(temperature=config.temperature)  # the model's default
-            add = Add.of(next(self._rids), list(job.prompt_tokens), ticket.tier, job.tenant, sampling)
-            r.start(ticket, add, blocks(len(job.prompt_tokens) + 1, config.block_size), now)
+            resumed = list(ticket.out.ids)  # empty but for a stream resumed after its engine died
+            rid = next(self._rids)
+            add = Add.of(rid, list(job.prompt_tokens), ticket.tier, job.tenant, sampling, resumed)
+            r.start(ticket, add, blocks(len(job.prompt_tokens) + len(resumed) + 1, config.block_size), now)
 
     # --- engines coming and going -------------------------------------------------------
 
@@ -319,22 +322,30 @@ class EnginePool:
             if ticket.ended:
                 continue
             ticket.attempts += 1
-            if ticket.out.sent:
-                ticket.state = Stage.ENDED
-                self.counters.interrupted += 1
-                ticket.out.fail(ReplicaLost(
-                    f"the engine serving this stream was lost after {ticket.out.sent} output tokens; "
-                    "send the request again for a whole answer"), retryable=True)
-            elif ticket.attempts >= self.config.max_attempts:
-                ticket.state = Stage.ENDED
-                ticket.out.fail(
-                    RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False
-                )
-            else:
-                self.counters.reruns += 1
-                ticket.out.restart()
+            out = ticket.out
+            end = fate(sent=out.sent, generated=out.generated, max_tokens=ticket.job.max_tokens,
+                       attempts=ticket.attempts, max_attempts=self.config.max_attempts,
+                       resume=self.config.on_engine_loss == "resume")
+            if end is Fate.RERUN or end is Fate.RESUME:
+                if end is Fate.RERUN:
+                    self.counters.reruns += 1
+                    out.restart()
+                else:
+                    self.counters.resumed += 1
                 ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
                 self._rerun(ticket)
+                continue
+            ticket.state = Stage.ENDED
+            if end is Fate.COMPLETE:
+                usage = Usage(len(ticket.job.prompt_tokens), 0, out.generated)
+                out.finish("max_tokens", usage, ticket.queued)
+            elif end is Fate.INTERRUPT:
+                self.counters.interrupted += 1
+                out.fail(ReplicaLost(
+                    f"the engine serving this stream was lost after {out.sent} output tokens; "
+                    "send the request again for a whole answer"), retryable=True)
+            else:
+                out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
         for ticket in reruns:  # a re-run still waiting stays one
             self._rerun(ticket)
         for ticket in queued:

@@ -10,6 +10,7 @@ serves them all. Torch-free and numpy-free: vLLM's interpreter imports it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from workers.engine.sequence import FinishReason
@@ -51,9 +52,11 @@ class EngineCore(Protocol):
         tier: int = 0,
         tenant: str = "",
         rid: int | None = None,
+        output_ids: Sequence[int] = (),
     ) -> int:
         """Queue a sequence (as ``rid``, or a free number); returns its rid. ValueError for one it
-        refuses outright; one too long for it ends at the next step."""
+        refuses outright; one too long for it ends at the next step. ``output_ids``: what the
+        sequence generated on an engine that died; it continues after them."""
 
     def abort(self, rid: int) -> bool:
         """End ``rid`` at the next step (False if it holds no such sequence)."""
