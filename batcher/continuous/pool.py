@@ -32,7 +32,9 @@ queue, and its client never learns of it; one that was lost ``max_attempts`` tim
 as does one that no replica takes within its tier's budget of the loss (every engine down). A
 stream that has sent deltas ends with :class:`~batcher.core.errors.ReplicaLost` (an SSE ``error`` of
 type ``api_error``, retryable): never a silent restart, never a duplicate token, and the usage
-bills what was delivered. Jobs only queued for the dead replica go to the others.
+bills what was delivered; under ``on_engine_loss = "resume"`` it goes on on another replica from
+the ids it had instead (:mod:`batcher.continuous.engine_loss`). Jobs only queued for the dead
+replica go to the others.
 """
 
 from __future__ import annotations
