@@ -332,9 +332,10 @@ class EnginePool:
                 if end is Fate.RERUN:
                     self.counters.reruns += 1
                     out.restart()
-                else:
+                    ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
+                else:  # its client is reading: it waits for an engine as long as an admitted job may
                     self.counters.resumed += 1
-                ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
+                    ticket.rerun_due = now + self._patience(ticket.tier)
                 self._rerun(ticket)
                 continue
             ticket.state = Stage.ENDED

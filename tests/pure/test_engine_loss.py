@@ -13,6 +13,7 @@ import pytest
 
 from batcher.continuous.engine_loss import Fate, fate
 from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
+from batcher.core.config import QueueConfig
 from batcher.core.errors import ReplicaLost
 from tests.support.engine_pool import Client, engines, job
 from tests.support.waiting import until_trio
@@ -80,3 +81,20 @@ async def test_a_resumed_stream_lost_again_at_max_attempts_ends_with_what_it_sho
         assert failed.tokens_sent == client.delivered > 100
         counters = pool.snapshot().counters
         assert (counters.resumed, counters.interrupted) == (1, 1)
+
+
+async def test_a_resumed_stream_waits_past_its_tier_budget_for_the_restart_of_the_only_engine(autojump_clock):
+    # A re-run that no engine takes within its tier's budget fails (test_engine_pool.py); a stream
+    # whose client is reading waits as an admitted request may: the restart comes after 0.1 s.
+    async with engines(workers=1, on_engine_loss="resume", queue=QueueConfig(wait_budgets=(0.05, 0.05))) as (
+        pool, spawn,
+    ):
+        client = Client()
+        pool.submit(seeded(3, 200), client)
+        await until_trio(lambda: client.delivered > 20, "text on the stream", every=0.001)
+        spawn.current(0).kill()
+        await client.done.wait()
+        solo = Client()
+        pool.submit(seeded(3, 200), solo)
+        await solo.done.wait()
+    assert isinstance(client.events[-1], Finished) and client.text == solo.text and len(client.text) == 200
