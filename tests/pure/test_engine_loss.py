@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 
+from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_loss import Fate, fate
 from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
 from batcher.core.config import QueueConfig
@@ -40,6 +41,13 @@ def test_a_lost_job_is_rerun_resumed_interrupted_failed_or_completed_by_what_it_
 ):
     assert fate(sent=sent, generated=generated, max_tokens=20, attempts=attempts, max_attempts=3,
                 resume=resume) is expected
+
+
+def test_on_engine_loss_is_error_or_resume_and_resume_needs_ferrys_engine():
+    with pytest.raises(ValueError, match=r"on_engine_loss: expected one of .'error', 'resume'., got 'retry'"):
+        ContinuousModelConfig(name="sim@1", simulated="llama-70b", on_engine_loss="retry")
+    with pytest.raises(ValueError, match="on_engine_loss: expected 'error' unless engine = \"ferry\""):
+        ContinuousModelConfig(name="m@1", model="smollm2-135m", engine="vllm", on_engine_loss="resume")
 
 
 async def test_a_resumed_stream_reads_as_an_uninterrupted_run_with_no_error_and_its_tokens_billed_once(
