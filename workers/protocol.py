@@ -222,7 +222,9 @@ class Sampling(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class Add(Frame, tag="add", frozen=True):
     """Queue sequence ``rid`` (the pool's number, unique among the worker's live sequences),
-    whose :class:`Sampling` is spelled out field by field (:meth:`of`, :attr:`sampling`)."""
+    whose :class:`Sampling` is spelled out field by field (:meth:`of`, :attr:`sampling`).
+    ``output_tokens`` resumes a sequence another engine started: what it had generated, which
+    the engine recomputes with the prompt and continues after (its ``max_tokens`` counts them)."""
 
     rid: int
     prompt_tokens: list[int]
@@ -241,16 +243,17 @@ class Add(Frame, tag="add", frozen=True):
     min_p: float = 0.0
     logit_bias: list[tuple[int, float]] = []
     weight: float = 1.0  # its tenant's weight within its tier (workers.shares)
+    output_tokens: list[int] = []  # what it generated on an engine that died: it resumes after them
 
     @classmethod
     def of(cls, rid: int, prompt_tokens: list[int], tier: int, tenant: str, sampling: Sampling,
-           weight: float = 1.0) -> Add:
+           weight: float = 1.0, output_tokens: list[int] | None = None) -> Add:
         """The frame of a sequence whose ``sampling`` names its temperature."""
         s = sampling
         assert s.temperature is not None, "the pool sends the model's default temperature"
         return cls(rid, prompt_tokens, s.max_tokens, tier, tenant, s.temperature, s.top_p, s.top_k, s.seed,
                    list(s.stop_token_ids), s.ignore_eos, s.presence_penalty, s.frequency_penalty,
-                   s.repetition_penalty, s.min_p, list(s.logit_bias), weight)
+                   s.repetition_penalty, s.min_p, list(s.logit_bias), weight, output_tokens or [])
 
     @property
     def sampling(self) -> Sampling:

@@ -33,7 +33,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from workers.engine.interface import SequenceEnd, StepOutput
@@ -110,11 +110,13 @@ class VllmEngine:
         return bool(self.live or self._ended)
 
     def add(self, prompt_ids: list[int], sampling: Sampling, *, tier: int = 0, tenant: str = "",
-            rid: int | None = None, weight: float = 1.0) -> int:
+            rid: int | None = None, weight: float = 1.0, output_ids: Sequence[int] = ()) -> int:
         """Queue ``rid`` in vLLM; one it refuses (longer than its max_model_len) ends as too_long.
-        vLLM's own scheduler orders its queue: the tenant's ``weight`` is the gateway's to apply."""
-        if rid is None or rid in self.live or not prompt_ids:
-            raise ValueError(f"rid {rid}: a new rid and a prompt are needed")
+        vLLM's own scheduler orders its queue: the tenant's ``weight`` is the gateway's to apply.
+        A resumed sequence (``output_ids``) is refused: vLLM's seeded sampling cannot continue one
+        (docs/continuous.md, "Streams that survive")."""
+        if rid is None or rid in self.live or not prompt_ids or output_ids:
+            raise ValueError(f"rid {rid}: a new rid and a prompt are needed, and no output to resume")
         params = self._sampling(  # ids only, each step's new ones: the gateway detokenizes
             max_tokens=sampling.max_tokens, temperature=sampling.temperature or 0.0, top_p=sampling.top_p,
             top_k=sampling.top_k, min_p=sampling.min_p, seed=sampling.seed,

@@ -17,6 +17,10 @@ ENGINES = ("ferry", "vllm")
 """Who runs a continuous model's steps: ferry's own engine, or vLLM's (``workers/vllm_engine.py``,
 under an interpreter that has vLLM: its own virtualenv, named by ``python``)."""
 
+LOSS_RULES = ("error", "resume")
+"""What becomes of a stream that has shown text when its engine dies: it ends with a retryable
+error, or it goes on where it was on another engine (docs/continuous.md, "Streams that survive")."""
+
 
 def converted_dir(name: str) -> str:
     """Where the conversion of a :data:`CONVERTED` model lives (what ``--model`` is given)."""
@@ -57,6 +61,7 @@ class ContinuousModelConfig(ModelConfig):
     max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
     temperature: float = 1.0  # of a request that names none (the Messages API's default); 0: greedy
     engine: str = "ferry"  # a name in ENGINES
+    on_engine_loss: str = "error"  # a stream that showed text when its engine died: "error" or "resume"
 
     def __post_init__(self) -> None:
         require(bool(self.model) != bool(self.simulated), "model", "a model (or simulated), not both",
@@ -105,6 +110,11 @@ class ContinuousModelConfig(ModelConfig):
         require(self.engine in ENGINES, "engine", f"one of {list(ENGINES)}", self.engine)
         require(self.engine == "ferry" or not self.simulated, "engine", "'ferry' for a simulated model",
                  self.engine)
+        require(self.on_engine_loss in LOSS_RULES, "on_engine_loss", f"one of {list(LOSS_RULES)}",
+                self.on_engine_loss)
+        require(self.on_engine_loss == "error" or self.engine == "ferry", "on_engine_loss",
+                "'error' unless engine = \"ferry\" (vLLM's seeded sampling cannot resume a sequence)",
+                self.on_engine_loss)
         require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
                  self.compile)
         self.pool()  # checks workers and max_attempts with the pool's own rules

@@ -42,6 +42,7 @@ class ContinuousCounters(Counters):
 
     reruns: int = 0  # jobs re-run on another replica, unseen by their client, after their engine died
     interrupted: int = 0  # streams ended with ReplicaLost
+    resumed: int = 0  # streams that showed text, continued on another engine (on_engine_loss = "resume")
     step_tokens: Histogram = dataclasses.field(default_factory=lambda: Histogram(STEP_TOKEN_BOUNDS))
     replicas: tuple[ReplicaStats, ...] = ()
 
@@ -76,6 +77,8 @@ def engine_families(backends: Sequence[Exported[ContinuousCounters]]) -> Iterato
                                  labels=["model"])
     interrupted = CounterMetricFamily("ferry_engine_interrupted_streams",
                                       "Streams ended by an error after sending text.", labels=["model"])
+    resumed = CounterMetricFamily("ferry_engine_resumed_streams",
+                                  "Streams continued on another engine after theirs died.", labels=["model"])
     families: list[tuple[GaugeMetricFamily | CounterMetricFamily, str]] = [*gauges, *counters]
     for model, _, snapshot in backends:
         counted: ContinuousCounters = snapshot.counters
@@ -87,5 +90,6 @@ def engine_families(backends: Sequence[Exported[ContinuousCounters]]) -> Iterato
         steps.add_metric([model], counted.step_tokens.cumulative(), counted.step_tokens.total)
         reruns.add_metric([model], counted.reruns)
         interrupted.add_metric([model], counted.interrupted)
+        resumed.add_metric([model], counted.resumed)
     yield from (family for family, _ in families)
-    yield from (rate, steps, reruns, interrupted)
+    yield from (rate, steps, reruns, interrupted, resumed)

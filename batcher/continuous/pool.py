@@ -32,7 +32,9 @@ queue, and its client never learns of it; one that was lost ``max_attempts`` tim
 as does one that no replica takes within its tier's budget of the loss (every engine down). A
 stream that has sent deltas ends with :class:`~batcher.core.errors.ReplicaLost` (an SSE ``error`` of
 type ``api_error``, retryable): never a silent restart, never a duplicate token, and the usage
-bills what was delivered. Jobs only queued for the dead replica go to the others.
+bills what was delivered; under ``on_engine_loss = "resume"`` it goes on on another replica from
+the ids it had instead (:mod:`batcher.continuous.engine_loss`). Jobs only queued for the dead
+replica go to the others.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from collections.abc import AsyncIterator, Callable
 import trio
 
 from batcher.continuous.config import ContinuousModelConfig
+from batcher.continuous.engine_loss import Fate, fate
 from batcher.continuous.engine_process import EngineWorker
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
@@ -56,7 +59,16 @@ from batcher.continuous.staffing import Staffing
 from batcher.continuous.token_load import TokenLoad
 from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
-from batcher.core.backend import Job, OnEvent, Snapshot, Status, WorkerStatus, not_ready_reason, top_tenants
+from batcher.core.backend import (
+    Job,
+    OnEvent,
+    Snapshot,
+    Status,
+    Usage,
+    WorkerStatus,
+    not_ready_reason,
+    top_tenants,
+)
 from batcher.core.config import QueueConfig
 from batcher.core.errors import Expired, ReplicaLost, RequestFailed, Shed, Starting, TooLarge, WorkersFailed
 from batcher.core.scaler import Fleet, leaving
@@ -194,7 +206,7 @@ class EnginePool:
         status = Status(
             self.ready, reason, workers, self.queued, "tokens",
             {"token_rate": load.rate, "cancelled": counters.cancelled, "expired": counters.expired,
-             "reruns": counters.reruns, "interrupted": counters.interrupted,
+             "reruns": counters.reruns, "interrupted": counters.interrupted, "resumed": counters.resumed,
              "start_seconds": staffing.start_seconds},
             top_tenants(self._backlogs()), scaling=staffing.scaling,
         )
@@ -407,8 +419,10 @@ class EnginePool:
             if sampling.temperature is None:
                 sampling = sampling.replace(temperature=config.temperature)  # the model's default
             weight = self.queue_config.weights.get(job.tenant, 1.0)
-            add = Add.of(next(self._rids), list(job.prompt_tokens), ticket.tier, job.tenant, sampling, weight)
-            r.start(ticket, add, blocks(len(job.prompt_tokens) + 1, config.block_size), now)
+            resumed = list(ticket.out.ids)  # empty but for a stream resumed after its engine died
+            add = Add.of(next(self._rids), list(job.prompt_tokens), ticket.tier, job.tenant, sampling, weight,
+                         resumed)
+            r.start(ticket, add, blocks(len(job.prompt_tokens) + len(resumed) + 1, config.block_size), now)
 
     # --- engines coming and going -------------------------------------------------------
 
@@ -432,22 +446,31 @@ class EnginePool:
             if ticket.ended:
                 continue
             ticket.attempts += 1
-            if ticket.out.sent:
-                ticket.state = Stage.ENDED
-                self.counters.interrupted += 1
-                ticket.out.fail(ReplicaLost(
-                    f"the engine serving this stream was lost after {ticket.out.sent} output tokens; "
-                    "send the request again for a whole answer"), retryable=True)
-            elif ticket.attempts >= self.config.max_attempts:
-                ticket.state = Stage.ENDED
-                ticket.out.fail(
-                    RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False
-                )
-            else:
-                self.counters.reruns += 1
-                ticket.out.restart()
-                ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
+            out = ticket.out
+            end = fate(sent=out.sent, generated=out.generated, max_tokens=ticket.job.max_tokens,
+                       attempts=ticket.attempts, max_attempts=self.config.max_attempts,
+                       resume=self.config.on_engine_loss == "resume")
+            if end is Fate.RERUN or end is Fate.RESUME:
+                if end is Fate.RERUN:
+                    self.counters.reruns += 1
+                    out.restart()
+                    ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
+                else:  # its client is reading: it waits for an engine as long as an admitted job may
+                    self.counters.resumed += 1
+                    ticket.rerun_due = now + self._patience(ticket.tier)
                 self._rerun(ticket)
+                continue
+            ticket.state = Stage.ENDED
+            if end is Fate.COMPLETE:
+                usage = Usage(len(ticket.job.prompt_tokens), 0, out.generated)
+                out.finish("max_tokens", usage, ticket.queued)
+            elif end is Fate.INTERRUPT:
+                self.counters.interrupted += 1
+                out.fail(ReplicaLost(
+                    f"the engine serving this stream was lost after {out.sent} output tokens; "
+                    "send the request again for a whole answer"), retryable=True)
+            else:
+                out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
         for ticket in reruns:  # a re-run still waiting stays one
             self._rerun(ticket)
         for ticket in queued:

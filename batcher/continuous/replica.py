@@ -88,6 +88,7 @@ class Ticket:
         "dispatched_at",
         "hashes",
         "out",
+        "prefill",
         "remaining",
         "replica",
         "rerun_due",
@@ -108,6 +109,7 @@ class Ticket:
         self.remaining = 0  # tokens its replica owes it (see the module doc)
         self.attempts = 0  # times an engine died under it
         self.rerun_due = math.inf  # a re-run that no engine takes by then fails
+        self.prefill = 0  # tokens its engine computes before its first token (a resumed one's output too)
 
     @property
     def job(self) -> Job:
@@ -232,7 +234,8 @@ class Replica:
         ticket.state, ticket.rid, ticket.dispatched_at = Stage.PREFILLING, add.rid, now
         ticket.rerun_due = math.inf
         self.live[add.rid] = ticket
-        self.prefilling += len(ticket.job.prompt_tokens)
+        ticket.prefill = len(add.prompt_tokens) + len(add.output_tokens)
+        self.prefilling += ticket.prefill
         self.free_blocks -= blocks
         self.owe(ticket, ticket.cost)
         self.send(add)
@@ -247,7 +250,7 @@ class Replica:
     def _prefilled(self, ticket: Ticket) -> None:
         if ticket.state is Stage.PREFILLING:
             ticket.state = Stage.RUNNING
-            self.prefilling -= len(ticket.job.prompt_tokens)
+            self.prefilling -= ticket.prefill
 
     def send(self, message: Add | Abort) -> None:
         self._outbox.append(encode(message))

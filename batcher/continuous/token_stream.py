@@ -7,7 +7,8 @@ ids become text through the model's incremental detokenizer, which never splits 
     whole    nothing until the end, then Started, one Delta with all the text, Finished
 
 Holding a whole answer back is what lets the pool re-run it unseen when its engine dies
-(:meth:`Output.restart`); a stream that has sent text can only end with ``Failed``. The engine
+(:meth:`Output.restart`); a stream that has sent text ends with ``Failed``, or, where its model
+resumes streams, goes on from ``ids`` on another engine, through the same detokenizer. The engine
 never sends an end-of-sequence id; :meth:`Output.finish` bills its count with the last delta.
 """
 
@@ -29,7 +30,7 @@ class Output:
         "_pending",
         "_tokenizer",
         "_watch",
-        "generated",
+        "ids",
         "job",
         "on_event",
         "sent",
@@ -50,12 +51,17 @@ class Output:
         self._parts: list[str] = []
         self._pending = 0  # tokens whose text has not been emitted
         self._watch = ""  # the end of a whole answer's text, where a stop sequence may begin
-        self.generated = 0
+        self.ids: list[int] = []  # every id taken (max_tokens at most): where a resumed sequence goes on
+
+    @property
+    def generated(self) -> int:
+        """Tokens taken so far, on every engine it ran on."""
+        return len(self.ids)
 
     def push(self, ids: Sequence[int], queued: float) -> bool:
         """Take a frame's ``ids``. True when a whole answer's text now holds one of its stop
         sequences: the answer can end here."""
-        self.generated += len(ids)
+        self.ids += ids
         text = self._decoder.push(list(ids))
         self._pending += len(ids)
         if self.job.stream:

@@ -48,6 +48,7 @@ class Rules:
     # not read by then may be refused or have its connection closed (a usage record shows any it had)
     answer_within: Callable[[Shot], float] | None = None  # the latest any answer may come, per request
     cut_streams: bool = False  # the gateway is killed at closed_after: a stream still open is cut short
+    stream_errors: bool = True  # a stream answered 200 may end with a documented error event
 
 
 @dataclasses.dataclass(slots=True)
@@ -152,7 +153,9 @@ def _judge_answer(shot: Shot, rules: Rules, verdict: Verdict) -> None:
         if names[-1:] == ["error"]:
             error = shot.events[-1][1].get("error", {})
             status = STATUS_OF.get(error.get("type"))
-            if status not in statuses or LEAKY.search(error.get("message", "")):
+            if not rules.stream_errors:
+                verdict.violate(f"{where}: a stream ended with an error event where streams survive: {error}")
+            elif status not in statuses or LEAKY.search(error.get("message", "")):
                 verdict.violate(f"{where}: a stream ended with an undocumented error event: {error}")
             else:
                 verdict.documented[f"{status} in stream"] += 1

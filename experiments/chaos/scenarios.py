@@ -64,6 +64,11 @@ stats_timeout_ms = 2000
 """
 
 
+def resuming_model(worker: list[str], workers: int) -> str:
+    """:func:`continuous_model` whose streams go on on another engine when theirs dies."""
+    return continuous_model(worker, workers) + 'on_engine_loss = "resume"\n'
+
+
 def config(model: str, redis_url: str | None = None, per_minute: dict[str, int] | None = None) -> str:
     """The row's ``ferry serve`` config around its model table; with ``redis_url`` its keys'
     limits live in Redis (generous limits: the row checks they keep working, not that they bite),
@@ -206,6 +211,10 @@ SCENARIOS = [
              worker=("smollm2-135m",), model=continuous_model, workers=2, fault=_kill_every,
              rules=Rules(statuses=frozenset({500, 529}), expected=None),
              plan={"stream_share": 0.5, "max_tokens": 32}),
+    Scenario("engine-kills-resume", "engine-kills, streams resumed: no stream ends with an error",
+             worker=("smollm2-135m",), model=resuming_model, workers=2, fault=_kill_every,
+             rules=Rules(statuses=frozenset({500, 529}), expected=None, stream_errors=False),
+             plan={"stream_share": 0.5, "max_tokens": 32}),
     Scenario("ray-actor-kills", "Ray placement: SIGKILL a random worker's actor every 2 s", fault=_kill_every,
              ray=True),
     Scenario("ray-node-loss", "Ray placement: the node holding most workers is lost (raylet killed)",
@@ -234,6 +243,7 @@ SHORT = (
     "disconnects",
     "sigterm",
     "engine-kills",
+    "engine-kills-resume",
 )
 """The rows CI runs (experiments/tests/system/test_chaos.py), seconds each, fixed seeds."""
 SHORT_PARAMS = Params(rate=150.0, duration=3.0, workers=2, seed=7)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
@@ -55,13 +55,16 @@ class Engine:
         tenant: str = "",
         rid: int | None = None,
         weight: float = 1.0,
+        output_ids: Iterable[int] = (),
     ) -> int:
         """Queue a sequence; returns its rid (``rid``, or the next free number). It runs from the
-        next step on; one that could never fit the cache is reported finished by that step."""
+        next step on; one that could never fit the cache is reported finished by that step. A
+        resumed one (``output_ids``) is a sequence preempted by recompute: its prompt and output
+        are computed again, and its next token is sampled as its ``len(output_ids)``-th."""
         if rid is None:
             rid = next(r for r in self._rids if r not in self.scheduler.sequences)
         seq = Sequence(rid, list(prompt_ids), sampling, tier=tier, tenant=tenant, arrival=self.clock(),
-                       weight=weight)
+                       weight=weight, output_ids=list(output_ids))
         self.scheduler.add(seq)
         return rid
 

@@ -10,6 +10,7 @@ serves them all. Torch-free and numpy-free: vLLM's interpreter imports it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from workers.engine.sequence import FinishReason
@@ -52,10 +53,12 @@ class EngineCore(Protocol):
         tenant: str = "",
         rid: int | None = None,
         weight: float = 1.0,
+        output_ids: Sequence[int] = (),
     ) -> int:
         """Queue a sequence (as ``rid``, or a free number); returns its rid. ValueError for one it
         refuses outright; one too long for it ends at the next step. ``weight`` is its tenant's
-        within its tier, where the engine shares a tier's queue among tenants."""
+        within its tier, where the engine shares a tier's queue among tenants. ``output_ids``: what
+        the sequence generated on an engine that died; it continues after them."""
 
     def abort(self, rid: int) -> bool:
         """End ``rid`` at the next step (False if it holds no such sequence)."""

@@ -42,7 +42,7 @@ class EngineLoop:
             try:
                 self.engine.add(
                     message.prompt_tokens, message.sampling, tier=message.tier, tenant=message.tenant,
-                    rid=message.rid, weight=message.weight,
+                    rid=message.rid, weight=message.weight, output_ids=message.output_tokens,
                 )
             except ValueError as exc:
                 raise ProtocolError(f"add {message.rid} refused: {exc}") from None

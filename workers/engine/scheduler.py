@@ -108,7 +108,7 @@ class Scheduler:
             raise ValueError(f"rid {seq.rid}: already in the engine")
         self._run = None
         self.sequences[seq.rid] = seq
-        needed = cdiv(seq.num_prompt, self.config.block_size)
+        needed = cdiv(seq.num_tokens, self.config.block_size)  # a resumed one's output too
         if self.max_model_len is not None and seq.num_prompt >= self.max_model_len:
             detail = (
                 f"a prompt of {seq.num_prompt} tokens leaves no room in the model's context "

@@ -67,6 +67,9 @@ class Sequence:
             raise ValueError(f"sequence {self.rid}: expected at least one prompt token")
         if self.tier < 0:
             raise ValueError(f"sequence {self.rid} tier: expected >= 0, got {self.tier}")
+        if len(self.output_ids) >= self.sampling.max_tokens:
+            raise ValueError(f"sequence {self.rid}: resumed with {len(self.output_ids)} output tokens, "
+                             f"max_tokens {self.sampling.max_tokens} leaves none to make")
 
     @property
     def num_tokens(self) -> int:
