@@ -38,11 +38,11 @@ serve: $(STAMP) bytecode kernels
 bytecode: $(STAMP)
 	$(PY) -m compileall -q batcher gateway workers experiments
 
-# The engine's decode-attention kernel for bfloat16 on AVX-512 CPUs, compiled against the installed
-# torch into build/ (quick when up to date). Where it cannot be built or run, the engine attends with
-# torch instead (workers/engine/cpu/decode_kernel.py).
+# The engine's C++ CPU kernels, one library for AVX-512 and one for AVX2, compiled against the
+# installed torch into build/ (quick when up to date). Where neither can be built or run, the engine
+# computes with torch instead (workers/engine/cpu/kernels.py).
 kernels: $(STAMP)
-	$(PY) -m workers.engine.cpu.decode_kernel
+	$(PY) -m workers.engine.cpu.kernels
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite. vLLM's virtualenv is
 # built first, so that the tests of `engine = "vllm"` (tests/system/test_vllm_engine.py) run rather than skip.
