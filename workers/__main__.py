@@ -18,11 +18,13 @@ import os
 import sys
 import threading
 import time
+import traceback
 
+from workers import api
 from workers.engine_arguments import add_engine_arguments, add_vllm_arguments
 from workers.faults import Fault, FaultInjector, add_fault_arguments, instance_from_env, plan_from_args
-from workers.models import Model, add_model_arguments, load_model
-from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, encode
+from workers.models import add_model_arguments, target_of
+from workers.protocol import Accepted, Error, FrameDecoder, Ready, Result, RunBatch, Unloadable, encode
 
 CRASH_EXIT_CODE = 3
 
@@ -63,7 +65,7 @@ def exit_with_parent(interval: float = 0.5) -> None:
 GARBAGE = b"\x00\x00\x00\x03\xc1\xc1\xc1"  # a frame of 3 bytes that no msgpack decoder accepts
 
 
-def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> bytes:
+def serve_call(model: api.Model, injector: FaultInjector, call: RunBatch) -> bytes:
     """Run one call with whatever fault the plan injects into it; the answer's frame."""
     fault = injector.next_call(call.inputs)
     if injector.plan.chatter:
@@ -78,16 +80,16 @@ def serve_call(model: Model, injector: FaultInjector, call: RunBatch) -> bytes:
     try:
         if fault is Fault.POISON:
             raise ValueError(injector.poison_message(call.inputs))
-        outputs = model.run_batch(call.inputs)
+        reply = api.result(call.id, model.run_batch(call.inputs))
     except Exception as exc:  # noqa: BLE001 - the model's failure is the call's, not the worker's
         return encode(Error(id=call.id, message=f"{type(exc).__name__}: {exc}"))
     if injector.plan.slow_factor != 1.0:
         time.sleep((injector.plan.slow_factor - 1.0) * (time.monotonic() - started))
     if fault is Fault.WRONG_COUNT:
-        outputs = outputs[:-1]
+        reply = Result(id=call.id, outputs=reply.outputs[:-1], vectors=reply.vectors[:-1])
     if fault is Fault.GARBAGE:
         return GARBAGE
-    return encode(Result(id=call.id, outputs=outputs))
+    return encode(reply)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,20 +105,35 @@ def main(argv: list[str] | None = None) -> int:
 
         return vllm_main(args, protocol_in, protocol_out)
     injector = FaultInjector(plan_from_args(args), instance_from_env())
-    model = load_model(args)
+    target, options, pythonpath = target_of(args)
     with os.fdopen(protocol_out, "wb") as out:
-        out.write(encode(Ready(pid=os.getpid(), model=model.name)))
+        try:
+            model = api.build(target, options, pythonpath, api.slot_device())
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's code is a start error
+            traceback.print_exc()  # the log's; the pool hears the type and message alone
+            out.write(encode(Unloadable(message=f"{type(exc).__name__}: {exc}"[:2000])))
+            out.flush()
+            return 1
+        out.write(encode(Ready(pid=os.getpid(), model=api.model_name(model, target))))
         out.flush()
-        decoder = FrameDecoder()
-        while data := os.read(protocol_in, 1 << 16):
-            for message in decoder.feed(data):
-                if not isinstance(message, RunBatch):
-                    print(f"worker: unexpected {message.kind} frame", file=sys.stderr)
-                    return 2
-                out.write(encode(Accepted(id=message.id)))  # before any fault: the call is ours now
-                out.flush()
-                out.write(serve_call(model, injector, message))
-                out.flush()
+        try:
+            return serve_calls(model, injector, protocol_in, out)
+        finally:
+            api.close(model)
+
+
+def serve_calls(model: api.Model, injector: FaultInjector, protocol_in: int, out) -> int:
+    """Answer calls one at a time until the pool closes the pipe (0) or breaks the protocol (2)."""
+    decoder = FrameDecoder()
+    while data := os.read(protocol_in, 1 << 16):
+        for message in decoder.feed(data):
+            if not isinstance(message, RunBatch):
+                print(f"worker: unexpected {message.kind} frame", file=sys.stderr)
+                return 2
+            out.write(encode(Accepted(id=message.id)))  # before any fault: the call is ours now
+            out.flush()
+            out.write(serve_call(model, injector, message))
+            out.flush()
     return 0
 
 

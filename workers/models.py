@@ -1,4 +1,5 @@
-"""The models a fixed-mode worker can run: each is ``run_batch(inputs) -> outputs``.
+"""The built-in models of the fixed mode: each a target of the worker API (:mod:`workers.api`), as a
+user's own model is, and each a kind of ``python -m workers`` (:data:`BUILT_IN`).
 
 ``sleep`` is the reference GPU of the fixed mode's contract: every call costs the same (200 ms) whatever
 the batch size, and each output is its input reversed, so anyone can tell which input an output
@@ -11,16 +12,10 @@ runs a language model the way a fixed-mode fleet must: each call one static batc
 from __future__ import annotations
 
 import argparse
+import json
 import time
-from typing import Protocol
-
-
-class Model(Protocol):
-    """What the worker loop calls; one call at a time."""
-
-    name: str
-
-    def run_batch(self, inputs: list[str]) -> list[str]: ...
+from collections.abc import Callable
+from typing import Any
 
 
 def mirror(inputs: list[str]) -> list[str]:
@@ -31,7 +26,7 @@ def mirror(inputs: list[str]) -> list[str]:
 class Sleep:
     """The reference GPU: a fixed cost per call, any size; outputs are the inputs reversed."""
 
-    def __init__(self, latency_ms: float) -> None:
+    def __init__(self, latency_ms: float = 200.0) -> None:
         if latency_ms < 0:
             raise ValueError(f"sleep --latency-ms: expected >= 0, got {latency_ms}")
         self.name = f"sleep-{latency_ms:g}ms"
@@ -58,11 +53,12 @@ class Classify:
     batch of 50 answers exactly what 50 calls of one would: batching changes cost, not results.
     """
 
-    def __init__(self, dim: int, layers: int, labels: int, max_bytes: int, seed: int) -> None:
+    def __init__(self, dim: int = 256, layers: int = 4, labels: int = 16, max_bytes: int = 2048,
+                 seed: int = 0, device: str = "cpu") -> None:
         import torch  # only this model needs it; `sleep` workers start in milliseconds
 
         self._torch = torch
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)
         self.name = f"classify-d{dim}-l{layers}-{self.device.type}"
         self._max_bytes = max_bytes
         generator = torch.Generator().manual_seed(seed)
@@ -149,7 +145,8 @@ class Generate:
         return [answers[rid] for rid in rids]
 
 
-def load_generate(args: argparse.Namespace) -> Generate:
+def load_generate(model: str, max_tokens: int = 256, dtype: str = "float32", device: str | None = None,
+                  kv_memory_gb: float | None = None) -> Generate:
     """A Hugging Face model directory's runner and tokenizer (torch, tokenizers)."""
     import os
 
@@ -157,14 +154,14 @@ def load_generate(args: argparse.Namespace) -> Generate:
 
     from workers.engine.runner import ModelRunner
 
-    runner = ModelRunner(args.model, dtype=args.dtype, device=args.device, kv_memory_gb=args.kv_memory_gb)
-    vocabulary = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+    runner = ModelRunner(model, dtype=dtype, device=device, kv_memory_gb=kv_memory_gb)
+    vocabulary = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
 
     def encode(text: str) -> list[int]:
         return vocabulary.encode(text, add_special_tokens=False).ids
 
-    name = f"generate-{os.path.basename(os.path.normpath(args.model))}"
-    return Generate(runner, encode, vocabulary.decode, args.max_tokens, name)
+    name = f"generate-{os.path.basename(os.path.normpath(model))}"
+    return Generate(runner, encode, vocabulary.decode, max_tokens, name)
 
 
 def add_model_arguments(kinds: argparse._SubParsersAction) -> None:
@@ -186,14 +183,37 @@ def add_model_arguments(kinds: argparse._SubParsersAction) -> None:
     generate.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     generate.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
     generate.add_argument("--kv-memory-gb", type=float, default=None, help="KV cache size (default 1)")
+    model = kinds.add_parser("model", help="a model of your own, by import path (docs/workers.md)")
+    model.add_argument("target", metavar="MODULE:NAME", help="a class or a factory, e.g. my_pkg.embed:MiniLM")
+    model.add_argument("--pythonpath", action="append", default=[], metavar="DIR",
+                       help="a directory put first on the import path (repeatable)")
+    model.add_argument("--options", type=_options, default={}, metavar="JSON",
+                       help="its keyword arguments, a JSON object (default {})")
 
 
-def load_model(args: argparse.Namespace) -> Model:
-    """Build the model the command line names."""
-    if args.kind == "sleep":
-        return Sleep(args.latency_ms)
-    if args.kind == "echo":
-        return Echo()
-    if args.kind == "generate":
-        return load_generate(args)
-    return Classify(args.dim, args.layers, args.labels, args.max_bytes, args.weights_seed)
+def _options(text: str) -> dict[str, Any]:
+    options = json.loads(text)
+    if not isinstance(options, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text[:80]!r}")
+    return options
+
+
+def target_of(args: argparse.Namespace) -> tuple[str, dict[str, Any], list[str]]:
+    """What a fixed-mode worker's command line builds: its target, options and import path."""
+    if args.kind == "model":
+        return args.target, args.options, args.pythonpath
+    target, options = BUILT_IN[args.kind]
+    return target, options(args), []
+
+
+BUILT_IN: dict[str, tuple[str, Callable[[argparse.Namespace], dict[str, Any]]]] = {
+    "sleep": ("workers.models:Sleep", lambda args: {"latency_ms": args.latency_ms}),
+    "echo": ("workers.models:Echo", lambda args: {}),
+    "classify": ("workers.models:Classify", lambda args: {
+        "dim": args.dim, "layers": args.layers, "labels": args.labels, "max_bytes": args.max_bytes,
+        "seed": args.weights_seed}),
+    "generate": ("workers.models:load_generate", lambda args: {
+        "model": args.model, "max_tokens": args.max_tokens, "dtype": args.dtype,
+        "kv_memory_gb": args.kv_memory_gb, **({"device": args.device} if args.device else {})}),
+}
+"""Each built-in kind: its target in the worker API, and its options from its command line."""

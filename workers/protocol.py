@@ -16,9 +16,12 @@ one typed decoder checks every field strictly (no int for a str, no bool for an 
 Fixed mode::
 
     worker -> pool   ready   {pid, model}                 once, after the model has loaded
+    worker -> pool   unloadable {message}                 instead: the model could not be built
     pool -> worker   run_batch {id, inputs: [str]}
     worker -> pool   accepted {id}                        at once, before the model runs
-    worker -> pool   result  {id, outputs: [str]}         one output per input, in order
+    worker -> pool   result  {id, outputs: [str], vectors: [bin]}   one output per input, in order:
+                                                          texts, or (outputs empty) vectors of packed
+                                                          float32, little-endian
     worker -> pool   error   {id, message}                the call failed; the worker lives on
 
 ``accepted`` tells the pool that the call reached a live worker: a worker that dies before
@@ -68,6 +71,11 @@ class WorkerLost(Exception):
     """The worker's end of the pipe closed: it exited, crashed or was killed."""
 
 
+class ModelUnloadable(WorkerLost):
+    """The worker said it could not build its model (an ``unloadable`` frame) and exited: its
+    message names the exception's type and message."""
+
+
 class NotDelivered(WorkerLost):
     """The worker was gone before it accepted a call (its pipe closed on send, or before the
     ``accepted`` frame): the call cannot have caused its death, so it does not count against
@@ -90,6 +98,13 @@ class Ready(Frame, tag="ready", frozen=True):
     model: str
 
 
+class Unloadable(Frame, tag="unloadable", frozen=True):
+    """The worker could not import or build its model (``message``: the exception's type and
+    message, never its traceback, which the worker logs); it exits after this frame."""
+
+    message: str
+
+
 class RunBatch(Frame, tag="run_batch", frozen=True):
     """Run the model on ``inputs`` (1..max_batch strings) and answer with the same ``id``."""
 
@@ -104,10 +119,17 @@ class Accepted(Frame, tag="accepted", frozen=True):
 
 
 class Result(Frame, tag="result", frozen=True):
-    """The outputs of call ``id``, one per input, in the inputs' order."""
+    """The outputs of call ``id``, one per input, in the inputs' order: texts in ``outputs``, or
+    (an embedding model's) vectors of float32 values packed little-endian in ``vectors``."""
 
     id: int
     outputs: list[str]
+    vectors: list[bytes] = []
+
+    @property
+    def answers(self) -> list[str] | list[bytes]:
+        """The outputs, whichever kind they are (a worker never sends both)."""
+        return self.vectors or self.outputs
 
 
 class Error(Frame, tag="error", frozen=True):
@@ -289,7 +311,10 @@ class EngineStats(Frame, tag="stats", frozen=True):
 NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 """All zero: a replica before its first engine, and the gauges of one whose engine is gone."""
 
-Message = Ready | RunBatch | Accepted | Result | Error | Add | Abort | Tokens | SequenceFinished | EngineStats
+Message = (
+    Ready | Unloadable | RunBatch | Accepted | Result | Error
+    | Add | Abort | Tokens | SequenceFinished | EngineStats
+)
 _DECODER: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 _ENCODER = msgspec.msgpack.Encoder()
 

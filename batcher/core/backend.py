@@ -12,6 +12,7 @@ one pass. A job's events arrive in this order, and end with exactly one of the l
 
     Started ─> Delta ─> Delta ─> ... ─> Finished (stop reason, usage)
                                  └────> Failed (error, retryable, tokens already sent)
+    Started ─> Vector ─> Finished      (an embedding model: one vector in place of the text)
 
 A job that is shed at admission gets ``Failed`` at once, from inside ``submit``. A cancelled
 job gets no further event. Events are named tuples: immutable like frozen dataclasses, and
@@ -74,6 +75,12 @@ class Delta(NamedTuple):
     tokens: int
 
 
+class Vector(NamedTuple):
+    """An embedding model's whole output: float32 values packed little-endian."""
+
+    data: bytes
+
+
 class Finished(NamedTuple):
     """The job ended normally: ``stop_reason`` is ``end_turn`` (the model stopped) or
     ``max_tokens``; the gateway's stop-sequence matcher decides ``stop_sequence`` itself."""
@@ -92,7 +99,7 @@ class Failed(NamedTuple):
     tokens_sent: int = 0
 
 
-Event = Started | Delta | Finished | Failed
+Event = Started | Delta | Vector | Finished | Failed
 OnEvent = Callable[[Event], None]
 TERMINAL_EVENTS = (Finished, Failed)
 

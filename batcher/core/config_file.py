@@ -39,12 +39,17 @@ class TierConfig:
 T = TypeVar("T", bound="DataclassInstance")
 
 
-def model_table(table: object, where: str) -> ModelConfig:
-    """A model table, built and checked by the class of its ``mode``."""
+def model_table(table: object, where: str, base: str = ".") -> ModelConfig:
+    """A model table, built and checked by the class of its ``mode``, its paths relative to the
+    configuration file resolved against ``base`` (:meth:`ModelConfig.located`)."""
     mode = table.get("mode", "fixed") if isinstance(table, dict) else None
-    if isinstance(mode, str) and mode in MODES:
-        return build_table(config_class(mode), table, where)
-    raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"{where}.mode: expected one of {sorted(MODES)}, got {mode!r}")
+    model = build_table(config_class(mode), table, where)
+    try:
+        return model.located(base)
+    except ValueError as exc:
+        raise ValueError(f"{where}.{exc}") from None
 
 
 def build_table(cls: type[T], table: object, where: str) -> T:

@@ -14,6 +14,7 @@ is the fleet's half: a fleet whose workers crash on every call is not ready for 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
@@ -21,9 +22,13 @@ import trio
 
 from batcher.core.config import PoolConfig
 from batcher.core.counters import Counters
-from workers.protocol import ProtocolError, WorkerLost
+from workers.protocol import ModelUnloadable, ProtocolError, WorkerLost
 
 log = logging.getLogger("ferry.pool")
+
+SHUTDOWN_GRACE = 2.0
+"""Seconds an idle worker of a fleet that is stopping gets, after the end of its input, to close
+its model and exit before it is killed; one in a call, or one that failed, is killed at once."""
 
 
 class Process(Protocol):
@@ -38,8 +43,9 @@ class Process(Protocol):
     async def wait_exit(self) -> None:
         """Return once the worker has exited (crashed, killed, or stopped)."""
 
-    async def stop(self) -> None:
-        """Kill the worker and reap it; safe to call more than once, or before start."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Kill the worker and reap it; safe to call more than once, or before start. ``grace``:
+        first give it that long to exit on its own (its model's ``close()``), as at shutdown."""
 
 
 class WorkerStartError(Exception):
@@ -53,6 +59,16 @@ class _SlotStartError(Exception):
 
 def _nothing() -> None:
     pass
+
+
+def _busy() -> bool:
+    return False
+
+
+def _why(exc: BaseException) -> str:
+    """Why a worker did not start: the model's own exception (type and message) when it could
+    not be built, else what supervision saw."""
+    return f"could not build its model: {exc}" if isinstance(exc, ModelUnloadable) else repr(exc)
 
 
 W = TypeVar("W", bound=Process)
@@ -75,6 +91,7 @@ class Supervisor(Generic[W]):
         serve: Callable[[W], Awaitable[bool]],
         on_exit: Callable[[], None] = _nothing,
         on_down: Callable[[], None] = _nothing,
+        idle: Callable[[], bool] = _busy,
     ) -> None:
         self.index = index
         self.worker: W | None = None
@@ -87,6 +104,7 @@ class Supervisor(Generic[W]):
         self._serve = serve
         self._on_exit = on_exit
         self._on_down = on_down
+        self._idle = idle  # at shutdown, an idle worker gets SHUTDOWN_GRACE to close its model
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the first worker (raise if it cannot: :func:`start_slots` reports it), report
@@ -103,7 +121,7 @@ class Supervisor(Generic[W]):
                 with trio.CancelScope(shield=True):
                     await worker.stop()
                 if first:
-                    raise _SlotStartError(f"worker {self.index}: {exc!r}") from exc
+                    raise _SlotStartError(f"worker {self.index}: {_why(exc)}") from exc
                 log.warning("worker %d failed to restart (%r); next try in %.1fs", self.index, exc, backoff)
             except BaseException:  # cancelled while starting (shutdown): leave no process behind
                 with trio.CancelScope(shield=True):
@@ -131,9 +149,11 @@ class Supervisor(Generic[W]):
             return served
         finally:
             self.up = False
+            shutting_down = trio.current_effective_deadline() == -math.inf  # cancelled from outside
+            closing = shutting_down and self._idle()  # one in a call (hung, say) is killed at once
             self._on_down()
             with trio.CancelScope(shield=True):
-                await worker.stop()
+                await worker.stop(SHUTDOWN_GRACE if closing else 0.0)
 
     async def _watch(self, worker: W) -> None:
         await worker.wait_exit()

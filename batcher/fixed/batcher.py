@@ -41,10 +41,11 @@ from batcher.core.backend import (
     Started,
     Status,
     Usage,
+    Vector,
     WorkerStatus,
     not_ready_reason,
 )
-from batcher.core.config import PoolConfig, QueueConfig
+from batcher.core.config import TEXT, Outputs, PoolConfig, QueueConfig
 from batcher.core.errors import Expired, Overloaded
 from batcher.core.tier_queue import TierQueues
 from batcher.fixed.counters import BatchCounters
@@ -111,14 +112,19 @@ class Batcher:
         return request
 
     def _emit(self, on_event: OnEvent, input_tokens: int, request: Request) -> None:
-        """A request's end as events: a finished one's whole output is one delta."""
+        """A request's end as events: a finished one's whole output is one delta (one vector,
+        worth no output tokens, from an embedding model)."""
         if request.state is RequestState.DONE:
             output = request.output or ""
-            tokens = self._tokens(output)
             assert request.dispatched_at is not None, "a done request was dispatched"
             on_event(Started(request.dispatched_at - request.arrival))
-            if output:
-                on_event(Delta(output, tokens))
+            if isinstance(output, bytes):
+                tokens = 0
+                on_event(Vector(output))
+            else:
+                tokens = self._tokens(output)
+                if output:
+                    on_event(Delta(output, tokens))
             on_event(Finished("end_turn", Usage(prompt_tokens=input_tokens, cached_tokens=0,
                                                 output_tokens=tokens)))
         elif request.state is RequestState.FAILED:
@@ -216,7 +222,7 @@ class Batcher:
         self._arrivals = arrivals
         self._wakeup.set()
 
-    async def answer(self, input: str, tier: str | None = None, timeout: float | None = None) -> str:
+    async def answer(self, input: str, tier: str | None = None, timeout: float | None = None) -> str | bytes:
         """Run one input through a batch and return its output.
 
         Raises :class:`~batcher.core.errors.Overloaded` if no worker took it before ``timeout``
@@ -313,10 +319,12 @@ async def open_batcher(
     queue: QueueConfig = QueueConfig(),
     counters: BatchCounters | None = None,
     tokens: Callable[[str], int] = utf8_tokens,
+    outputs: Outputs = TEXT,
 ) -> AsyncIterator[Batcher]:
     """Start a pool of workers and a batcher in front of it; stop both on exit.
 
-    ``tokens`` counts an output's tokens (the model's tokenizer).
+    ``tokens`` counts an output's tokens (the model's tokenizer); ``outputs`` says what every
+    answer must be (texts, or vectors of a length).
 
     >>> spawn = process_workers(["sleep"], 8, kind=ProcessWorker)
     >>> async with open_batcher(spawn, PoolConfig(workers=8)) as batcher:
@@ -324,7 +332,7 @@ async def open_batcher(
     'olleh'
     """
     async with trio.open_nursery() as nursery:
-        workers = WorkerPool(pool, spawn, counters)
+        workers = WorkerPool(pool, spawn, counters, outputs)
         observe = getattr(policy, "observe", None)
         if observe is not None:  # a policy that learns from calls (AIMD) hears every answer
             workers.on_answer = observe

@@ -39,7 +39,8 @@ _COUNTERS = (
 def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokenizer: Tokenizer
                ) -> AbstractAsyncContextManager[Backend[Request]]:
     """A batcher over the model's pool, pricing each prompt with the model's tokenizer."""
-    return open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count)
+    return open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count,
+                        outputs=model.outputs)
 
 
 def batch_families(backends: Sequence[Exported[BatchCounters]]) -> Iterator[Metric]:
@@ -59,5 +60,5 @@ def batch_families(backends: Sequence[Exported[BatchCounters]]) -> Iterator[Metr
     yield sizes
 
 
-MODE = Mode(argv=operator.attrgetter("worker"), process=ProcessWorker, open=open_fixed,
+MODE = Mode(argv=operator.attrgetter("argv"), process=ProcessWorker, open=open_fixed,
             families=batch_families)

@@ -19,17 +19,17 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import trio
 
-from batcher.core.config import PoolConfig
+from batcher.core.config import TEXT, Outputs, PoolConfig
 from batcher.core.errors import RequestFailed, WorkersFailed
 from batcher.core.supervisor import Readiness, Supervisor, start_slots
 from batcher.fixed.counters import BatchCounters
 from batcher.fixed.request import Batch, Request, RequestState
 from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
-from workers.protocol import Error, NotDelivered, ProtocolError, RunBatch, WorkerLost
+from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, WorkerLost
 
 log = logging.getLogger("ferry.pool")
 
@@ -39,9 +39,26 @@ MAX_STRETCH = 8.0
 """However slow the fleet, a call that runs past this many hang_timeouts is hung."""
 
 
+def wrong_outputs(reply: Result, expected: Outputs) -> str:
+    """Why a reply's outputs are not what the model answers with (empty if they are): vectors
+    from a text model, texts from an embedding model, or a vector of the wrong length."""
+    if expected.kind == "text":
+        return "the model returned vectors, not texts" if reply.vectors else ""
+    if reply.outputs:
+        return "the model returned texts, not vectors"
+    size = 4 * expected.dimensions
+    wrong = next((len(vector) for vector in reply.vectors if len(vector) != size), None)
+    if wrong is None:
+        return ""
+    return f"the model returned a vector of {wrong / 4:g} values, not {expected.dimensions}"
+
+
 class WorkerPool:
-    def __init__(self, config: PoolConfig, spawn: Spawn, counters: BatchCounters | None = None) -> None:
+    def __init__(self, config: PoolConfig, spawn: Spawn, counters: BatchCounters | None = None,
+                 outputs: Outputs = TEXT) -> None:
         self.config = config
+        self.outputs = outputs
+        """What every answer must be (a reply of another kind fails its call)."""
         self.counters = counters if counters is not None else BatchCounters()
         self.on_idle: Callable[[], None] = lambda: None
         """Called when a worker frees up with no retry to take: the batcher's wake-up."""
@@ -54,6 +71,7 @@ class WorkerPool:
             slot.supervisor = Supervisor(
                 slot.index, spawn, config, self.counters, functools.partial(self._serve, slot),
                 on_exit=functools.partial(self._exited, slot), on_down=functools.partial(self._down, slot),
+                idle=functools.partial(self._is_idle, slot),
             )
         self._idle: list[Slot] = []  # by slot index: the lowest idle GPU takes the next batch
         self._retry: deque[Batch] = deque()
@@ -183,15 +201,18 @@ class WorkerPool:
                 log.warning("worker %d: the model raised %s on batch %d of %d inputs",
                             slot.index, kind, batch.id, len(requests))
                 self._failed(batch, slot, f"the model raised {kind}")
-            elif len(reply.outputs) != len(requests):
+            elif len(reply.answers) != len(requests):
                 self._failed(
-                    batch, slot, f"the model returned {len(reply.outputs)} outputs for {len(requests)} inputs"
+                    batch, slot, f"the model returned {len(reply.answers)} outputs for {len(requests)} inputs"
                 )
+            elif wrong := wrong_outputs(reply, self.outputs):
+                self._failed(batch, slot, wrong)
             else:
                 answered = True
                 now = trio.current_time()
                 self._answered(len(requests), now - started)
-                for request, output in zip(requests, reply.outputs, strict=False):
+                answers: Sequence[str | bytes] = reply.answers  # texts, or packed vectors
+                for request, output in zip(requests, answers, strict=False):
                     request.finish(output, now)
         return answered
 
@@ -307,6 +328,10 @@ class WorkerPool:
             log.warning("worker %d (pid %s) died while idle; restarting it", slot.index, worker.pid)
             self._down(slot)
             slot.idle_scope.cancel()
+
+    @staticmethod
+    def _is_idle(slot: Slot) -> bool:
+        return slot.state is SlotState.IDLE
 
     def _down(self, slot: Slot) -> None:
         """The slot has no worker until its supervisor starts another: it takes no work."""

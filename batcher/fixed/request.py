@@ -43,7 +43,7 @@ class Request:
     deadline: float  # latest dispatch time (else Overloaded); plus one hang_timeout, latest answer
     on_done: Callable[[Request], None]
     state: RequestState = RequestState.QUEUED
-    output: str | None = None
+    output: str | bytes | None = None  # a text, or an embedding's packed float32 vector
     error: FerryError | None = None
     dispatched_at: float | None = None
     finished_at: float | None = None
@@ -52,7 +52,7 @@ class Request:
     def done(self) -> bool:
         return self.state in TERMINAL
 
-    def finish(self, output: str, now: float) -> None:
+    def finish(self, output: str | bytes, now: float) -> None:
         """Deliver the output, unless the caller has already gone (then it is dropped)."""
         if self.state is RequestState.DISPATCHED:
             self.output = output
@@ -67,7 +67,7 @@ class Request:
         if not self.done:
             self._end(RequestState.CANCELLED, now)
 
-    def result(self) -> str:
+    def result(self) -> str | bytes:
         """The output, or the request's error raised; only valid once the request is done."""
         if self.state is RequestState.DONE:
             assert self.output is not None, "a done request has its output"

@@ -24,8 +24,10 @@ from workers.protocol import (
     MAX_FRAME_BYTES,
     FrameDecoder,
     Message,
+    ModelUnloadable,
     ProtocolError,
     Ready,
+    Unloadable,
     WorkerLost,
 )
 
@@ -61,6 +63,8 @@ class PipeProcess:
     async def start(self) -> None:
         await self._launch()
         ready = await self._receive()
+        if isinstance(ready, Unloadable):
+            raise ModelUnloadable(ready.message)
         if not isinstance(ready, Ready):
             raise ProtocolError(f"expected ready as the first frame, got {ready.kind}")
         self.model = ready.model
@@ -82,10 +86,14 @@ class PipeProcess:
         assert self._process is not None, "wait_exit before start"
         await self._process.wait()
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 0.0) -> None:
         process = self._process
         if process is None:
             return
+        if grace and process.returncode is None and process.stdin is not None:
+            await process.stdin.aclose()  # its end of input: the worker closes its model and exits
+            with trio.move_on_after(grace):
+                await process.wait()
         if process.returncode is None:
             process.kill()
         await process.wait()

@@ -237,7 +237,7 @@ class RayHosted(PipeProcess):
         except ray.exceptions.RayError:  # the actor, or its node, died
             return None
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 0.0) -> None:
         self._stopped = True
         if self._actor is not None:
             import ray

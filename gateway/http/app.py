@@ -31,6 +31,7 @@ from gateway.accounting.limiter import Limiter, open_limiter
 from gateway.accounting.usage import UsageLog
 from gateway.bridge import Bridge, Handle
 from gateway.config import FerryConfig
+from gateway.http import rows
 from gateway.http.access_log import ENTRY, access_log
 from gateway.http.connections import key_before_body, read_body
 from gateway.http.request_id import (
@@ -49,7 +50,7 @@ from gateway.text.safety import Blocklist, SafetyCheck
 from gateway.tracing import Tracing, mark
 from gateway.wire import anthropic, api, openai
 from gateway.wire.anthropic import Messages
-from gateway.wire.codec import Call, Codec, Head
+from gateway.wire.codec import Call, Codec, Head, LimitHeaders
 from gateway.wire.errors import error_middleware, speaks_anthropic
 
 log = logging.getLogger("ferry.gateway")
@@ -95,19 +96,28 @@ class Gateway:
     async def admit(
         self, request: web.Request, codec: Codec, entry: Entry, model: ServedModel, job: Job
     ) -> Handle:
+        """A request of one job passes to the core (:meth:`admit_each`)."""
+        return (await self.admit_each(request, codec.limit_headers, entry, model, [job]))[0]
+
+    async def admit_each(
+        self, request: web.Request, limit_headers: LimitHeaders | None, entry: Entry, model: ServedModel,
+        jobs: list[Job],
+    ) -> list[Handle]:
         """The one place a checked request passes to the core: charge its key (429), then queue
-        it; the core sheds it at once (529) if its tier's wait budget cannot be met. The answer,
-        whichever, shows the key's limits in the route's rate-limit headers."""
+        its jobs (a request of many inputs has one each: gateway/http/rows.py); the core sheds
+        each at once (529) if its tier's wait budget cannot be met. The answer, whichever, shows
+        the key's limits in the route's rate-limit headers (``limit_headers``: none, a route
+        that has none)."""
         try:
             await self.ledger.charge(entry)
         finally:
             limits = entry.limits
-            if not limits.unlimited:
+            if limit_headers is not None and not limits.unlimited:
                 plan = (limits.tokens_per_minute, limits.requests_per_minute)
-                request[LIMIT_HEADERS] = codec.limit_headers(plan, entry.limit_levels)
-        handle = self.bridge.submit(model.name, job)  # the tier's budget is its deadline
+                request[LIMIT_HEADERS] = limit_headers(plan, entry.limit_levels)
+        handles = [self.bridge.submit(model.name, job) for job in jobs]  # the tier's budget is its deadline
         mark(request, "admitted")
-        return handle
+        return handles
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, Messages)
@@ -126,6 +136,8 @@ class Gateway:
         codec = route.parse(body)
         call = codec.call
         model = self.catalog.resolve(call.model, call.session or principal.key_id)
+        if (kind := model.config.outputs.kind) != "text":
+            raise api.InvalidRequest(f"model: {model.name} answers with {kind}s, not text (docs/http-api.md)")
         prompt, prompt_tokens = self._prompt(call, model)
         if rule := self.safety.screen_input(prompt):
             self.metrics.safety_blocks.labels(model.name, "input").inc()
@@ -452,4 +464,5 @@ def make_app(config: FerryConfig, bridge: Bridge, tracer: object = None) -> web.
     app.router.add_get("/v1/models/{model_id}", gateway.model)
     app.router.add_get("/healthz", gateway.healthz)
     app.router.add_get("/readyz", gateway.readyz)
+    rows.add_routes(app, gateway, expect)  # /v1/embeddings and the Open Inference Protocol
     return app

@@ -31,11 +31,13 @@ _COUNT = itertools.count(1)
 _PROCESS = f"{secrets.token_hex(4)}{int(time.time()):x}_"  # this process's (never its pid: answers show it)
 
 
-def request_id(request: web.Request) -> str:
-    """The request's id, given at first asking: its route's prefix, this process, a count."""
+def request_id(request: web.Request, prefix: str | None = None) -> str:
+    """The request's id, given at first asking: its route's prefix (``prefix``, else the one of
+    its path), this process, a count."""
     found = request.get(REQUEST_ID)
     if found is None:
-        found = request[REQUEST_ID] = f"{PREFIXES.get(request.path, 'req_')}{_PROCESS}{next(_COUNT)}"
+        prefix = PREFIXES.get(request.path, "req_") if prefix is None else prefix
+        found = request[REQUEST_ID] = f"{prefix}{_PROCESS}{next(_COUNT)}"
         client = request.headers.get("X-Request-Id", "")
         if _WELL_FORMED.fullmatch(client):
             request[CLIENT_ID] = client

@@ -21,6 +21,7 @@ import codecs
 import functools
 import os
 
+from batcher.core.config import installed_path
 from batcher.core.tokenizer import Tokenizer
 
 REPLACEMENT = "\ufffd"  # what a decoder shows for bytes that are not (yet) a whole character
@@ -84,6 +85,8 @@ class HuggingFaceTokenizer:
         self.name = path
         self._vocabulary = Vocabulary.from_file(file)
         self.vocab_size = self._vocabulary.get_vocab_size(with_added_tokens=True)
+        self._vocabulary.no_truncation()  # a file may set them for training (MiniLM's: 128 tokens):
+        self._vocabulary.no_padding()  # a count is the whole text's, an encoding the text's alone
 
     def count(self, text: str) -> int:
         return len(self.encode(text))
@@ -153,8 +156,9 @@ class IdDetokenizer:
 def make_tokenizer(spec: str) -> Tokenizer:
     """The one registry: the tokenizer a model's config names, loaded once per process.
 
-    ``"bytes"``, or a path to a ``tokenizer.json`` or to a model directory holding one.
+    ``"bytes"``, or a path to a ``tokenizer.json`` or to a model directory holding one (``package:``
+    paths inside an installed package: :func:`batcher.core.config.installed_path`).
     """
     if spec == ByteTokenizer.name:
         return ByteTokenizer()
-    return HuggingFaceTokenizer(os.path.expanduser(spec))
+    return HuggingFaceTokenizer(installed_path(spec))

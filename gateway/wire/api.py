@@ -206,6 +206,28 @@ def at_most(count: int, limit: int, where: str, what: str) -> None:
         raise InvalidRequest(f"{where}: at most {limit:,} {what}, got {count:,}")
 
 
+def required(table: dict[str, Any], name: str, where: str = "") -> Any:
+    """``table[name]``, or :class:`InvalidRequest` naming the missing field."""
+    if name not in table:
+        raise InvalidRequest(f"{where + '.' if where else ''}{name}: field required")
+    return table[name]
+
+
+def checked_text(value: object, where: str) -> str:
+    """A string that is valid Unicode, or :class:`InvalidRequest` naming ``where``."""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{where}: expected a string, got {json_type(value)}")
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # JSON allows a lone surrogate ("\ud800"); UTF-8 does not
+        raise InvalidRequest(f"{where}: expected valid Unicode text, got a lone surrogate") from None
+    return value
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def json_type(value: object) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")

@@ -90,6 +90,13 @@ class LimitHeaders(Protocol):
         seconds the resets are dated from, the clock's if None)."""
 
 
+class ErrorShape(Protocol):
+    """What a route's errors are written with: every codec's, and the error middleware's."""
+
+    error_response: ErrorResponse
+    error_reply: ErrorReply
+
+
 class Codec(Protocol):
     """One route's wire format, as one parsed request. Its class attributes and static methods
     (``error_response = staticmethod(...)``) are declared as attributes: what a type checker

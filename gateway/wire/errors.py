@@ -15,15 +15,17 @@ import logging
 
 from aiohttp import web
 
-from gateway.wire import api, openai
+from gateway.wire import api, oip, openai
 from gateway.wire.anthropic import Messages
-from gateway.wire.codec import Codec
+from gateway.wire.codec import ErrorShape
+from gateway.wire.embeddings import Embeddings
 
 log = logging.getLogger("ferry.gateway")
 
-OPENAI_ROUTES: dict[str, type[Codec]] = {
+OPENAI_ROUTES: dict[str, type[ErrorShape]] = {
     "/v1/chat/completions": openai.ChatCompletions,
     "/v1/completions": openai.Completions,
+    "/v1/embeddings": Embeddings,
 }
 ANTHROPIC_VERSION = "anthropic-version"  # the header every Anthropic SDK request carries
 
@@ -32,9 +34,12 @@ def speaks_anthropic(request: web.Request) -> bool:
     return ANTHROPIC_VERSION in request.headers
 
 
-def error_shape(request: web.Request) -> type[Codec]:
-    """Whose error shape a request gets: its route's; on ``/v1/models`` OpenAI's unless the
-    client speaks Anthropic; Anthropic's everywhere else (the first API ferry served)."""
+def error_shape(request: web.Request) -> type[ErrorShape]:
+    """Whose error shape a request gets: its route's (the Open Inference Protocol's under
+    ``/v2/``); on ``/v1/models`` OpenAI's unless the client speaks Anthropic; Anthropic's
+    everywhere else (the first API ferry served)."""
+    if request.path.startswith("/v2/") or request.path == "/v2":
+        return oip.Infer
     route = OPENAI_ROUTES.get(request.path)
     if route is None and request.path.startswith("/v1/models") and not speaks_anthropic(request):
         route = openai.ChatCompletions

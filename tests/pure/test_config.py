@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import os
 import pathlib
 
 import pytest
 
 from batcher.continuous.config import converted_dir
-from batcher.core.config import PoolConfig, QueueConfig
+from batcher.core.config import Outputs, PoolConfig, QueueConfig, installed_path
 from gateway import cli
-from gateway.config import default_config, load_config, parse_config
+from gateway.config import SOURCE_ROOT, default_config, load_config, parse_config
 from tests.support.minimal_config import MINIMAL
 
 EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "ferry.toml"
@@ -30,7 +32,7 @@ def test_the_example_file_loads_with_every_field():
     acme, hobbyist = config.keys
     assert (acme.tenant, acme.tier, acme.tokens_per_minute) == ("acme", "paid", 400000)
     assert hobbyist.key is None and hobbyist.digest == hashlib.sha256(b"sk-example-hobbyist-0002").hexdigest()
-    fixed, echo, canary, smollm2 = config.models
+    fixed, echo, minilm, canary, smollm2 = config.models
     assert (fixed.name, fixed.aliases, fixed.mode, fixed.worker) == (
         "ferry-fixed@1", (), "fixed", ("sleep", "--latency-ms", "200"))
     assert (fixed.max_batch, fixed.max_wait_ms, fixed.context_window, fixed.tokenizer) == (
@@ -42,6 +44,9 @@ def test_the_example_file_loads_with_every_field():
     assert fixed.pool() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3, model="ferry-fixed@1")
     assert (echo.name, echo.workers, echo.max_wait_ms) == ("echo@1", 2, 5)
     assert (canary.name, canary.policy) == ("ferry-fixed@2", "idle_aware")
+    assert (minilm.worker, minilm.pythonpath, minilm.worker_options) == (
+        "minilm:MiniLM", (str(EXAMPLE.parent / "embeddings"),), {"threads": 1})
+    assert minilm.outputs == Outputs("embedding", 384)
     [alias] = config.aliases
     assert (alias.name, alias.weights) == ("ferry-fixed", (("ferry-fixed@1", 95), ("ferry-fixed@2", 5)))
     assert config.admin.socket == "" and config.admin_socket().endswith("/admin.sock")
@@ -55,10 +60,10 @@ def test_the_example_file_loads_with_every_field():
                                         model="smollm2-135m-instruct@1")
 
 
-def test_the_embedded_default_is_8_sleep_workers_and_smollm2_on_loopback_with_two_demo_keys():
+def test_the_embedded_default_is_8_sleep_workers_smollm2_and_minilm_on_loopback_with_two_demo_keys():
     config = default_config()
     assert config.server.host == "127.0.0.1"
-    model, smollm2 = config.models
+    model, smollm2, minilm = config.models
     assert (model.name, model.workers, model.worker) == ("ferry-fixed@1", 8, ("sleep", "--latency-ms", "200"))
     assert (model.max_batch, model.max_wait_ms) == (50, 150)
     assert (smollm2.name, smollm2.mode, smollm2.model, smollm2.workers) == (
@@ -68,6 +73,10 @@ def test_the_embedded_default_is_8_sleep_workers_and_smollm2_on_loopback_with_tw
     assert smollm2.engine_argv()[:3] == ["engine", "--model", directory]
     assert sorted(key.tier for key in config.keys) == ["free", "paid"]
     assert all(key.key for key in config.keys)
+    examples = os.path.join(SOURCE_ROOT, "examples", "embeddings")  # user code, outside ferry's packages
+    assert minilm.argv == ["model", "minilm:MiniLM", "--pythonpath", examples, "--options", '{"threads": 1}']
+    assert minilm.outputs == Outputs("embedding", 384) and minilm.workers == 2
+    assert os.path.isfile(os.path.join(installed_path(minilm.tokenizer), "tokenizer.json"))
 
 
 def test_a_minimal_file_takes_the_defaults():
@@ -108,7 +117,7 @@ def test_a_minimal_file_takes_the_defaults():
         (MINIMAL + "context_window = 0\n", "f.toml: models[0].context_window: expected 1..16777216"),
         (
             MINIMAL.replace('worker = ["echo"]', "worker = 'echo'"),
-            "f.toml: models[0].worker: expected a list",
+            "f.toml: models[0].worker: expected an import path 'module:Name'",
         ),
         (MINIMAL.replace('["echo"]', "['echo', 1]"), "f.toml: models[0].worker[1]: expected str, got 1"),
         (
@@ -179,12 +188,50 @@ def test_a_minimal_file_takes_the_defaults():
             "f.toml: admin.token_sha256: expected 64 lowercase hex digits",
         ),
         ("[admin]\ntoken = 'x'\n" + MINIMAL, "f.toml: admin: unknown field 'token'"),
+        (
+            MINIMAL.replace('["echo"]', "'my_pkg.embed'"),
+            "f.toml: models[0].worker: expected an import path 'module:Name'",
+        ),
+        (
+            MINIMAL + "pythonpath = ['src']\n",
+            "f.toml: models[0].worker: expected an import path 'module:Name' where pythonpath or",
+        ),
+        (
+            MINIMAL.replace('["echo"]', "'m:M'") + "pythonpath = ['no-such-dir']\n",
+            "f.toml: models[0].pythonpath: expected directories, got '/",
+        ),
+        (
+            MINIMAL.replace('["echo"]', "'m:M'") + "worker_options = { when = 1979-05-27 }\n",
+            "f.toml: models[0].worker_options: expected a table of strings, numbers, booleans",
+        ),
+        (MINIMAL + "kind = 'image'\n", "f.toml: models[0].kind: expected one of ['text', 'embedding']"),
+        (MINIMAL + "kind = 'embedding'\n", "f.toml: models[0].dimensions: expected 1..65536"),
+        (MINIMAL + "dimensions = 8\n", "f.toml: models[0].dimensions: expected none for a text model"),
+        (
+            MINIMAL + "tokenizer = 'package:no_such_package/model'\n",
+            "f.toml: models[0].tokenizer: expected 'bytes' or a path to a tokenizer.json",
+        ),
     ],
 )
 def test_every_mistake_names_the_file_and_the_field(text, message):
     with pytest.raises(ValueError) as caught:
         parse_config(text, "f.toml")
     assert str(caught.value).startswith(message)
+
+
+def test_a_model_of_ones_own_is_an_import_path_with_a_pythonpath_beside_the_file(tmp_path):
+    """``pythonpath`` is relative to the configuration file, wherever ferry is started from; the
+    workers get it, the target and the options on their command line (the gateway imports nothing)."""
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "ferry.toml"
+    path.write_text(MINIMAL.replace('["echo"]', '"my_pkg.embed:MiniLM"')
+                    + 'pythonpath = ["src"]\nworker_options = { dim = 384, names = ["a"] }\n'
+                    + 'kind = "embedding"\ndimensions = 384\n')
+    model = load_config(path).models[0]
+    assert model.argv == ["model", "my_pkg.embed:MiniLM", "--pythonpath", str(tmp_path / "src"),
+                          "--options", json.dumps({"dim": 384, "names": ["a"]})]
+    assert model.outputs == Outputs("embedding", 384, shortenable=False)
+    assert parse_config(MINIMAL).models[0].argv == ["echo"]  # a built-in kind's argv, as before
 
 
 def test_a_missing_file_is_an_os_error(tmp_path):

@@ -22,7 +22,7 @@ from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.router import Router
 from batcher.core.config import QueueConfig
 from batcher.sim.arrivals import poisson
-from batcher.sim.continuous import replay as llm_replay
+from batcher.sim.continuous import replay
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from batcher.sim.continuous.workload import Lengths, Workload
 from workers.engine.config import EngineConfig
@@ -32,7 +32,7 @@ from workers.engine.scheduler import Scheduler
 from workers.engine.simulated import SimulatedRunner
 from workers.protocol import Sampling
 
-ANSWERED, CHOOSE = llm_replay.Prompts.answered, Router.choose
+ANSWERED, CHOOSE = replay.Prompts.answered, Router.choose
 
 
 def _model(workers: int, blocks: int) -> ContinuousModelConfig:
@@ -79,11 +79,11 @@ def _run(monkeypatch, workload: Workload, model: ContinuousModelConfig, jump: bo
             super().__init__(*args, **kwargs)
             spawns.append(self)
 
-    monkeypatch.setattr(llm_replay.Prompts, "answered", record)
+    monkeypatch.setattr(replay.Prompts, "answered", record)
     monkeypatch.setattr(Router, "choose", route)
-    monkeypatch.setattr(llm_replay, "SimulatedEngines", Kept)
+    monkeypatch.setattr(replay, "SimulatedEngines", Kept)
     spec = EngineSpec.of(model, PRESETS["llama-70b"], eos_prob=eos)
-    run = llm_replay.replay(workload, model, QueueConfig(wait_budgets=(30.0, 30.0)), spec, seed=3, jump=jump)
+    run = replay.replay(workload, model, QueueConfig(wait_budgets=(30.0, 30.0)), spec, seed=3, jump=jump)
     return run, answers, spawns[0], routes
 
 

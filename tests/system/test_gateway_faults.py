@@ -36,14 +36,28 @@ async def offer(gateway: Gateway, count: int, rate: float, model: str = "sleepy"
         return await asyncio.gather(*(one(index) for index in range(count)))
 
 
+def stopped_in_a_call(gateway: Gateway) -> dict:
+    """A worker frozen (SIGSTOP) while a call is its: busy in a /readyz taken after it stopped, so
+    the kill that follows lands in the call, not in the moment after its answer."""
+    while True:
+        busy = gateway.wait_for(
+            lambda models: any(w["state"] == "busy" for w in models["sleepy@1"]["workers"]),
+            what="a busy worker",
+        )
+        victim = next(w for w in busy["sleepy@1"]["workers"] if w["state"] == "busy")
+        os.kill(victim["pid"], signal.SIGSTOP)
+        after = gateway.ready()["models"]["sleepy@1"]["workers"][victim["slot"]]
+        if after["pid"] == victim["pid"] and after["state"] == "busy":
+            return victim
+        os.kill(victim["pid"], signal.SIGCONT)  # it answered before it stopped: take another
+
+
 def test_a_worker_killed_under_load_fails_no_request(tmp_path):
     gateway = Gateway(tmp_path)
     try:
         async def main():
             load = asyncio.ensure_future(offer(gateway, 400, 400.0))
-            busy = await asyncio.to_thread(gateway.wait_for, lambda models: any(
-                w["state"] == "busy" for w in models["sleepy@1"]["workers"]))
-            victim = next(w for w in busy["sleepy@1"]["workers"] if w["state"] == "busy")
+            victim = await asyncio.to_thread(stopped_in_a_call, gateway)
             os.kill(victim["pid"], signal.SIGKILL)
             return victim, await load
 

@@ -142,8 +142,10 @@ def test_every_error_has_its_status_and_the_error_body(gateway, body, headers, k
 
 
 def test_routes_and_methods_outside_the_api_answer_in_the_same_shape(gateway):
-    assert gateway.request("GET", "/v2/nothing")[::2] == (404, {"type": "error", "error": {
-        "type": "not_found_error", "message": "GET /v2/nothing: not found"}})
+    assert gateway.request("GET", "/v3/nothing")[::2] == (404, {"type": "error", "error": {
+        "type": "not_found_error", "message": "GET /v3/nothing: not found"}})
+    # under /v2/, the Open Inference Protocol's own shape
+    assert gateway.request("GET", "/v2/nothing")[::2] == (404, {"error": "GET /v2/nothing: not found"})
     status, _, reply = gateway.request("GET", "/v1/messages")
     assert (status, reply["error"]["type"]) == (405, "invalid_request_error")
     assert gateway.request("GET", "/healthz", key=None)[::2] == (200, {"status": "ok"})

@@ -281,7 +281,7 @@ class TcpWorker(ProcessWorker):
     async def _lost(self) -> str:
         return "connection ended"
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 0.0) -> None:
         await self._from_worker.aclose()
 
 

@@ -155,7 +155,7 @@ class SimulatedEngine:
     async def wait_exit(self) -> None:
         await self._exited.wait()
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 0.0) -> None:
         self.kill()
         await trio.lowlevel.checkpoint()
 

@@ -109,6 +109,6 @@ class SimulatedWorker:
     async def wait_exit(self) -> None:
         await self._exited.wait()
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 0.0) -> None:
         self.stopped = True
         self._exited.set()

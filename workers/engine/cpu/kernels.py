@@ -7,7 +7,8 @@ can run, the engine computes with torch.
 What they do and why: paged attention that reads the KV blocks in place with RoPE applied as it
 loads Q and K (``paged_attention.cpp``). They take bfloat16 and float32 (docs/engine.md, "On a
 CPU"; measured in experiments/docs/engine-step.md). Compiled with the system's C++ compiler
-against the installed torch into ``build/``.
+against the installed torch into ``build/`` (an installed wheel: the user's cache,
+``~/.cache/ferry/kernels``, beside converted models).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,7 +26,9 @@ from pathlib import Path
 import torch
 
 SOURCES = Path(__file__).with_name("csrc")
-BUILD = Path(__file__).resolve().parents[3] / "build" / "kernels"
+_ROOT = Path(__file__).resolve().parents[3]  # a checkout's root, or site-packages for a wheel
+_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ferry"
+BUILD = (_ROOT / "build" if (_ROOT / "pyproject.toml").is_file() else _CACHE) / "kernels"
 FLAGS = ("-O3", "-std=c++20", "-fPIC", "-fopenmp", "-fmax-errors=5")
 ISAS = {  # torch's name for a CPU capability -> the kernels' namespace for it, and its flags
     "AVX512": ("avx512", ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma")),
