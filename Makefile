@@ -60,7 +60,10 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c "import vllm, msgspec"
 	touch $(VLLM_STAMP)
 
+# vLLM's CPU guide preloads tcmalloc and Intel's OpenMP: says which this machine has (the system's
+# tcmalloc is a package of the OS: apt-get install libtcmalloc-minimal4; workers/vllm_preload.py).
 vllm-env: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m workers.vllm_preload
 
 # ruff and mypy as pinned in the test extra; their rules are in pyproject.toml's [tool.ruff.lint]
 # and [tool.mypy] (the packages, strictly on the pure cores and the seams).
