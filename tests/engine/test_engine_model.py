@@ -308,15 +308,18 @@ def test_smollm2_answers_the_capital_of_france_through_its_chat_template(smollm2
     assert run.finished[0].reason is FinishReason.EOS
 
 
-def test_smollm2_gives_a_seeded_sampled_answer_alone_as_inside_a_full_batch(smollm2, smollm2_runner):
+def test_smollm2_with_int8_weights_for_its_decodes_answers_as_in_bfloat16(smollm2):
+    """``weights = "int8"``: the lone decodes multiply with int8 matrices (the prompt, many rows,
+    with bfloat16's), and the greedy answer is bfloat16's, token for token (the quality over a
+    prompt set: experiments/docs/engine-int8.md)."""
     tokenizer = tokenizer_of(smollm2)
-    sampled = Sampling(max_tokens=16, temperature=0.9, top_p=0.9, top_k=50, seed=77, ignore_eos=True)
-    prompt = tokenizer.encode("Once upon a time, in a town by the sea,").ids
-    texts = ["The ferry left at", "def add(a, b):", "Water boils at", "My favourite colour", "In 1969,"]
-    crowd = [tokenizer.encode(text).ids for text in texts]
-    alone, full = seeded_answers(
-        smollm2_runner, prompt, sampled, [[], crowd], max_batch_tokens=16, max_seqs=6
+    text = jinja2.Template(read_chat_template(smollm2).source).render(
+        messages=[{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
     )
-    assert alone == full
-    greedy = sampled.replace(temperature=0.0)
-    assert alone != seeded_answers(smollm2_runner, prompt, greedy, [[]])[0]
+    request = Request(tokenizer.encode(text).ids, Sampling(max_tokens=16, temperature=0.0, ignore_eos=True))
+    answers = [
+        drive(engine_over(ModelRunner(smollm2, dtype="bfloat16", device="cpu", num_blocks=64, weights=w)),
+              [request]).tokens[0]
+        for w in ("bf16", "int8")
+    ]
+    assert answers[0] == answers[1] and len(answers[0]) == 16

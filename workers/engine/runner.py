@@ -17,6 +17,7 @@ import torch
 from workers.engine.attention import CacheShape, PagedAttention, plan_attention
 from workers.engine.batch import BatchRunner, ForwardBatch
 from workers.engine.checkpoint import read_eos_token_ids
+from workers.engine.config import WEIGHTS
 from workers.engine.cpu.paged import KernelAttention
 from workers.engine.model import Attention, load_llama, placement
 from workers.engine.sampler import Sampler
@@ -30,7 +31,8 @@ class ModelRunner(BatchRunner):
     The cache has ``num_blocks`` blocks of ``block_size`` tokens; without ``num_blocks`` it
     takes ``kv_memory_gb`` (10^9 bytes; default 1) divided by the bytes a block holds.
     ``device`` defaults to CUDA where present, else the CPU. ``kernels``: ferry's CPU kernels
-    where they run (False: torch's operators everywhere).
+    where they run (False: torch's operators everywhere). ``weights``: ``"bf16"`` or ``"int8"``
+    (:func:`~workers.engine.model.load_llama`).
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class ModelRunner(BatchRunner):
         dtype: str = "float32",
         device: str | torch.device | None = None,
         kernels: bool = True,
+        weights: str = WEIGHTS[0],
     ) -> None:
         self.dtype, self.device = placement(dtype, device)
         if block_size < 1:
@@ -54,7 +57,7 @@ class ModelRunner(BatchRunner):
         if kv_memory_gb is not None and not kv_memory_gb > 0:
             raise ValueError(f"kv_memory_gb: expected > 0, got {kv_memory_gb}")
         model_dir = Path(model_dir)
-        self.model = load_llama(model_dir, self.dtype, self.device, kernels)
+        self.model = load_llama(model_dir, self.dtype, self.device, kernels, weights)
         self.config = self.model.config
         self.eos_token_ids = read_eos_token_ids(model_dir)
         self.max_model_len = self.config.max_position_embeddings
