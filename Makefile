@@ -42,11 +42,11 @@ serve: $(STAMP) bytecode kernels
 bytecode: $(STAMP)
 	$(PY) -m compileall -q batcher gateway workers experiments
 
-# The engine's decode-attention kernel for bfloat16 on AVX-512 CPUs, compiled against the installed
-# torch into build/ (quick when up to date). Where it cannot be built or run, the engine attends with
-# torch instead (workers/engine/cpu/decode_kernel.py).
+# The engine's C++ CPU kernels, one library for AVX-512 and one for AVX2, compiled against the
+# installed torch into build/ (quick when up to date). Where neither can be built or run, the engine
+# computes with torch instead (workers/engine/cpu/kernels.py).
 kernels: $(STAMP)
-	$(PY) -m workers.engine.cpu.decode_kernel
+	$(PY) -m workers.engine.cpu.kernels
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite. vLLM's virtualenv is
 # built first, so that the tests of `engine = "vllm"` (tests/system/test_vllm_engine.py) run rather than skip.
@@ -60,7 +60,10 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c "import vllm, msgspec"
 	touch $(VLLM_STAMP)
 
+# vLLM's CPU guide preloads tcmalloc and Intel's OpenMP: says which this machine has (the system's
+# tcmalloc is a package of the OS: apt-get install libtcmalloc-minimal4; workers/vllm_preload.py).
 vllm-env: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m workers.vllm_preload
 
 # ruff and mypy as pinned in the test extra; their rules are in pyproject.toml's [tool.ruff.lint]
 # and [tool.mypy] (the packages, strictly on the pure cores and the seams).

@@ -45,18 +45,29 @@ BEFORE = "before_workers"
 
 def unpack(ref: str, into: Path) -> None:
     """``ref``'s ``workers`` package, as package :data:`BEFORE` under ``into``, beside this tree's
-    ``build/`` (its compiled decode kernel: both sides load the one ``make kernels`` built, where
-    their code asks for it)."""
+    ``build/`` (each side's C++ kernels are built there, under names of their own sources)."""
     (into / "build").symlink_to(Path(__file__).resolve().parents[1] / "build", target_is_directory=True)
     archive = subprocess.run(["git", "archive", ref, "workers"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         for member in tar.getmembers():
-            if member.isfile() and member.name.endswith(".py"):
+            if member.isfile() and member.name.endswith((".py", ".cpp", ".h")):
                 text = tar.extractfile(member).read().decode()
                 path = into / BEFORE / member.name.removeprefix("workers/")
                 path.parent.mkdir(parents=True, exist_ok=True)
                 renamed = text.replace("workers.", BEFORE + ".").replace("from workers ", f"from {BEFORE} ")
-                path.write_text(renamed)
+                path.write_text(renamed if member.name.endswith(".py") else text)
+
+
+def build_kernels(package: str) -> None:
+    """Build ``package``'s C++ kernels as ``make kernels`` does, whichever module an earlier
+    commit had for it (``kernels``, or ``decode_kernel`` before there were several)."""
+    for name, call in (("kernels", "main"), ("decode_kernel", "build")):
+        try:
+            module = importlib.import_module(f"{package}.engine.cpu.{name}")
+        except ModuleNotFoundError:
+            continue
+        getattr(module, call)()
+        return
 
 
 def sampling(package: str, **fields):
@@ -101,6 +112,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         unpack(args.before, Path(tmp))
         sys.path.insert(0, tmp)
+        for package in (BEFORE, "workers"):
+            build_kernels(package)
         engines = {
             args.before: decoding_engine(BEFORE, model_dir, args.dtype, prompts),
             "this tree": decoding_engine("workers", model_dir, args.dtype, prompts),

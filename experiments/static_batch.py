@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from workers.engine.checkpoint import read_eos_token_ids
-from workers.engine.model import load_llama, placement
+from workers.engine.model import Projection, load_llama, placement
 
 
 class PaddedAttention:
@@ -39,9 +39,8 @@ class PaddedAttention:
     def __init__(self, cache: torch.Tensor, mask: torch.Tensor, start: int, rows: int, width: int) -> None:
         self.cache, self.mask, self.start, self.rows, self.width = cache, mask, start, rows, width
 
-    def __call__(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-    ) -> torch.Tensor:
+    def __call__(self, layer: int, projection: Projection, scale: float) -> torch.Tensor:
+        q, k, v = projection.rotated()
         rows, width, end = self.rows, self.width, self.start + self.width
         _, heads, head_dim = q.shape
         kv_heads = k.shape[1]

@@ -107,6 +107,10 @@ def serve_call(model: api.Model, injector: FaultInjector, call: RunBatch) -> byt
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.kind == "vllm-engine":  # before the pipes move off fds 0 and 1: they stay across an exec
+        from workers.vllm_preload import exec_with_preloads
+
+        exec_with_preloads(sys.argv[1:] if argv is None else argv)
     protocol_in, protocol_out = claim_protocol_fds()
     exit_with_parent()
     if args.kind == "engine":  # an engine is imported only by the worker that runs it

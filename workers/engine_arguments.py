@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from workers.engine.config import DEFAULTS, DTYPE, DTYPES, THREADS
+from workers.engine.config import DEFAULTS, DTYPE, DTYPES, THREADS, WEIGHTS
 from workers.engine.cost_model import PRESETS
 
 
@@ -29,6 +29,8 @@ def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
     engine.add_argument("--watermark", type=float, default=DEFAULTS.watermark,
                         help="fraction of blocks admissions leave free (default %(default)s)")
     engine.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
+    engine.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
+                        help="bf16, or int8 too for steps of few rows (bfloat16, CPU; default %(default)s)")
     engine.add_argument(
         "--sim-eos-prob", type=float, default=0.0, help="--simulated: chance a token ends its answer"
     )

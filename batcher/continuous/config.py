@@ -8,7 +8,7 @@ import math
 import os
 
 from batcher.core.config import ModelConfig, PoolConfig, require
-from workers.engine.config import DEFAULTS, DTYPE, DTYPES, THREADS
+from workers.engine.config import DEFAULTS, DTYPE, DTYPES, THREADS, WEIGHTS
 
 CONVERTED = ("smollm2-135m",)
 """Model names ``ferry serve`` converts once from an installed GGUF (workers/convert.py)."""
@@ -54,6 +54,7 @@ class ContinuousModelConfig(ModelConfig):
     dtype: str = DTYPE
     device: str = ""  # cpu or cuda (default: cuda where present)
     threads: int = THREADS  # torch CPU threads per engine
+    weights: str = WEIGHTS[0]  # ferry's engine in bfloat16 on a CPU: "int8" too, for steps of few rows
     compile: bool = False  # engine = "vllm": torch.compile the model (a slower start, faster steps)
     affinity_bound: int = 2048  # tokens: a prefix holder busier than the least loaded by more loses it
     stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
@@ -115,6 +116,10 @@ class ContinuousModelConfig(ModelConfig):
         require(self.on_engine_loss == "error" or self.engine == "ferry", "on_engine_loss",
                 "'error' unless engine = \"ferry\" (vLLM's seeded sampling cannot resume a sequence)",
                 self.on_engine_loss)
+        require(self.weights in WEIGHTS, "weights", f"one of {list(WEIGHTS)}", self.weights)
+        int8_runs = self.engine == "ferry" and self.dtype == "bfloat16" and self.device != "cuda"
+        require(self.weights == WEIGHTS[0] or (int8_runs and not self.simulated), "weights",
+                "'bf16' unless ferry's engine runs a real model in bfloat16 on a CPU", self.weights)
         require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
                  self.compile)
         self.pool()  # checks workers and max_attempts with the pool's own rules
@@ -159,6 +164,8 @@ class ContinuousModelConfig(ModelConfig):
             if self.engine == "vllm":
                 argv += ["--max-model-len", str(self.context_window)]
                 argv += ["--compile"] if self.compile else []
+            elif self.weights != WEIGHTS[0]:
+                argv += ["--weights", self.weights]
         argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),
                  "--max-seqs", str(self.max_seqs), "--model-version", self.name]
         if self.num_blocks:

@@ -58,6 +58,9 @@ def test_the_example_file_loads_with_every_field():
         "engine", "--model", converted_dir("smollm2-135m"), "--dtype", "float32", "--threads", "1",
         "--block-size", "16", "--max-batch-tokens", "512", "--max-seqs", "256",
         "--model-version", "smollm2-135m-instruct@1", "--kv-memory-gb", "0.5"]
+    table = "mode = 'continuous'\nmodel = 'smollm2-135m'\ndtype = 'bfloat16'\nweights = 'int8'"
+    int8 = parse_config(MINIMAL.replace('worker = ["echo"]', table))
+    assert int8.models[0].engine_argv()[5:9] == ["--threads", "1", "--weights", "int8"]
     assert smollm2.pool() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3,
                                         model="smollm2-135m-instruct@1")
 
@@ -136,6 +139,14 @@ def test_a_minimal_file_takes_the_defaults():
         (
             MINIMAL.replace('worker = ["echo"]', "mode = 'continuous'\nsimulated = 'llama-70b'\nthreads = 0"),
             "f.toml: models[0].threads: expected 1..1024, got 0",
+        ),
+        (
+            MINIMAL.replace('worker = ["echo"]', "mode='continuous'\nmodel='smollm2-135m'\nweights='q4'"),
+            "f.toml: models[0].weights: expected one of ['bf16', 'int8'], got 'q4'",
+        ),
+        (
+            MINIMAL.replace('worker = ["echo"]', "mode='continuous'\nmodel='smollm2-135m'\nweights='int8'"),
+            "f.toml: models[0].weights: expected 'bf16' unless ferry's engine runs a real model in bfloat16",
         ),
         (MINIMAL.replace('name = "m@1"\n', ""), "f.toml: models[0]: missing field 'name'"),
         (

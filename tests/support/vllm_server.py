@@ -1,7 +1,8 @@
 """vLLM's own OpenAI-compatible server on loopback, from the virtualenv ``make vllm-env`` builds: the
 peer that ferry's vLLM engine workers are checked against (tests/system/test_vllm_engine.py) and measured
-against (experiments/vllm_bench.py). Started on a free port, waited for until ``/health`` answers,
-stopped with SIGTERM (SIGKILL if it lingers)."""
+against (experiments/vllm_bench.py), started as vLLM's CPU guide says and as ferry's vLLM workers start
+(workers/vllm_preload.py). Started on a free port, waited for until ``/health`` answers, stopped with
+SIGTERM (SIGKILL if it lingers)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import urllib.request
 
 from tests.support.redis_server import free_port
 from tests.support.waiting import until
+from workers.vllm_preload import preload_env
 
 ROOT = pathlib.Path(__file__).parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -41,7 +43,8 @@ class VllmOpenAIServer:
                      "--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(max_batch_tokens),
                      "--max-num-seqs", "256",
                      "--enable-prefix-caching"] + (["--enforce-eager"] if eager else [])
-        self.env = {**os.environ, **VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_memory_gb)}
+        environ = {**os.environ, **VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": str(kv_memory_gb)}
+        self.env = preload_env(environ, VLLM_PYTHON.parent.parent)  # as ferry's vLLM workers start
         self.log = log
         self.process: subprocess.Popen | None = None
 

@@ -27,6 +27,7 @@ from tests.support.sse_client import message_id, stream
 from tests.support.usage_records import records
 from tests.support.vllm_server import VLLM_PYTHON, VllmOpenAIServer, vllm_installed
 from tests.support.waiting import until, until_asyncio
+from workers.vllm_preload import preloads
 
 pytestmark = pytest.mark.skipif(
     not vllm_installed(), reason="vLLM's virtualenv .venv-vllm is not built here (`make vllm-env` builds it)"
@@ -194,6 +195,19 @@ def test_metrics_show_vllms_kv_cache_prefix_cache_and_steps_under_ferrys_familie
     assert gateway.metric("ferry_engine_preemptions_total", model=MODEL) == 0
     assert gateway.metric("ferry_engine_step_tokens_count", model=MODEL) > 0
     assert gateway.metric("ferry_ttft_seconds_count", model=MODEL, tier="paid") >= 2
+
+
+def test_the_vllm_engine_runs_with_tcmalloc_and_intel_openmp_loaded_and_its_threads_bound(gateway):
+    """As vLLM's CPU guide says (workers/vllm_preload.py), wherever this machine has them."""
+    expected = preloads(VLLM_PYTHON.parent.parent)
+    if not expected:
+        pytest.skip("vLLM's virtualenv is not its CPU build (no libiomp5.so): nothing to preload")
+    pid = engine(gateway)["pid"]
+    loaded = {line.split()[-1] for line in open(f"/proc/{pid}/maps") if "/" in line}
+    assert {os.path.realpath(path) for path in expected} <= {os.path.realpath(path) for path in loaded}
+    variables = open(f"/proc/{pid}/environ").read().split("\0")
+    environ = dict(item.split("=", 1) for item in variables if "=" in item)
+    assert (environ["OMP_PROC_BIND"], environ["OMP_PLACES"]) == ("close", "cores")
 
 
 def test_a_killed_vllm_engine_ends_its_streams_with_an_error_billing_what_they_got_then_serves_again(gateway):

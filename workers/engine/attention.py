@@ -1,11 +1,12 @@
-"""Attention over the paged KV cache: write each token's K and V to its slot, then let every
-query read its own sequence's blocks, many sequences per call.
+"""Attention over the paged KV cache with torch's operators (where ferry's CPU kernel cannot run:
+CUDA, a CPU without AVX2, no compiler; :mod:`workers.engine.cpu.paged` elsewhere): write each
+token's K and V to its slot, then let every query read its own sequence's blocks.
 
 One layer's cache is ``[2, kv_heads, num_blocks, block_size, head_dim]``: a row per (K or V, KV
 head, block) is one contiguous run, so a step gathers every context with one ``index_select`` of
 whole rows. Sequences are attended in groups, one ``scaled_dot_product_attention`` call each
-(:func:`partition`); a decode group whose contexts are kept between steps and a prompt prefilled
-whole need no gather. The query heads sharing a KV head become rows of its query, no K or V copied::
+(:func:`partition`); a prompt prefilled whole needs no gather. The query heads sharing a KV head
+become rows of its query, no K or V copied::
 
     q of one sequence   [tokens, kv_heads, group, head_dim]  ->  [kv_heads, tokens * group, head_dim]
 
@@ -16,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from workers.engine.batch import ForwardBatch
+from workers.engine.model import Projection
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -42,7 +43,6 @@ class AttentionGroup:
     rows: torch.Tensor  # [n] where those tokens sit in the padded [num_seqs * max_query] layout
     reads: torch.Tensor  # [2 * num_seqs * kv_heads * max_blocks] cache rows, padded with block 0
     mask: torch.Tensor  # [num_seqs, 1, max_query * group or 1, max_blocks * block_size]: 0 or -inf
-    lengths: torch.Tensor  # [num_seqs] int64 on the CPU: each member's context (what a decode sees)
     num_seqs: int
     max_query: int
     max_blocks: int
@@ -64,18 +64,17 @@ def plan_attention(
     shape: CacheShape,
     dtype: torch.dtype,
     device: torch.device,
-    fixed: Sequence[Sequence[int]] = (),
 ) -> AttentionPlan:
-    """Lay out the indices of each group :func:`partition` forms (``fixed`` groups first, as
-    given), apart from the prompts :func:`fresh_prompts` attends alone; the masks are additive,
-    in the model's ``dtype`` (what the attention kernel adds to its scores)."""
+    """Lay out the indices of each group :func:`partition` forms, apart from the prompts
+    :func:`fresh_prompts` attends alone; the masks are additive, in the model's ``dtype`` (what
+    the attention adds to its scores)."""
     starts = [0]
     for length in batch.query_lens:
         starts.append(starts[-1] + length)
     alone = fresh_prompts(batch.query_lens, batch.context_lens)
     groups = tuple(
         _group(batch, list(members), starts, shape, dtype, device)
-        for members in partition(batch.query_lens, batch.context_lens, shape.block_size, fixed, alone)
+        for members in partition(batch.query_lens, batch.context_lens, shape.block_size, alone)
     )
     # Token slots as rows of [2 * kv_heads * slots, head_dim]: (K or V, head) major, slot minor.
     slots = torch.tensor(batch.slot_mapping, dtype=torch.long)
@@ -93,8 +92,7 @@ measured (experiments/docs/constants.md)."""
 def fresh_prompts(query_lens: list[int], context_lens: list[int]) -> list[int]:
     """The sequences (by index) attended alone: prompts prefilled whole in this step (their
     context is this step's tokens) whose causal triangle saves more than the call costs, that is
-    whose skipped upper half (``tokens**2 / 2`` query-key pairs) is more than ``GROUP_OVERHEAD``.
-    (A kept copy's decodes, ``fixed`` elsewhere, have one token each: never among them.)"""
+    whose skipped upper half (``tokens**2 / 2`` query-key pairs) is more than ``GROUP_OVERHEAD``."""
     return [
         i
         for i, (query, context) in enumerate(zip(query_lens, context_lens, strict=True))
@@ -106,13 +104,10 @@ def partition(
     query_lens: list[int],
     context_lens: list[int],
     block_size: int,
-    fixed: Sequence[Sequence[int]] = (),
     alone: Sequence[int] = (),
 ) -> list[list[int]]:
     """Sequences (by index) into attention groups, each padded to its longest query and context;
-    the ``fixed`` groups come first as they are (decode groups whose contexts are kept between
-    steps, :mod:`workers.engine.cpu.context_copy`), the sequences in ``alone`` are in none (they are
-    attended on their own, :func:`fresh_prompts`), the others are grouped as follows.
+    the sequences in ``alone`` are in none (they are attended on their own, :func:`fresh_prompts`).
 
     One group for everything would pad a 20-token context to the step's longest (800), and a
     decode's one query to the longest prefill chunk; one call per sequence would pay a call's
@@ -124,7 +119,7 @@ def partition(
         prefill chunks' tokens     3 | 200                     two more
     """
     buckets: dict[tuple[bool, int, int], list[int]] = {}
-    taken = {i for members in fixed for i in members} | set(alone)
+    taken = set(alone)
     for i, (query, context) in enumerate(zip(query_lens, context_lens, strict=False)):
         if i in taken:
             continue
@@ -135,7 +130,7 @@ def partition(
         widest = max(-(-context_lens[i] // block_size) for i in members) * block_size
         return len(members) * max(query_lens[i] for i in members) * widest
 
-    groups = [list(members) for members in fixed]
+    groups: list[list[int]] = []
     for prefill in (False, True):
         run = [members for key, members in sorted(buckets.items()) if key[0] == prefill]
         while len(run) > 1:
@@ -189,7 +184,6 @@ def _group(
         rows=torch.tensor(rows, dtype=torch.long, device=device),
         reads=(kv + heads + tables).reshape(-1).to(device),
         mask=mask.unsqueeze(1).to(device),
-        lengths=torch.tensor([batch.context_lens[i] for i in members], dtype=torch.long),
         num_seqs=len(members),
         max_query=max_query,
         max_blocks=max_blocks,
@@ -207,63 +201,26 @@ def attend(
     return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
 
 
-class DecodeAttention(Protocol):
-    """A kernel for decode groups (:mod:`workers.engine.cpu.decode_kernel`): ``query``
-    [seqs, kv_heads, group, head_dim], ``keys`` and ``values`` [seqs, kv_heads, keys, head_dim],
-    each sequence seeing its first ``lengths[s]`` keys; float32 [seqs, kv_heads, group, head_dim]."""
-
-    def __call__(
-        self,
-        query: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        lengths: torch.Tensor,
-        scale: float,
-    ) -> torch.Tensor: ...
-
-
-class ContextSource(Protocol):
-    """Where a group reads its context from instead of gathering it from the blocks (a kept
-    copy, :class:`workers.engine.cpu.context_copy.ContextCopy`)."""
-
-    def context(self, layer: int, blocks: torch.Tensor, new: torch.Tensor) -> torch.Tensor: ...
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class PagedAttention:
     """The :class:`~workers.engine.model.Attention` of one engine step: every layer's paged
-    cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]``, the step's plan, per
-    group a kept copy of its context or None (gather it from the blocks), and the kernel decode
-    groups attend with, if any (else torch's)."""
+    cache, ``[layers, 2, kv_heads, num_blocks, block_size, head_dim]``, and the step's plan."""
 
     kv_cache: torch.Tensor
     plan: AttentionPlan
-    copies: tuple[ContextSource | None, ...]
-    decode: DecodeAttention | None = None
 
-    def __call__(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        cache = self.kv_cache[layer]
-        return paged_attention(q, k, v, cache, self.plan, scale, layer, self.copies, self.decode)
+    def __call__(self, layer: int, projection: Projection, scale: float) -> torch.Tensor:
+        q, k, v = projection.rotated()
+        return paged_attention(q, k, v, self.kv_cache[layer], self.plan, scale)
 
 
 def paged_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cache: torch.Tensor,
-    plan: AttentionPlan,
-    scale: float,
-    layer: int = 0,
-    copies: tuple[ContextSource | None, ...] = (),
-    decode: DecodeAttention | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor, plan: AttentionPlan, scale: float
 ) -> torch.Tensor:
     """Write ``k``, ``v`` ([tokens, kv_heads, head_dim]) to their slots of one layer's cache,
     then attend ``q`` ([tokens, heads, head_dim]) to each sequence's context: a fresh prompt's
-    is its own ``k`` and ``v``; a group's is gathered from the blocks or read from its entry of
-    ``copies`` (layer ``layer`` of it), and a decode group attends with ``decode`` where given.
-    Returns [tokens, heads * head_dim]."""
+    is its own ``k`` and ``v``, a group's is gathered from the blocks. Returns [tokens, heads *
+    head_dim]."""
     tokens, heads, head_dim = q.shape
     s = plan.shape
     new = torch.stack((k, v)).transpose(1, 2).reshape(-1, head_dim)  # (K or V, head, token) rows
@@ -278,7 +235,7 @@ def paged_attention(
         )
         assert out is not None, "a step with fresh prompts is more than one whole group"
         out[span] = attended[0].transpose(0, 1).reshape(length, heads * head_dim)
-    for g, copy in itertools.zip_longest(plan.groups, copies):
+    for g in plan.groups:
         rows = g.num_seqs * g.max_query
         dense = g.whole or g.max_query == 1  # no padded query slot: rows are the group's tokens
         if g.whole:
@@ -292,14 +249,8 @@ def paged_attention(
             .permute(0, 2, 1, 3, 4)
             .reshape(g.num_seqs, s.kv_heads, g.max_query * s.group, head_dim)
         )
-        if copy is None:
-            context = blocks.index_select(0, g.reads).view(2, g.num_seqs, s.kv_heads, -1, head_dim)
-        else:
-            context = copy.context(layer, blocks, new)
-        if decode is not None and g.max_query == 1:
-            attended = decode(query, context[0], context[1], g.lengths, scale).to(q.dtype)
-        else:
-            attended = attend(query, context[0], context[1], g.mask, scale)
+        context = blocks.index_select(0, g.reads).view(2, g.num_seqs, s.kv_heads, -1, head_dim)
+        attended = attend(query, context[0], context[1], g.mask, scale)
         flat = (
             attended.view(g.num_seqs, s.kv_heads, g.max_query, s.group, head_dim)
             .permute(0, 2, 1, 3, 4)

@@ -6,12 +6,13 @@ match transformers' token for token; Q, K and V are one matmul, and so are the M
 up (:func:`load_llama` fuses the checkpoint's matrices at load). One forward pass takes a whole
 step, every sequence's tokens flattened into ``[tokens, hidden]``: only the attention knows where
 one sequence ends and where its K and V live, and the network takes it as an argument
-(:class:`Attention`): the engine's paged cache, or the contiguous cache of a padded static
-batch (:mod:`experiments.static_batch`), over the same weights.
+(:class:`Attention`, which applies RoPE too): the engine's paged cache, or the contiguous cache of
+a padded static batch (:mod:`experiments.static_batch`), over the same weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Protocol
 
@@ -20,17 +21,57 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.engine.checkpoint import LlamaConfig, read_config, read_tensors
-from workers.engine.cpu.packed_linear import can_pack, pack_linears
+from workers.engine.config import WEIGHTS
+from workers.engine.cpu import kernels as cpu_kernels
+from workers.engine.cpu.int8_linear import Int8Linear
+from workers.engine.cpu.packed_linear import PackedLinear, can_pack, pack_linears
+
+
+class Rope:
+    """RoPE of one forward pass: each token's position and the :class:`Rotary` tables they index
+    (what a kernel reads), and each token's cos and sin in a dtype (what torch multiplies by),
+    taken once per pass."""
+
+    __slots__ = ("_per_token", "cos", "positions", "sin")
+
+    def __init__(self, positions: torch.Tensor, rotary: Rotary) -> None:
+        self.positions, self.cos, self.sin = positions, rotary.cos, rotary.sin
+        self._per_token: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def per_token(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of each token's position, [tokens, 1, head_dim]."""
+        if dtype not in self._per_token:
+            cos, sin = self.cos[self.positions, None], self.sin[self.positions, None]
+            self._per_token[dtype] = (cos.to(dtype), sin.to(dtype))
+        return self._per_token[dtype]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Projection:
+    """One layer's Q, K and V as projected, before RoPE: ``qkv`` [tokens, (heads + 2 * kv_heads) *
+    head_dim], and what rotates them."""
+
+    qkv: torch.Tensor
+    rope: Rope
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    def rotated(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [tokens, heads, head_dim], k and v [tokens, kv_heads, head_dim], q and k rotated."""
+        heads, kv_heads = self.heads, self.kv_heads
+        qkv = self.qkv.view(-1, heads + 2 * kv_heads, self.head_dim)
+        cos, sin = self.rope.per_token(qkv.dtype)
+        qk = rotate(qkv[:, : heads + kv_heads], cos, sin)
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
 
 class Attention(Protocol):
-    """One forward pass's attention, layer by layer: store ``k`` and ``v`` ([tokens, kv_heads,
-    head_dim]) in layer ``layer``'s cache, then attend ``q`` ([tokens, heads, head_dim]) to
-    what each token may see; returns [tokens, heads * head_dim]."""
+    """One forward pass's attention, layer by layer: rotate Q and K, store K and V in layer
+    ``layer``'s cache, then attend each query to what its token may see; returns [tokens, heads *
+    head_dim]."""
 
-    def __call__(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-    ) -> torch.Tensor: ...
+    def __call__(self, layer: int, projection: Projection, scale: float) -> torch.Tensor: ...
 
 
 class RMSNorm(nn.Module):
@@ -70,10 +111,6 @@ class Rotary:
         sin = angles.sin()
         self.cos, self.sin = torch.cat((angles, angles), dim=-1).cos(), torch.cat((-sin, sin), dim=-1)
 
-    def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of each position (within :meth:`ensure`'s length), [tokens, 1, head_dim]."""
-        return self.cos[positions, None].to(dtype), self.sin[positions, None].to(dtype)
-
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE, ``x * cos + cat(-x2, x1) * sin``, with ``sin`` from :class:`Rotary`."""
@@ -93,13 +130,10 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * ffn, bias=False)
         self.down_proj = nn.Linear(ffn, hidden, bias=False)
 
-    def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: Attention, index: int
-    ) -> torch.Tensor:
-        qkv = self.qkv_proj(self.input_layernorm(h)).view(-1, self.heads + 2 * self.kv_heads, self.head_dim)
-        qk = rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)
-        q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]
-        h = h + self.o_proj(attention(index, q, k, v, self.scale))
+    def forward(self, h: torch.Tensor, rope: Rope, attention: Attention, index: int) -> torch.Tensor:
+        qkv = self.qkv_proj(self.input_layernorm(h))
+        projection = Projection(qkv, rope, self.heads, self.kv_heads, self.head_dim)
+        h = h + self.o_proj(attention(index, projection, self.scale))
         gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)
         return h + self.down_proj(F.silu(gate) * up)
 
@@ -115,14 +149,15 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.kernels: cpu_kernels.Kernels | None = None  # ferry's CPU kernels, where load_llama found them
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
         """Hidden states [tokens, hidden] before the final norm; ``attention`` stores every
         layer's K and V."""
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, h.dtype)
+        rope = Rope(positions, self.rotary)
         for index, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, attention, index)
+            h = layer(h, rope, attention, index)
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -145,35 +180,55 @@ def placement(dtype: str, device: str | torch.device | None) -> tuple[torch.dtyp
 LAYER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
-def load_llama(model_dir: Path, dtype: torch.dtype, device: torch.device) -> Llama:
+def load_llama(
+    model_dir: Path, dtype: torch.dtype, device: torch.device, kernels: bool = True, weights: str = WEIGHTS[0]
+) -> Llama:
     """The network of a Hugging Face directory, its weights fused and cast to ``dtype``; in
     bfloat16 on the CPU, each layer's matrices and the lm_head prepacked for oneDNN
-    (:mod:`workers.engine.cpu.packed_linear`)."""
+    (:mod:`workers.engine.cpu.packed_linear`). ``kernels``:
+    ferry's CPU kernels where they run here (else, or False, torch's operators). ``weights``
+    ``"int8"``: each layer's matrices also in int8, for steps of few rows
+    (:mod:`workers.engine.cpu.int8_linear`; bfloat16 on a CPU only)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights: expected one of {list(WEIGHTS)}, got {weights!r}")
+    if weights == "int8" and not can_pack(dtype, device):
+        raise ValueError("weights: 'int8' needs dtype bfloat16 on a CPU with oneDNN's bfloat16")
     config = read_config(model_dir)
-    weights: dict[str, torch.Tensor] = {}
-    for name, tensor in read_tensors(model_dir).items():
-        if not name.startswith("model.") and name != "lm_head.weight":
-            raise ValueError(f"{model_dir}: unexpected tensor {name!r} for a Llama checkpoint")
-        weights[name.removeprefix("model.")] = tensor
-    for i in range(config.num_layers):
-        prefix = f"layers.{i}."
-        attention = [weights.pop(f"{prefix}self_attn.{p}_proj.weight") for p in "qkv"]
-        mlp = [weights.pop(f"{prefix}mlp.{p}_proj.weight") for p in ("gate", "up")]
-        weights[prefix + "qkv_proj.weight"] = torch.cat(attention, dim=0)
-        weights[prefix + "gate_up_proj.weight"] = torch.cat(mlp, dim=0)
-        weights[prefix + "o_proj.weight"] = weights.pop(prefix + "self_attn.o_proj.weight")
-        weights[prefix + "down_proj.weight"] = weights.pop(prefix + "mlp.down_proj.weight")
-    weights = {name: tensor.to(device=device, dtype=dtype) for name, tensor in weights.items()}
+    tensors = _fused_tensors(model_dir, config)
+    cast = {name: tensor.to(device=device, dtype=dtype) for name, tensor in tensors.items()}
     if config.tie_word_embeddings:
-        weights["lm_head.weight"] = weights["embed_tokens.weight"]
+        cast["lm_head.weight"] = cast["embed_tokens.weight"]
     rotary = Rotary(config, device)
     with torch.device("meta"):  # no memory for weights about to be replaced by the checkpoint's
         model = Llama(config, rotary)
-    model.load_state_dict(weights, assign=True)
+    model.load_state_dict(cast, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     if can_pack(dtype, device):  # a tied lm_head's packed copy is a second copy of the embedding
         for layer in model.layers:
-            pack_linears(layer, LAYER_LINEARS)
+            pack_linears(layer, LAYER_LINEARS, Int8Linear if weights == "int8" else PackedLinear)
         pack_linears(model, ("lm_head",))
+    model.kernels = cpu_kernels.usable(dtype, device) if kernels else None
     return model.eval()
+
+
+def _fused_tensors(model_dir: Path, config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors by the model's names, Q, K and V and the MLP's gate and up
+    fused; a tied lm_head is the embedding."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in read_tensors(model_dir).items():
+        if not name.startswith("model.") and name != "lm_head.weight":
+            raise ValueError(f"{model_dir}: unexpected tensor {name!r} for a Llama checkpoint")
+        tensors[name.removeprefix("model.")] = tensor
+    for i in range(config.num_layers):
+        prefix = f"layers.{i}."
+        attention = [tensors.pop(f"{prefix}self_attn.{p}_proj.weight") for p in "qkv"]
+        mlp = [tensors.pop(f"{prefix}mlp.{p}_proj.weight") for p in ("gate", "up")]
+        tensors[prefix + "qkv_proj.weight"] = torch.cat(attention, dim=0)
+        tensors[prefix + "gate_up_proj.weight"] = torch.cat(mlp, dim=0)
+        tensors[prefix + "o_proj.weight"] = tensors.pop(prefix + "self_attn.o_proj.weight")
+        tensors[prefix + "down_proj.weight"] = tensors.pop(prefix + "mlp.down_proj.weight")
+    if config.tie_word_embeddings:
+        tensors["lm_head.weight"] = tensors["embed_tokens.weight"]
+    return tensors
+

@@ -17,13 +17,12 @@ import torch
 from workers.engine.attention import CacheShape, PagedAttention, plan_attention
 from workers.engine.batch import BatchRunner, ForwardBatch
 from workers.engine.checkpoint import read_eos_token_ids
-from workers.engine.cpu import decode_kernel
-from workers.engine.cpu.context_copy import ContextCopies
-from workers.engine.model import load_llama, placement
+from workers.engine.config import WEIGHTS
+from workers.engine.cpu.paged import KernelAttention
+from workers.engine.model import Attention, load_llama, placement
 from workers.engine.sampler import Sampler
 
 DEFAULT_KV_MEMORY_GB = 1.0
-DEFAULT_CONTEXT_COPY_GB = 0.5
 
 
 class ModelRunner(BatchRunner):
@@ -31,9 +30,9 @@ class ModelRunner(BatchRunner):
 
     The cache has ``num_blocks`` blocks of ``block_size`` tokens; without ``num_blocks`` it
     takes ``kv_memory_gb`` (10^9 bytes; default 1) divided by the bytes a block holds.
-    Decode groups keep contiguous copies of their contexts between steps, up to
-    ``context_copy_gb`` (default 0.5; 0 gathers every step; :mod:`workers.engine.cpu.context_copy`).
-    ``device`` defaults to CUDA where present, else the CPU.
+    ``device`` defaults to CUDA where present, else the CPU. ``kernels``: ferry's CPU kernels
+    where they run (False: torch's operators everywhere). ``weights``: ``"bf16"`` or ``"int8"``
+    (:func:`~workers.engine.model.load_llama`).
     """
 
     def __init__(
@@ -45,7 +44,8 @@ class ModelRunner(BatchRunner):
         kv_memory_gb: float | None = None,
         dtype: str = "float32",
         device: str | torch.device | None = None,
-        context_copy_gb: float = DEFAULT_CONTEXT_COPY_GB,
+        kernels: bool = True,
+        weights: str = WEIGHTS[0],
     ) -> None:
         self.dtype, self.device = placement(dtype, device)
         if block_size < 1:
@@ -56,10 +56,8 @@ class ModelRunner(BatchRunner):
             raise ValueError(f"num_blocks: expected >= 1, got {num_blocks}")
         if kv_memory_gb is not None and not kv_memory_gb > 0:
             raise ValueError(f"kv_memory_gb: expected > 0, got {kv_memory_gb}")
-        if not context_copy_gb >= 0:
-            raise ValueError(f"context_copy_gb: expected >= 0, got {context_copy_gb}")
         model_dir = Path(model_dir)
-        self.model = load_llama(model_dir, self.dtype, self.device)
+        self.model = load_llama(model_dir, self.dtype, self.device, kernels, weights)
         self.config = self.model.config
         self.eos_token_ids = read_eos_token_ids(model_dir)
         self.max_model_len = self.config.max_position_embeddings
@@ -84,11 +82,7 @@ class ModelRunner(BatchRunner):
             config.head_dim,
             config.num_heads // config.num_kv_heads,
         )
-        budget = int(context_copy_gb * 1e9)
-        self.copies = ContextCopies(self.cache_shape, config.num_layers, self.dtype, budget)
         self.sampler = Sampler(self.device)
-        shape = self.cache_shape
-        self.decode = decode_kernel.usable(self.dtype, self.device, shape.head_dim, shape.group)
 
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> list[int | None]:
@@ -103,17 +97,19 @@ class ModelRunner(BatchRunner):
         """Run the batch (writing its K and V to the cache) and return float32 logits
         [sampled sequences, vocab] of the last token of each sequence with a sample."""
         self._check(batch)
-        plan = plan_attention(batch, self.cache_shape, self.dtype, self.device, self.copies.continued(batch))
         self.model.rotary.ensure(max(batch.positions) + 1)
-        try:
-            hidden = self.model(
-                torch.tensor(batch.input_ids, device=self.device),
-                torch.tensor(batch.positions, device=self.device),
-                PagedAttention(self.kv_cache, plan, self.copies.plan(batch, plan), self.decode),
-            )
-        except BaseException:
-            self.copies.clear()  # some layers' copies may hold this step's tokens, others not
-            raise
+        kernels = self.model.kernels
+        attention: Attention
+        if kernels is not None:
+            attention = KernelAttention.of(batch, self.kv_cache, kernels.paged_attention)
+        else:
+            plan = plan_attention(batch, self.cache_shape, self.dtype, self.device)
+            attention = PagedAttention(self.kv_cache, plan)
+        hidden = self.model(
+            torch.tensor(batch.input_ids, device=self.device),
+            torch.tensor(batch.positions, device=self.device),
+            attention,
+        )
         ends, last = [], -1
         for length, sample in zip(batch.query_lens, batch.samples, strict=False):
             last += length

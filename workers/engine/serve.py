@@ -51,7 +51,7 @@ def load_runner(args: argparse.Namespace) -> tuple[Runner, str]:
         raise ValueError(f"--threads: expected >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    model = ModelRunner(args.model, dtype=args.dtype, device=args.device, **size)
+    model = ModelRunner(args.model, dtype=args.dtype, device=args.device, weights=args.weights, **size)
     return model, os.path.basename(os.path.normpath(args.model))
 
 

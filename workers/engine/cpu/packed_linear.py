@@ -11,6 +11,8 @@ with oneDNN able to do bfloat16; anywhere else the model keeps its ``nn.Linear``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -42,11 +44,14 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
 
 
-def pack_linears(module: nn.Module, names: tuple[str, ...]) -> None:
-    """Replace ``module``'s ``nn.Linear`` children called ``names`` by :class:`PackedLinear`
-    (the plain weight is dropped with the old layer, so memory does not double)."""
+def pack_linears(
+    module: nn.Module, names: tuple[str, ...], packed: Callable[[torch.Tensor], nn.Module] = PackedLinear
+) -> None:
+    """Replace ``module``'s ``nn.Linear`` children called ``names`` by ``packed(weight)``, a
+    :class:`PackedLinear` unless said otherwise (the plain weight is dropped with the old layer,
+    so memory does not double)."""
     for name in names:
         linear = getattr(module, name)
         if not isinstance(linear, nn.Linear) or linear.bias is not None:
             raise TypeError(f"{name}: expected an nn.Linear without bias, got {linear!r}")
-        setattr(module, name, PackedLinear(linear.weight))
+        setattr(module, name, packed(linear.weight))
