@@ -9,7 +9,7 @@ from __future__ import annotations
 import trio
 
 from batcher.continuous.pool import EnginePool
-from batcher.core.scaler import Fleet, Signals
+from batcher.core.scaler import Signals
 from batcher.core.scaling import Throughput
 
 
@@ -32,18 +32,3 @@ class ContinuousFleet:
             busy=sum(bool(r.live) for r in up),
             free_kv=sum(r.free_blocks for r in up) / total if total else 1.0,
         )
-
-    def fleet(self) -> Fleet:
-        return self.pool.fleet()
-
-    def start(self, count: int, warm: bool = False) -> None:
-        self.pool.start(count, warm)
-
-    def promote(self, count: int) -> None:
-        self.pool.promote(count)
-
-    def retire(self, count: int) -> None:
-        self.pool.retire(count)
-
-    def report(self, decision: str) -> None:
-        self.pool.report(decision)

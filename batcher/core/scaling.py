@@ -2,7 +2,7 @@
 asks the pure :class:`~batcher.core.scaler.Scaler` how many workers should serve, and does the
 :func:`~batcher.core.scaler.plan`'s steps on the version's :class:`Elastic` fleet (a mode's pool
 behind a small adapter). Each decision that moves is logged with its reason, counted in
-``Counters.scale_events`` by direction and cause, and kept for ``/readyz`` (``Elastic.report``)."""
+``Counters.scale_events`` by direction and cause, and kept for ``/readyz`` (``Staffed.report``)."""
 
 from __future__ import annotations
 
@@ -27,11 +27,8 @@ RATE_TAU = 2.0
 """Seconds over which the rate of work done is averaged (an exponential decay)."""
 
 
-class Elastic(Protocol):
-    """A version's workers as the scaler moves them (a mode's pool behind an adapter)."""
-
-    def signals(self) -> Signals:
-        """The version's signals now (:class:`~batcher.core.scaler.Signals`)."""
+class Staffed(Protocol):
+    """A mode's pool as the scaler moves its workers."""
 
     def fleet(self) -> Fleet:
         """Its workers by role."""
@@ -47,6 +44,17 @@ class Elastic(Protocol):
 
     def report(self, decision: str) -> None:
         """The last decision that moved, as ``/readyz`` shows it."""
+
+
+class Elastic(Protocol):
+    """A version as the scaler sees it: the signals it decides by, and the pool it moves."""
+
+    @property
+    def pool(self) -> Staffed:
+        """The version's pool."""
+
+    def signals(self) -> Signals:
+        """The version's signals now (:class:`~batcher.core.scaler.Signals`)."""
 
 
 class Throughput:
@@ -75,20 +83,21 @@ class Scaling:
 
     def step(self, now: float) -> Decision:
         """One decision and its steps."""
-        current = self.fleet.fleet()
+        pool = self.fleet.pool
+        current = pool.fleet()
         heading = current.serving + current.starting
         decision = self.scaler.decide(self.fleet.signals(), heading, now, current.starting)
         steps = plan(decision.serving, current, self.config.warm_workers)
-        self.fleet.promote(steps.promote)
-        self.fleet.start(steps.start)
-        self.fleet.retire(steps.retire)
-        self.fleet.start(steps.start_warm, warm=True)
+        pool.promote(steps.promote)
+        pool.start(steps.start)
+        pool.retire(steps.retire)
+        pool.start(steps.start_warm, warm=True)
         if decision.direction != "hold":
             self.counters.scale_events[(decision.direction, decision.cause)] += 1
             moved = f"{decision.direction} {heading} -> {decision.serving}"
             line = f"{moved} ({decision.cause}): {decision.reason}"
             log.info("%s: scaling %s", self.model, line)
-            self.fleet.report(line)
+            pool.report(line)
         return decision
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

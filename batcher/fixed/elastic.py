@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import trio
 
-from batcher.core.scaler import Fleet, Signals
+from batcher.core.scaler import Signals
 from batcher.core.scaling import Throughput
 from batcher.fixed.batcher import Batcher
 
@@ -31,18 +31,3 @@ class FixedFleet:
         rate = max(done, sum(load.arrivals) + refused)  # demand: what was asked, not what a full fleet did
         return Signals(load.wait(0), self.batcher.config.deadline(0), rate, per_worker,
                        queued=self.batcher.queue.count, busy=self.pool.busy_count)
-
-    def fleet(self) -> Fleet:
-        return self.pool.fleet()
-
-    def start(self, count: int, warm: bool = False) -> None:
-        self.pool.start(count, warm)
-
-    def promote(self, count: int) -> None:
-        self.pool.promote(count)
-
-    def retire(self, count: int) -> None:
-        self.pool.retire(count)
-
-    def report(self, decision: str) -> None:
-        self.pool.scaling = decision

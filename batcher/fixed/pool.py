@@ -216,6 +216,10 @@ class WorkerPool:
 
     # --- what a scaler does to the pool (batcher.core.scaling) ----------------------------------
 
+    def report(self, decision: str) -> None:
+        """The scaler's last decision that moved, for ``/readyz``."""
+        self.scaling = decision
+
     def fleet(self) -> Fleet:
         """The workers by role, as the scaler plans with them."""
         counts = {"serving": 0, "starting": 0, "warm": 0, "warming": 0, "idle": 0}
