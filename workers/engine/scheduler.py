@@ -246,7 +246,8 @@ class Scheduler:
     def postprocess(self, schedule: Schedule, tokens: list[int | None], now: float) -> dict[int, int]:
         """Record what the step computed and sampled; returns each sequence's new token by rid."""
         if schedule.run is not None:
-            return self._decoded(schedule.run, tokens, now)  # type: ignore[arg-type]  # a decode samples every one
+            # a decode run samples a token for every sequence, so no entry is None
+            return self._decoded(schedule.run, tokens, now)  # type: ignore[arg-type]
         new: dict[int, int] = {}
         ended = False
         for seq, n, token in zip(schedule.seqs, schedule.num_tokens, tokens, strict=True):
