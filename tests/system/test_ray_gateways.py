@@ -46,7 +46,6 @@ model = "smollm2-135m"
 workers = 1
 kv_memory_gb = 0.1
 max_batch_tokens = 256
-dtype = "bfloat16"
 stats_timeout_ms = 60000
 temperature = 0.0
 placement = "ray"
