@@ -52,7 +52,8 @@ from batcher.sim.fixed.workers import SimulatedWorker, constant
 from experiments.generator_gc import collector_off
 from experiments.http_load import fixed_only, process_cpu, start_gateway
 from gateway.accounting.usage import UsageRecord, read_usage
-from gateway.config import DEFAULT_TOML, default_config, parse_config
+from gateway.config import default_config, parse_config
+from gateway.embedded_default import DEFAULT_TOML
 
 KEYS = {"paid": "sk-ferry-demo-paid", "free": "sk-ferry-demo-free"}
 BUDGET = {tier.name: tier.wait_budget_ms / 1000 for tier in default_config().tiers}  # seconds

@@ -25,7 +25,7 @@ import numpy as np
 
 from experiments.common import markdown
 from experiments.http_load import start_gateway
-from gateway.config import DEFAULT_TOML
+from gateway.embedded_default import DEFAULT_TOML
 
 KEYS = {"L": "sk-fair-light-0001", "H": "sk-fair-heavy-0001", "H as L": "sk-fair-heavy-0002"}
 LIGHT = {"content": "What is the capital of France?", "max_tokens": 16}

@@ -31,7 +31,7 @@ from experiments.common import markdown
 from experiments.embeddings_bench import Server, cpu_of, free_port, started, tree
 from experiments.generator_gc import collector_off
 from experiments.http_load import fixed_only
-from gateway.config import DEFAULT_TOML
+from gateway.embedded_default import DEFAULT_TOML
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PEERS = ROOT / "experiments" / "fixed_peers"

@@ -34,7 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from batcher.sim.arrivals import poisson
 from batcher.sim.fixed.report import Latency
 from experiments.generator_gc import collector_off
-from gateway.config import DEFAULT_TOML
+from gateway.embedded_default import DEFAULT_TOML
 from gateway.http import event_loop
 
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")

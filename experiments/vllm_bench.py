@@ -42,7 +42,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from experiments.http_load import process_cpu, start_gateway
-from gateway.config import DEFAULT_TOML
+from gateway.embedded_default import DEFAULT_TOML
 from tests.support.vllm_server import VLLM_PYTHON, VllmOpenAIServer, vllm_installed
 from workers.convert import ensure_converted
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 import sentence_transformers
 
-from gateway.config import DEFAULT_TOML
+from gateway.embedded_default import DEFAULT_TOML
 from tests.support.gateway_process import CONFIG, PAID, ROOT, Gateway
 
 TEXTS = [
