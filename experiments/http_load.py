@@ -11,6 +11,11 @@ of its threads, not its workers) before and after each run, to report CPU time p
 
     .venv/bin/python experiments/http_load.py --rate 1600 --duration 30
     .venv/bin/python experiments/http_load.py --rate 1600 1800 2000 --duration 30   # a sweep
+    .venv/bin/python experiments/http_load.py --rate 1600 1900 --duration 10 --before /tmp/before --rounds 2
+
+``--before DIR`` compares two trees side by side: the gateway of ``DIR`` (an export of an earlier
+commit: ``git archive REF | tar -x -C DIR``) and this tree's, each started fresh for every round,
+alternating which goes first, against the same arrivals; each row names its tree.
 """
 
 from __future__ import annotations
@@ -146,15 +151,18 @@ def fixed_only(toml: str) -> str:
     return head + "".join(f"\n[[models]]\n{m}" for m in kept)
 
 
-def start_gateway(config: str | None) -> tuple[subprocess.Popen, str]:
-    """``ferry serve`` on a free port with ``config`` (a path), or the embedded default's fixed model."""
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def start_gateway(config: str | None, root: pathlib.Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """``ferry serve`` on a free port with ``config`` (a path), or the embedded default's fixed
+    model, running the code of the tree at ``root`` (its modules first on the path)."""
     if config is None:
         scratch = tempfile.NamedTemporaryFile("w", suffix=".toml", prefix="ferry-fixed-", delete=False)
         with scratch:
             scratch.write(fixed_only(DEFAULT_TOML))
         config = scratch.name
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--config", config]
-    root = pathlib.Path(__file__).resolve().parent.parent
     process = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, text=True)
     for line in process.stdout:  # type: ignore[union-attr]
         if "listening on http://" in line:
@@ -163,10 +171,24 @@ def start_gateway(config: str | None) -> tuple[subprocess.Popen, str]:
 
 
 async def main(args: argparse.Namespace) -> list[Run]:
+    """Every rate against one gateway; with ``--before``, ``--rounds`` rounds of both trees."""
+    if args.before is None:
+        return await against(args, ROOT)
+    trees = [(pathlib.Path(args.before).resolve(), "before"), (ROOT, "after")]
+    runs = []
+    for round_ in range(args.rounds):
+        for root, name in trees if round_ % 2 == 0 else trees[::-1]:
+            print(f"| round {round_ + 1}: {name} ({root}) |", flush=True)
+            runs += await against(args, root)
+    return runs
+
+
+async def against(args: argparse.Namespace, root: pathlib.Path) -> list[Run]:
+    """Every rate of ``args`` against the gateway at ``--url``, or one started from ``root``."""
     process = None
     url, pid = args.url, args.pid
     if url is None:
-        process, url = start_gateway(args.config)
+        process, url = start_gateway(args.config, root)
         pid = process.pid
     if aiohttp.client.URL(url).host not in LOOPBACK:
         raise SystemExit(f"--url: loopback only, got {url}")
@@ -200,6 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per rate")
     parser.add_argument("--url", help="a running gateway (loopback); default: start ferry serve here")
+    parser.add_argument("--before", help="also a gateway from this tree, alternated with this one's")
+    parser.add_argument("--rounds", type=int, default=1, help="with --before: rounds of both trees")
     parser.add_argument("--pid", type=int, help="with --url: the gateway's pid, for its CPU time")
     parser.add_argument("--config", help="without --url: the config ferry serve starts with")
     parser.add_argument("--key", default="sk-ferry-demo-paid")
@@ -209,7 +233,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--p95-ms", type=float, default=500.0, help="the latency a held rate keeps p95 under")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the runs here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.before is not None and args.url is not None:
+        parser.error("--before starts both gateways itself: no --url")
+    return args
 
 
 if __name__ == "__main__":
