@@ -45,11 +45,15 @@ def access_log(per_second: int, tracing: Tracing | None = None):
             status = CLIENT_CLOSED
             raise
         finally:
-            fields = _fields(request, status, time.monotonic() - started)
-            if tracing is not None:
-                tracing.end(request, _attributes(fields))
-            if per_second and (unlogged := throttle.admit()) is not None:
-                log.info(_line(fields, unlogged), extra={"fields": {**fields, "unlogged": unlogged}})
+            # the line's fields only for a line written or a span: past the throttle's lines in a
+            # second (most requests under load) a request costs the log one counter's step
+            unlogged = throttle.admit() if per_second else None
+            if tracing is not None or unlogged is not None:
+                fields = _fields(request, status, time.monotonic() - started)
+                if tracing is not None:
+                    tracing.end(request, _attributes(fields))
+                if unlogged is not None:
+                    log.info(_line(fields, unlogged), extra={"fields": {**fields, "unlogged": unlogged}})
             REQUEST.reset(token)
 
     return logged
