@@ -123,9 +123,7 @@ class Ledger:
         if entry.recorded:
             now = time.monotonic()
             first = now if entry.first_token_at is None else entry.first_token_at
-            answered = dataclasses.replace(entry, status=status, outcome=Outcome.COMPLETED,
-                                           output_tokens=entry.output_tokens + tokens, first_token_at=first)
-            entry.billed = _record(answered, now)
+            entry.billed = _record(entry, now, status, Outcome.COMPLETED, entry.output_tokens + tokens, first)
             self.usage.record(entry.billed)
 
     async def close(self, entry: Entry) -> None:
@@ -193,11 +191,16 @@ class Ledger:
         )
 
 
-def _record(entry: Entry, now: float) -> UsageRecord:
-    """The usage record of ``entry`` as it stands at ``now`` (time.monotonic())."""
-    ttft = None if entry.first_token_at is None else entry.first_token_at - entry.started
+def _record(entry: Entry, now: float, status: int | None = None, outcome: Outcome | None = None,
+            output_tokens: int | None = None, first_token_at: float | None = None) -> UsageRecord:
+    """The usage record of ``entry`` as it stands at ``now`` (time.monotonic()), or as it will
+    once answered with ``status``, ``outcome``, ``output_tokens`` and ``first_token_at`` (each
+    given replaces the entry's; no copy of the entry is made, once a request)."""
+    first = entry.first_token_at if first_token_at is None else first_token_at
+    ttft = None if first is None else first - entry.started
     return UsageRecord(
         entry.request_id, time.time(), entry.tenant, entry.key_id, entry.model, entry.input_tokens,
-        entry.output_tokens, ttft, now - entry.started, entry.status, entry.stop_reason, entry.outcome.value,
-        entry.cached_tokens, entry.client_request_id,
+        entry.output_tokens if output_tokens is None else output_tokens, ttft, now - entry.started,
+        entry.status if status is None else status, entry.stop_reason,
+        (entry.outcome if outcome is None else outcome).value, entry.cached_tokens, entry.client_request_id,
     )
