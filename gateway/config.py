@@ -263,7 +263,8 @@ class FerryConfig:
             tiers=tuple(tier.name for tier in self.tiers),
             wait_budgets=tuple(tier.wait_budget_ms / 1000 for tier in self.tiers),
             weights={key.tenant: key.weight for key in self.keys if key.weight != 1.0},
-            tpot_targets=tuple(tier.tpot_target_ms / 1000 for tier in self.tiers),
+            tpot_targets=tuple(tier.tpot_target_ms / 1000 for tier in self.tiers)
+            if any(tier.tpot_target_ms for tier in self.tiers) else None,
         )
 
 

@@ -9,7 +9,6 @@ import os
 
 from batcher.core.config import ModelConfig, PoolConfig, require
 from workers.engine.config import DEFAULTS, DTYPE, DTYPES, THREADS, WEIGHTS
-from workers.engine.fit import cost_fit
 
 CONVERTED = ("smollm2-135m",)
 """Model names ``ferry serve`` converts once from an installed GGUF (workers/convert.py)."""
@@ -120,10 +119,8 @@ class ContinuousModelConfig(ModelConfig):
                 self.on_engine_loss)
         if self.step_costs:
             require(self.engine == "ferry", "step_costs", "'' unless engine = \"ferry\"", self.step_costs)
-            try:
-                cost_fit.load(os.path.expanduser(self.step_costs))
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"step_costs: expected a file `ferry fit` wrote ({exc})") from None
+            require(os.path.isfile(os.path.expanduser(self.step_costs)), "step_costs",
+                    "a file `ferry fit` wrote (its engines read it at start)", self.step_costs)
         require(self.weights in WEIGHTS, "weights", f"one of {list(WEIGHTS)}", self.weights)
         int8_runs = self.engine == "ferry" and self.dtype == "bfloat16" and self.device != "cuda"
         require(self.weights == WEIGHTS[0] or (int8_runs and not self.simulated), "weights",

@@ -255,8 +255,10 @@ class Scheduler:
 
     def _may_seat(self) -> bool:
         """Whether the front of some tier's waiting could take a seat now, or have one yielded."""
-        for tier in self.waiting:
-            front = self.resumed[tier][0] if self.resumed[tier] else self.waiting[tier].front()
+        for tier, queue in self.waiting.items():
+            if queue.tenants > 1:
+                self._settle(tier)  # the shares as they stand now decide which front it is
+            front = self.resumed[tier][0] if self.resumed[tier] else queue.front()
             if front is not None and (self._has_seat(front) or who_yields(self.running, front)):
                 return True
         return False
