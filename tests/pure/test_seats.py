@@ -165,3 +165,24 @@ def test_seats_count_what_sits_and_leaves():
     seats.leave(a)
     assert (seats.seats, seats.context, seats.target()) == (1, 50, 0.0)
     assert seats.step_seconds() == COST.decode_seconds(1, 50)
+
+
+def test_a_prompt_beside_promised_decodes_advances_in_chunks_that_keep_the_step_within_the_target():
+    cost = CostModel(SMOLLM2_135M, UNBOUNDED, Overhead(step=0.010, seq=0.002, token=0.0001))
+    config = EngineConfig(block_size=4, num_blocks=4096, max_batch_tokens=512, max_seqs=64, watermark=0.0)
+    s = Scheduler(config, cost=cost)
+    for rid in range(3):
+        s.add(seq(rid, "H"))
+    step(s)  # their prompts: each samples its first token
+    s.add(seq(9, "L", prompt=2000, target=0.0))
+    chunks = []
+    while s.sequences[9].remaining > 1:
+        plan = s.schedule(0.0)
+        queries = list(plan.num_tokens)
+        contexts = [q.num_computed + n for q, n in zip(plan.seqs, queries, strict=True)]
+        assert cost.step(queries, contexts).seconds <= 0.030 + 1e-9
+        chunks.append(queries[plan.seqs.index(s.sequences[9])])
+        s.postprocess(plan, [7 if q.num_computed + n == q.num_tokens else None
+                             for q, n in zip(plan.seqs, queries, strict=True)], 0.0)
+    # 10 + 4 x 2 + 0.1 x tokens <= 30 ms: 120 tokens a step, 3 of them the decodes
+    assert chunks[0] == 117 and len(chunks) == 18

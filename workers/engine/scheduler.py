@@ -175,6 +175,8 @@ class Scheduler:
                 return Schedule(run.seqs, run.ones, [], run)
         self._run = None
         budget, seqs, counts, preempted = self.config.max_batch_tokens, [], [], []
+        if self.seats is not None:
+            budget = self.seats.step_budget(self.running, budget, self.config.block_size)
         decodes = sum(1 for seq in self.running if seq.remaining == 1)
         bs, i = self.config.block_size, 0
         while i < len(self.running) and budget > 0:

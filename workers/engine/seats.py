@@ -12,7 +12,9 @@ within the strictest target among them all::
     seats(R + s)  iff  R is empty  or  decode_seconds(|R| + 1, sum longest(R + s)) <= min target(R + s)
 
 Longest contexts make the bound hold for the sequences' whole lives: a seat given is never taken
-back because a context grew. One sequence alone always runs (no step can be shorter).
+back because a context grew. One sequence alone always runs (no step can be shorter). A prompt
+chunk beside promised decodes is cut to what keeps the step within the target, but never below
+a block's worth of tokens, so a prefill slows the decodes by that much at most and never stalls.
 
 **Who yields.** A waiting sequence that finds no seat (the target's, or ``max_seqs``) may take one
 from a running sequence, preempted by recompute (its full blocks stay cached, so its return is
@@ -69,6 +71,32 @@ class Seats:
             return True
         context = self.context + longest_context(seq, self.max_model_len)
         return self.cost.decode_seconds(self.seats + 1, context) <= target
+
+    def step_budget(self, running: Iterable[Sequence], budget: int, floor: int) -> int:
+        """The tokens a step may compute so that the running decodes' step, with one prompt chunk
+        of the rest, is priced within the running sequences' strictest target (the chunk priced
+        as a fresh prompt's), between the decodes and ``floor`` more and ``budget``: a prefill beside
+        promised decodes advances in smaller chunks rather than stall them, and never stops."""
+        target = self.target()
+        contexts = [seq.num_computed + 1 for seq in running if seq.remaining == 1]
+        if target <= 0 or not contexts:
+            return budget
+        decodes, ones = len(contexts), [1] * len(contexts)
+
+        def within(tokens: int) -> bool:
+            chunk = tokens - decodes
+            return self.cost.step([*ones, chunk], [*contexts, chunk]).seconds <= target
+
+        if within(budget):
+            return budget
+        low, high = min(budget, decodes + floor), budget  # low: always allowed
+        while low < high:
+            middle = (low + high + 1) // 2
+            if within(middle):
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     def step_seconds(self) -> float:
         """The price of a decode step of the running sequences at their longest contexts."""
