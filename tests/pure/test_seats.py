@@ -3,6 +3,8 @@ yields its seat to whom (workers/engine/seats.py)."""
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -186,3 +188,16 @@ def test_a_prompt_beside_promised_decodes_advances_in_chunks_that_keep_the_step_
                              for q, n in zip(plan.seqs, queries, strict=True)], 0.0)
     # 10 + 4 x 2 + 0.1 x tokens <= 30 ms: 120 tokens a step, 3 of them the decodes
     assert chunks[0] == 117 and len(chunks) == 18
+
+
+def test_ferry_simulate_holds_the_paid_target_with_the_engines_own_rule(tmp_path, capsys):
+    from gateway.cli import main
+
+    tpot = {}
+    for target in ("0,0", "20,0"):
+        out = tmp_path / f"{target}.json"
+        argv = ["simulate", "--mode", "continuous", "--model", "llama-8b", "--rate", "40", "--duration", "10",
+                "--workers", "1", "--quiet", "--tpot-target-ms", target, "--json", str(out)]
+        assert main(argv) == 0
+        tpot[target] = json.loads(out.read_text())["by_tier"]["paid"]["tpot"]["p95"]
+    assert tpot["0,0"] > 0.025 and tpot["20,0"] <= 0.020

@@ -75,17 +75,23 @@ class Seats:
     def step_budget(self, running: Iterable[Sequence], budget: int, floor: int) -> int:
         """The tokens a step may compute so that the running decodes' step, with one prompt chunk
         of the rest, is priced within the running sequences' strictest target (the chunk priced
-        as a fresh prompt's), between the decodes and ``floor`` more and ``budget``: a prefill beside
-        promised decodes advances in smaller chunks rather than stall them, and never stops."""
+        at the context of the first running prefill, else as a fresh prompt's), between the
+        decodes and ``floor`` more and ``budget``: a prefill beside promised decodes advances in
+        smaller chunks rather than stall them, and never stops."""
         target = self.target()
-        contexts = [seq.num_computed + 1 for seq in running if seq.remaining == 1]
+        contexts, start = [], 0
+        for seq in running:
+            if seq.remaining == 1:
+                contexts.append(seq.num_computed + 1)
+            elif not start:
+                start = seq.num_computed
         if target <= 0 or not contexts:
             return budget
         decodes, ones = len(contexts), [1] * len(contexts)
 
         def within(tokens: int) -> bool:
             chunk = tokens - decodes
-            return self.cost.step([*ones, chunk], [*contexts, chunk]).seconds <= target
+            return self.cost.step([*ones, chunk], [*contexts, start + chunk]).seconds <= target
 
         if within(budget):
             return budget
