@@ -123,7 +123,11 @@ def main(tpot_target_ms: float = 0.0) -> None:
     write(name, rows, figure, summary, f"python -m experiments.continuous_burst{option}")
 
 
-if __name__ == "__main__":
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tpot-target-ms", type=float, default=0.0, help="the paid tier's (0: none)")
-    main(parser.parse_args().tpot_target_ms)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    main(parse_args().tpot_target_ms)
