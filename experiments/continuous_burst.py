@@ -9,9 +9,16 @@ admitted before it got its first token. The claim and the figures:
 experiments/docs/continuous-overload.md.
 
     python -m experiments.continuous_burst
+    python -m experiments.continuous_burst --tpot-target-ms 50
+
+With ``--tpot-target-ms`` the paid tier promises that time per output token: the engine seats no
+more sequences than keep a decode step within it (workers/engine/seats.py), priced by the
+replica's own cost model; the results are written as ``continuous_burst_tpot``.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import numpy as np
 
@@ -55,13 +62,13 @@ def share(among: np.ndarray, which: np.ndarray) -> float:
     return float((among & which).sum()) / max(int(among.sum()), 1)
 
 
-def main() -> None:
+def main(tpot_target_ms: float = 0.0) -> None:
     tiers = {"paid": PAID_SHARE, "free": 1 - PAID_SHARE}
     fixed = Lengths("fixed", 1000, 1000), Lengths("fixed", 200, 200)
     workload = Workload.synthetic(arrivals(), tiers, *fixed, seed=7)
-    run = pool_replay(
-        workload, QueueConfig(wait_budgets=BUDGETS), cost=SMALL_70B, num_blocks=KV_BLOCKS_SMALL_70B
-    )
+    targets = (tpot_target_ms / 1000, 0.0) if tpot_target_ms else None
+    queue = QueueConfig(wait_budgets=BUDGETS, tpot_targets=targets)
+    run = pool_replay(workload, queue, cost=SMALL_70B, num_blocks=KV_BLOCKS_SMALL_70B)
     out = run.outcomes
     drain = real_drain(out, np.argsort(out.sent, kind="stable"))
     ttft, tpot = out.first - out.sent, (out.end - out.first) / np.maximum(out.tokens - 1, 1)
@@ -84,9 +91,12 @@ def main() -> None:
     paid, free = workload.tier == 0, workload.tier == 1
     done = out.outcome == FINISHED
     counts = out.counts()
+    target = f", paid TPOT target {tpot_target_ms:g} ms" if tpot_target_ms else ""
     summary = (
         f"Demand {BASE:g} -> {PEAK:g} req/s over {RAMP} s on one 70B replica (4 x A100), 40 % paid, wait "
-        f"budgets {BUDGETS[0]:g} s / {BUDGETS[1]:g} s: {len(workload):,} requests, {counts['finished']:,} "
+        f"budgets {BUDGETS[0]:g} s / {BUDGETS[1]:g} s"
+        f"{target}: "
+        f"{len(workload):,} requests, {counts['finished']:,} "
         f"finished, {counts['shed']:,} shed, {counts['expired']:,} expired. Paid TTFT p95 over the run "
         f"{np.percentile(ttft[paid & done], 95) * 1000:,.0f} ms (TPOT p95 "
         f"{np.percentile(tpot[paid & done], 95) * 1000:.0f} ms), paid shed "
@@ -108,8 +118,16 @@ def main() -> None:
     other.set_ylabel("free shed, %", color="tab:red")
     axis.legend(loc="upper left")
     axis.set_title("Demand doubles in five minutes: paid within budget, free shed")
-    write("continuous_burst", rows, figure, summary, "python -m experiments.continuous_burst")
+    option = f" --tpot-target-ms {tpot_target_ms:g}" if tpot_target_ms else ""
+    name = "continuous_burst_tpot" if tpot_target_ms else "continuous_burst"
+    write(name, rows, figure, summary, f"python -m experiments.continuous_burst{option}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tpot-target-ms", type=float, default=0.0, help="the paid tier's (0: none)")
+    return parser.parse_args()
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args().tpot_target_ms)

@@ -1,6 +1,8 @@
 """A light tenant's TTFT beside a heavy one on the embedded SmolLM2 engine, over HTTP.
 
     python -m experiments.fairness_continuous --seconds 40
+    python -m experiments.fairness_continuous --seconds 40 --tpot-target-ms 60 \
+        --step-costs experiments/step_costs/smollm2-135m-bf16-cpu.json
 
 ``ferry serve`` with the embedded default's SmolLM2 model alone (one CPU engine) and its paid
 tier, three keys: tenant L, tenant H, and a second key of tenant H. Tenant L sends one streamed
@@ -9,6 +11,10 @@ one run on one server: L alone; L beside H, which keeps ``--inflight`` long requ
 answer) in flight, resending each as it ends (after its Retry-After on a 529); and the same with
 L's requests sent with H's second key, so that they share H's FIFO (the tier before fair shares).
 Reported: L's TTFT p50/p95 and answered share in each phase, H's answered requests and tokens/s.
+With ``--tpot-target-ms`` the paid tier promises that time per output token, held by the engine
+with the step costs ``ferry fit`` measured (``--step-costs``): it seats no more sequences than
+keep a decode step within it, and a tenant under its share of the seats takes one from the
+tenant furthest over it (workers/engine/seats.py).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import pathlib
 import tempfile
 import time
@@ -27,16 +34,22 @@ from experiments.common import markdown
 from experiments.http_load import start_gateway
 from gateway.embedded_default import DEFAULT_TOML
 
+STEP_COSTS = "experiments/step_costs/smollm2-135m-bf16-cpu.json"  # ferry fit, this machine
 KEYS = {"L": "sk-fair-light-0001", "H": "sk-fair-heavy-0001", "H as L": "sk-fair-heavy-0002"}
 LIGHT = {"content": "What is the capital of France?", "max_tokens": 16}
 HEAVY = {"content": "Write a long story about a ship that crosses the sea. " * 8, "max_tokens": 256}
 
 
-def config(state: str) -> str:
-    """The embedded default's tiers and SmolLM2 model alone, with the three keys."""
+def config(state: str, tpot_target_ms: float = 0.0, step_costs: str = "") -> str:
+    """The embedded default's tiers and SmolLM2 model alone, with the three keys; the paid tier's
+    TPOT target and the model's step costs when given."""
     head, *models = DEFAULT_TOML.split("\n[[models]]\n")
     head = head.split("\n[[keys]]\n")[0]
     smollm2 = next(m for m in models if 'mode = "continuous"' in m)
+    if tpot_target_ms:
+        paid = 'name = "paid"\n'
+        head = head.replace(paid, f"{paid}tpot_target_ms = {tpot_target_ms:g}\n", 1)
+        smollm2 += f'step_costs = "{os.path.abspath(step_costs)}"\n'
     keys = "".join(f'\n[[keys]]\nkey = "{key}"\ntenant = "{name[0]}"\ntier = "paid"\n'
                    for name, key in KEYS.items())
     return f'{head}{keys}\n[[models]]\n{smollm2}\n[state]\ndir = "{state}"\n'
@@ -97,7 +110,7 @@ async def phase(url: str, seconds: float, light_key: str, inflight: int) -> dict
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="ferry-fairness-") as scratch:
         path = pathlib.Path(scratch) / "ferry.toml"
-        path.write_text(config(scratch))
+        path.write_text(config(scratch, args.tpot_target_ms, args.step_costs))
         process, url = start_gateway(str(path))
         try:
             async with aiohttp.ClientSession() as session:
@@ -112,7 +125,9 @@ async def main(args: argparse.Namespace) -> None:
         finally:
             process.terminate()
             process.wait(60)
-    print(f"\n```sh\npython -m experiments.fairness_continuous --seconds {args.seconds:g}\n```\n")
+    target = (f" --tpot-target-ms {args.tpot_target_ms:g} --step-costs {args.step_costs}"
+              if args.tpot_target_ms else "")
+    print(f"\n```sh\npython -m experiments.fairness_continuous --seconds {args.seconds:g}{target}\n```\n")
     print(markdown(rows))
 
 
@@ -120,6 +135,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=40.0, help="seconds of each phase")
     parser.add_argument("--inflight", type=int, default=24, help="H's requests in flight")
+    parser.add_argument("--tpot-target-ms", type=float, default=0.0, help="the paid tier's (0: none)")
+    parser.add_argument("--step-costs", default=STEP_COSTS, help="`ferry fit`'s file for the target")
     return parser.parse_args()
 
 

@@ -235,6 +235,12 @@ class FerryConfig:
                 if name in seen:
                     raise ValueError(f"models[{index}]: {name!r} already names model {seen[name]!r}")
                 seen[name] = model.name
+        if any(tier.tpot_target_ms for tier in self.tiers):
+            for index, model in enumerate(self.models):
+                try:
+                    model.check_tpot_targets()
+                except ValueError as exc:
+                    raise ValueError(f"models[{index}].{exc}") from None
         versions = [model.name for model in self.models]
         for alias in self.aliases:
             require(alias.name not in seen, f"aliases.{alias.name}", "a name no model uses", alias.name)
@@ -257,6 +263,8 @@ class FerryConfig:
             tiers=tuple(tier.name for tier in self.tiers),
             wait_budgets=tuple(tier.wait_budget_ms / 1000 for tier in self.tiers),
             weights={key.tenant: key.weight for key in self.keys if key.weight != 1.0},
+            tpot_targets=tuple(tier.tpot_target_ms / 1000 for tier in self.tiers)
+            if any(tier.tpot_target_ms for tier in self.tiers) else None,
         )
 
 

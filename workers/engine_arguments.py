@@ -32,6 +32,11 @@ def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
     engine.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
                         help="bf16, or int8 too for steps of few rows (bfloat16, CPU; default %(default)s)")
     engine.add_argument(
+        "--step-costs", metavar="FILE", default=None,
+        help="step costs `ferry fit` wrote: the prices that hold the tiers' TPOT targets "
+             "(default: a simulated engine's preset; a model without them holds no target)",
+    )
+    engine.add_argument(
         "--sim-eos-prob", type=float, default=0.0, help="--simulated: chance a token ends its answer"
     )
     engine.add_argument(

@@ -244,16 +244,18 @@ class Add(Frame, tag="add", frozen=True):
     logit_bias: list[tuple[int, float]] = []
     weight: float = 1.0  # its tenant's weight within its tier (workers.shares)
     output_tokens: list[int] = []  # what it generated on an engine that died: it resumes after them
+    tpot_target: float = 0.0  # seconds per output token its tier promises; 0: none (workers.engine.seats)
 
     @classmethod
     def of(cls, rid: int, prompt_tokens: list[int], tier: int, tenant: str, sampling: Sampling,
-           weight: float = 1.0, output_tokens: list[int] | None = None) -> Add:
+           weight: float = 1.0, output_tokens: list[int] | None = None, tpot_target: float = 0.0) -> Add:
         """The frame of a sequence whose ``sampling`` names its temperature."""
         s = sampling
         assert s.temperature is not None, "the pool sends the model's default temperature"
         return cls(rid, prompt_tokens, s.max_tokens, tier, tenant, s.temperature, s.top_p, s.top_k, s.seed,
                    list(s.stop_token_ids), s.ignore_eos, s.presence_penalty, s.frequency_penalty,
-                   s.repetition_penalty, s.min_p, list(s.logit_bias), weight, output_tokens or [])
+                   s.repetition_penalty, s.min_p, list(s.logit_bias), weight, output_tokens or [],
+                   tpot_target)
 
     @property
     def sampling(self) -> Sampling:

@@ -110,9 +110,11 @@ class VllmEngine:
         return bool(self.live or self._ended)
 
     def add(self, prompt_ids: list[int], sampling: Sampling, *, tier: int = 0, tenant: str = "",
-            rid: int | None = None, weight: float = 1.0, output_ids: Sequence[int] = ()) -> int:
+            rid: int | None = None, weight: float = 1.0, output_ids: Sequence[int] = (),
+            tpot_target: float = 0.0) -> int:
         """Queue ``rid`` in vLLM; one it refuses (longer than its max_model_len) ends as too_long.
-        vLLM's own scheduler orders its queue: the tenant's ``weight`` is the gateway's to apply.
+        vLLM's own scheduler orders its queue: the tenant's ``weight`` is the gateway's to apply,
+        and it holds no ``tpot_target`` (a tier that sets one needs ferry's engine).
         A resumed sequence (``output_ids``) is refused: vLLM's seeded sampling cannot continue one
         (docs/continuous.md, "Streams that survive")."""
         if rid is None or rid in self.live or not prompt_ids or output_ids:

@@ -63,6 +63,7 @@ class ContinuousModelConfig(ModelConfig):
     temperature: float = 1.0  # of a request that names none (the Messages API's default); 0: greedy
     engine: str = "ferry"  # a name in ENGINES
     on_engine_loss: str = "error"  # a stream that showed text when its engine died: "error" or "resume"
+    step_costs: str = ""  # a file `ferry fit` wrote: the prices that hold the tiers' tpot_target_ms
 
     def __post_init__(self) -> None:
         require(bool(self.model) != bool(self.simulated), "model", "a model (or simulated), not both",
@@ -116,6 +117,10 @@ class ContinuousModelConfig(ModelConfig):
         require(self.on_engine_loss == "error" or self.engine == "ferry", "on_engine_loss",
                 "'error' unless engine = \"ferry\" (vLLM's seeded sampling cannot resume a sequence)",
                 self.on_engine_loss)
+        if self.step_costs:
+            require(self.engine == "ferry", "step_costs", "'' unless engine = \"ferry\"", self.step_costs)
+            require(os.path.isfile(os.path.expanduser(self.step_costs)), "step_costs",
+                    "a file `ferry fit` wrote (its engines read it at start)", self.step_costs)
         require(self.weights in WEIGHTS, "weights", f"one of {list(WEIGHTS)}", self.weights)
         int8_runs = self.engine == "ferry" and self.dtype == "bfloat16" and self.device != "cuda"
         require(self.weights == WEIGHTS[0] or (int8_runs and not self.simulated), "weights",
@@ -174,7 +179,16 @@ class ContinuousModelConfig(ModelConfig):
             argv += ["--kv-memory-gb", str(self.kv_memory_gb)]
         if self.device:
             argv += ["--device", self.device]
+        if self.step_costs:
+            argv += ["--step-costs", os.path.expanduser(self.step_costs)]
         return argv
+
+    def check_tpot_targets(self) -> None:
+        """Its engines hold the tiers' TPOT targets only as ferry's engine with prices for its
+        steps: its ``step_costs``, or a simulated engine's preset."""
+        require(self.engine == "ferry", "engine", "'ferry' where a tier sets tpot_target_ms", self.engine)
+        require(bool(self.simulated or self.step_costs), "step_costs",
+                "a file `ferry fit` wrote, where a tier sets tpot_target_ms", self.step_costs)
 
 
 CONFIG = ContinuousModelConfig

@@ -421,7 +421,7 @@ class EnginePool:
             weight = self.queue_config.weights.get(job.tenant, 1.0)
             resumed = list(ticket.out.ids)  # empty but for a stream resumed after its engine died
             add = Add.of(next(self._rids), list(job.prompt_tokens), ticket.tier, job.tenant, sampling, weight,
-                         resumed)
+                         resumed, self.queue_config.tpot_target(ticket.tier))
             r.start(ticket, add, blocks(len(job.prompt_tokens) + len(resumed) + 1, config.block_size), now)
 
     # --- engines coming and going -------------------------------------------------------

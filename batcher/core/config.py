@@ -34,6 +34,8 @@ class QueueConfig:
     wait_budgets: tuple[float, ...] | None = None  # seconds per tier; set: shed over-budget arrivals
     # tenant -> its weight within its tier (docs/admission.md, "Shares"); a tenant not named: 1
     weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # seconds per output token each tier is promised (0: none; docs/admission.md, "TPOT targets")
+    tpot_targets: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
@@ -49,6 +51,15 @@ class QueueConfig:
             require(all(b > 0 for b in budgets), "wait_budgets", "seconds > 0", budgets)
         for tenant, weight in self.weights.items():
             require(0 < weight < math.inf, f"weights.{tenant}", "a weight > 0", weight)
+        if self.tpot_targets is not None:
+            targets = self.tpot_targets
+            require(len(targets) == len(self.tiers), "tpot_targets", f"one per tier ({len(self.tiers)})",
+                    targets)
+            require(all(0 <= t < math.inf for t in targets), "tpot_targets", "seconds >= 0", targets)
+
+    def tpot_target(self, tier: int) -> float:
+        """Seconds per output token ``tier`` is promised; 0: none."""
+        return 0.0 if self.tpot_targets is None else self.tpot_targets[tier]
 
     def deadline(self, tier: int) -> float:
         """Seconds a request of this tier may wait for dispatch: its budget, else the timeout."""
@@ -259,6 +270,10 @@ class ModelConfig:
     def outputs(self) -> Outputs:
         """What it answers each input with (text, unless its mode says otherwise)."""
         return TEXT
+
+    def check_tpot_targets(self) -> None:
+        """ValueError if a tier's ``tpot_target_ms`` cannot be held by this model's workers (a
+        fixed-mode batch has no time per token: nothing to hold)."""
 
     def located(self, base: str) -> ModelConfig:
         """This table with the paths its mode reads relative to the configuration file resolved

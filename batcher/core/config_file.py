@@ -12,6 +12,7 @@ library; each class then checks its values itself.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,14 +27,20 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TierConfig:
-    """A tier; a queued request of it that waits past ``wait_budget_ms`` gets 529 (Overloaded)."""
+    """A tier; a queued request of it that waits past ``wait_budget_ms`` gets 529 (Overloaded).
+    ``tpot_target_ms`` is the time per output token its continuous-mode requests are promised (0:
+    none): an engine runs no more sequences together than keep its steps within it
+    (docs/admission.md, "TPOT targets")."""
 
     name: str
     wait_budget_ms: int = 1000
+    tpot_target_ms: float = 0.0
 
     def __post_init__(self) -> None:
         require(bool(self.name), "name", "a tier name", self.name)
         require(self.wait_budget_ms > 0, "wait_budget_ms", "milliseconds > 0", self.wait_budget_ms)
+        require(0 <= self.tpot_target_ms < math.inf, "tpot_target_ms", "milliseconds >= 0 (0: none)",
+                self.tpot_target_ms)
 
 
 T = TypeVar("T", bound="DataclassInstance")

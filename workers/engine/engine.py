@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 
 from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
+from workers.engine.cost_model import CostModel
 from workers.engine.interface import SequenceEnd, StepOutput
 from workers.engine.scheduler import Scheduler
 from workers.engine.sequence import Sequence
@@ -30,15 +31,17 @@ class Engine:
     :class:`~workers.engine.interface.EngineCore`."""
 
     def __init__(
-        self, runner: Runner, config: EngineConfig, clock: Callable[[], float] = time.monotonic
+        self, runner: Runner, config: EngineConfig, clock: Callable[[], float] = time.monotonic,
+        cost: CostModel | None = None,
     ) -> None:
+        """``cost`` prices this runner's steps, for the sequences' TPOT targets (None: not held)."""
         if config.block_size != runner.block_size or config.num_blocks > runner.num_blocks:
             raise ValueError(
                 f"EngineConfig: block_size {config.block_size} and num_blocks {config.num_blocks} must fit "
                 f"the runner's cache ({runner.num_blocks} blocks of {runner.block_size})"
             )
         self.runner, self.config, self.clock = runner, config, clock
-        self.scheduler = Scheduler(config, runner.eos_token_ids, runner.max_model_len)
+        self.scheduler = Scheduler(config, runner.eos_token_ids, runner.max_model_len, cost)
         self._rids = itertools.count()
         self.steps = self.computed_tokens = self.generated_tokens = 0
 
@@ -56,6 +59,7 @@ class Engine:
         rid: int | None = None,
         weight: float = 1.0,
         output_ids: Iterable[int] = (),
+        tpot_target: float = 0.0,
     ) -> int:
         """Queue a sequence; returns its rid (``rid``, or the next free number). It runs from the
         next step on; one that could never fit the cache is reported finished by that step. A
@@ -64,7 +68,7 @@ class Engine:
         if rid is None:
             rid = next(r for r in self._rids if r not in self.scheduler.sequences)
         seq = Sequence(rid, list(prompt_ids), sampling, tier=tier, tenant=tenant, arrival=self.clock(),
-                       weight=weight, output_ids=list(output_ids))
+                       weight=weight, output_ids=list(output_ids), tpot_target=tpot_target)
         self.scheduler.add(seq)
         return rid
 

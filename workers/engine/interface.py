@@ -54,11 +54,13 @@ class EngineCore(Protocol):
         rid: int | None = None,
         weight: float = 1.0,
         output_ids: Sequence[int] = (),
+        tpot_target: float = 0.0,
     ) -> int:
         """Queue a sequence (as ``rid``, or a free number); returns its rid. ValueError for one it
         refuses outright; one too long for it ends at the next step. ``weight`` is its tenant's
         within its tier, where the engine shares a tier's queue among tenants. ``output_ids``: what
-        the sequence generated on an engine that died; it continues after them."""
+        the sequence generated on an engine that died; it continues after them. ``tpot_target``:
+        the seconds per output token its tier promises (0: none), where the engine holds it."""
 
     def abort(self, rid: int) -> bool:
         """End ``rid`` at the next step (False if it holds no such sequence)."""

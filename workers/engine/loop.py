@@ -43,6 +43,7 @@ class EngineLoop:
                 self.engine.add(
                     message.prompt_tokens, message.sampling, tier=message.tier, tenant=message.tenant,
                     rid=message.rid, weight=message.weight, output_ids=message.output_tokens,
+                    tpot_target=message.tpot_target,
                 )
             except ValueError as exc:
                 raise ProtocolError(f"add {message.rid} refused: {exc}") from None

@@ -19,6 +19,14 @@ preempt shrinks to the room there is instead. A step that preempted admits nothi
 short, a new sequence would only be preempted in turn. A sequence alone in the cache that still
 cannot grow would loop forever; it ends with ``TOO_LONG`` instead, as does a prompt longer than
 the whole cache or than the model's context, on arrival.
+
+**Seats.** A waiting sequence takes a seat only while fewer than ``max_seqs`` run and, with a
+step-cost model, while the decode step of the running sequences and it stays within the
+strictest time-per-output-token target among them (:mod:`workers.engine.seats`). One that finds
+no seat may take one from a running sequence of a lower tier, or of a tenant of its own tier
+further over its share of the seats (preempted by recompute, back among the waiting of its
+tenant); else it waits, and nothing of its tier or below passes it. While the waiting can take no
+seat, the running sequences' decodes still run as one :class:`DecodeRun`.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ from typing import NamedTuple
 
 from workers.engine.block_manager import BlockManager, cdiv
 from workers.engine.config import EngineConfig
+from workers.engine.cost_model import CostModel
 from workers.engine.decode_run import DecodeRun
+from workers.engine.seats import Seats, who_yields
 from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
 from workers.shares import FairQueue
 
@@ -64,13 +74,15 @@ def _prompt(seq: Sequence) -> float:
 class Scheduler:
     """``max_model_len`` is the model's context: a sequence never holds more tokens (it ends
     with ``MAX_TOKENS`` there), and a prompt that leaves no room for one token ends ``TOO_LONG``
-    on arrival. None: no limit but the cache's."""
+    on arrival. None: no limit but the cache's. ``cost`` prices steps for the sequences' TPOT
+    targets (None: targets are not held, seats are ``max_seqs``)."""
 
     def __init__(
         self,
         config: EngineConfig,
         eos_token_ids: frozenset[int] = frozenset(),
         max_model_len: int | None = None,
+        cost: CostModel | None = None,
     ) -> None:
         self.config = config
         self.eos_token_ids = eos_token_ids
@@ -86,6 +98,7 @@ class Scheduler:
         self.finished: list[Sequence] = []  # finished since the engine last took them
         self.details: dict[int, str] = {}  # rid -> why a sequence ended the way it did, where it needs saying
         self.preemptions = 0
+        self.seats = Seats(cost, max_model_len) if cost is not None else None
         self._run: DecodeRun | None = None  # the running sequences' run of decodes, while it lasts
 
     @property
@@ -131,7 +144,7 @@ class Scheduler:
             return False
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
-        elif seq.preemptions:  # a waiting sequence that ran before waits among the resumed
+        elif seq in self.resumed[seq.tier]:  # a waiting sequence preempted for memory
             self.resumed[seq.tier].remove(seq)
         else:
             self.waiting[seq.tier].forget(seq)
@@ -142,7 +155,7 @@ class Scheduler:
         """The run of decode steps the running sequences are in, or None if the next step is not
         a pure decode of all of them (see :mod:`workers.engine.decode_run`)."""
         running = self.running
-        if self._run is not None or not running or self.num_waiting:
+        if self._run is not None or not running or (self.num_waiting and self._may_seat()):
             return self._run
         if len(running) <= self.config.max_batch_tokens and all(
             seq.output_ids and seq.remaining == 1 for seq in running  # its first token sampled
@@ -162,6 +175,8 @@ class Scheduler:
                 return Schedule(run.seqs, run.ones, [], run)
         self._run = None
         budget, seqs, counts, preempted = self.config.max_batch_tokens, [], [], []
+        if self.seats is not None:
+            budget = self.seats.step_budget(self.running, budget, self.config.block_size)
         decodes = sum(1 for seq in self.running if seq.remaining == 1)
         bs, i = self.config.block_size, 0
         while i < len(self.running) and budget > 0:
@@ -194,26 +209,34 @@ class Scheduler:
                 budget -= n
             i += 1
         if not preempted:
-            self._admit(budget, now, seqs, counts)
+            self._admit(budget, now, seqs, counts, preempted)
         return Schedule(seqs, counts, preempted)
 
-    def _admit(self, budget: int, now: float, seqs: list[Sequence], counts: list[int]) -> None:
+    def _admit(self, budget: int, now: float, seqs: list[Sequence], counts: list[int],
+               yielded: list[Sequence]) -> None:
         """Admit waiting sequences by tier, the preempted first, then by the tenants' shares,
-        while budget, blocks and the cap allow."""
+        while budget, blocks and seats allow (a seat perhaps ``yielded``: the module doc)."""
         for tier in sorted(self.waiting):
             resumed, queue = self.resumed[tier], self.waiting[tier]
             if queue.tenants > 1:
                 self._settle(tier)
-            while budget > 0 and len(self.running) < self.config.max_seqs:
+            while budget > 0:
                 seq = resumed[0] if resumed else queue.front()
                 if seq is None:
                     break
+                from_resumed = bool(resumed)
+                while not self._has_seat(seq):
+                    victim = who_yields(self.running, seq)
+                    if victim is None:
+                        return  # strict priority: nothing behind it jumps the queue
+                    budget += self._unseat(victim, now, seqs, counts)
+                    yielded.append(victim)
                 hits = self.blocks.lookup(seq)
                 uncached = seq.num_tokens - len(hits) * self.config.block_size
                 n = min(uncached, budget)
                 if not self.blocks.admit(seq, hits, n):
                     return  # strict priority: nothing behind it jumps the queue
-                if resumed:
+                if from_resumed:
                     resumed.popleft()
                 else:
                     queue.pop(charge=uncached)
@@ -221,18 +244,55 @@ class Scheduler:
                 if seq.first_scheduled is None:
                     seq.first_scheduled = now
                 bisect.insort(self.running, seq, key=priority)
+                if self.seats is not None:
+                    self.seats.sit(seq)
                 seqs.append(seq)
                 counts.append(n)
                 budget -= n
 
+    def _has_seat(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may run beside the running sequences: ``max_seqs``, and its target."""
+        seats = self.seats
+        return len(self.running) < self.config.max_seqs and (seats is None or seats.fits(seq))
+
+    def _may_seat(self) -> bool:
+        """Whether the front of some tier's waiting could take a seat now, or have one yielded."""
+        for tier, queue in self.waiting.items():
+            if queue.tenants > 1:
+                self._settle(tier)  # the shares as they stand now decide which front it is
+            front = self.resumed[tier][0] if self.resumed[tier] else queue.front()
+            if front is not None and (self._has_seat(front) or who_yields(self.running, front)):
+                return True
+        return False
+
+    def _unseat(self, victim: Sequence, now: float, seqs: list[Sequence], counts: list[int]) -> int:
+        """Preempt running ``victim`` for a seat: out of this step (its tokens' budget returned,
+        the count), back among its tenant's waiting (its turn by the shares, not before them)."""
+        self.running.remove(victim)
+        refund = 0
+        if victim in seqs:
+            at = seqs.index(victim)
+            refund = counts[at]
+            del seqs[at], counts[at]
+        self._release(victim, now)
+        self._queue(victim.tier).push(victim)
+        return refund
+
     def preempt(self, seq: Sequence, now: float) -> None:
         """Send a running ``seq`` (already out of ``running``) back to the head of its tier."""
+        self._release(seq, now)
+        self.resumed[seq.tier].appendleft(seq)
+
+    def _release(self, seq: Sequence, now: float) -> None:
+        """A running ``seq``, out of ``running``, gives back its blocks and seat: it waits again."""
+        if self.seats is not None:
+            self.seats.leave(seq)
         self.blocks.free_blocks(seq)
         seq.num_computed = 0
         seq.status = SequenceStatus.WAITING
         seq.preemptions.append(now)
-        self.resumed[seq.tier].appendleft(seq)
         self.preemptions += 1
+        self._run = None
 
     def _settle(self, tier: int) -> None:
         """Charge the tenants of ``tier`` for the answer tokens made since last charged."""
@@ -316,6 +376,8 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: FinishReason, now: float, detail: str = "") -> None:
         """Mark ``seq`` finished and free its blocks; the caller takes it out of its queue."""
+        if self.seats is not None and seq.status is SequenceStatus.RUNNING:
+            self.seats.leave(seq)
         self.blocks.free_blocks(seq)
         self._run = None
         made = len(seq.output_ids) - seq.charged

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 
 from workers.protocol import Sampling
 
@@ -48,6 +49,7 @@ class Sequence:
     tier: int = 0  # 0 is served first
     tenant: str = ""  # salts the prefix cache: two tenants never share a block; has a share of its tier
     weight: float = 1.0  # its tenant's weight within its tier (workers.shares)
+    tpot_target: float = 0.0  # seconds per output token its tier promises; 0: none (workers.engine.seats)
     arrival: float = 0.0
     output_ids: list[int] = dataclasses.field(default_factory=list)
     num_computed: int = 0
@@ -67,6 +69,9 @@ class Sequence:
             raise ValueError(f"sequence {self.rid}: expected at least one prompt token")
         if self.tier < 0:
             raise ValueError(f"sequence {self.rid} tier: expected >= 0, got {self.tier}")
+        if not 0.0 <= self.tpot_target < math.inf:
+            raise ValueError(f"sequence {self.rid} tpot_target: expected seconds >= 0, "
+                             f"got {self.tpot_target}")
         if len(self.output_ids) >= self.sampling.max_tokens:
             raise ValueError(f"sequence {self.rid}: resumed with {len(self.output_ids)} output tokens, "
                              f"max_tokens {self.sampling.max_tokens} leaves none to make")

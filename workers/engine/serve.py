@@ -23,8 +23,9 @@ from typing import BinaryIO
 
 from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
-from workers.engine.cost_model import PRESETS
+from workers.engine.cost_model import PRESETS, CostModel
 from workers.engine.engine import Engine
+from workers.engine.fit import cost_fit
 from workers.engine.interface import EngineCore, StepOutput
 from workers.engine.loop import EngineLoop, step_messages
 from workers.engine.simulated import SimulatedRunner
@@ -67,10 +68,23 @@ def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -
             watermark=args.watermark,
             model_version=args.model_version or name,
         )
+        cost = step_costs(args)
     except ValueError as exc:
         print(f"engine worker: {exc}", file=sys.stderr)
         return BAD_START
-    return serve(Engine(runner, config), name, protocol_in, protocol_out, "engine worker")
+    engine = Engine(runner, config, cost=cost)
+    return serve(engine, name, protocol_in, protocol_out, "engine worker")
+
+
+def step_costs(args: argparse.Namespace) -> CostModel | None:
+    """The prices that hold the sequences' TPOT targets: ``--step-costs``, else a simulated
+    engine's own preset, else none (targets are not held)."""
+    if args.step_costs:
+        try:
+            return cost_fit.load(args.step_costs)
+        except OSError as exc:
+            raise ValueError(f"--step-costs: {exc.strerror}: {args.step_costs}") from None
+    return PRESETS[args.simulated] if args.simulated else None
 
 
 def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, who: str) -> int:

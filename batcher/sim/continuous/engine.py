@@ -107,7 +107,7 @@ class SimulatedEngine:
         self.cut = 0  # runs that work or a look reached before their planned end
         self.runner = spec.runner()
         self._begun: float | None = None  # when the step of a run being taken began
-        self.engine = Engine(self.runner, spec.engine, clock=self._clock)
+        self.engine = Engine(self.runner, spec.engine, clock=self._clock, cost=spec.cost)
         self.loop = EngineLoop(self.engine, trio.current_time())
         self.first_stats: EngineStats
         self.frozen = False

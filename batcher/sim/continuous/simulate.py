@@ -103,6 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--wait-budget-ms", default="2000,500", metavar="PAID,FREE", help="wait budgets by tier"
     )
+    group.add_argument(
+        "--tpot-target-ms", default="0,0", metavar="PAID,FREE",
+        help="TPOT targets by tier, the engines' seat rule (0: none; default none)",
+    )
 
 
 def _number(text: str, name: str) -> list[int]:
@@ -179,7 +183,8 @@ def main(args: argparse.Namespace) -> int:
         if not 0 <= args.gpu_hour_price < 1e6:
             raise ValueError(f"--gpu-hour-price: expected a price >= 0, got {args.gpu_hour_price}")
         budgets = tuple(ms / 1000 for ms in _number(args.wait_budget_ms, "--wait-budget-ms"))
-        queue = QueueConfig(wait_budgets=budgets)
+        targets = tuple(ms / 1000 for ms in _number(args.tpot_target_ms, "--tpot-target-ms"))
+        queue = QueueConfig(wait_budgets=budgets, tpot_targets=targets)
         replicas = DEFAULT_REPLICAS if args.workers is None else args.workers
         scaled = args.min_workers is not None or args.max_workers is not None
         start_s = (START_S if scaled else 0.0) if args.start_s is None else args.start_s
