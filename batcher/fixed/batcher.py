@@ -152,7 +152,7 @@ class Batcher:
             "expired": counters.expired,
             "calls": counters.calls, "retries": counters.retries,
             "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
-        }, top_tenants(self.queue.backlogs()), scaling=self.pool.scaling)
+        }, top_tenants(self.queue.backlogs()), scaling=self.pool.staffing.scaling)
         return Snapshot("fixed", status, counters.copy(), self.load())
 
     def retune(self, queue: QueueConfig) -> None:
