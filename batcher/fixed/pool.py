@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from batcher.core.config import TEXT, Outputs, PoolConfig
-from batcher.core.errors import WorkersFailed
+from batcher.core.errors import Starting, WorkersFailed
 from batcher.core.scaler import Fleet, leaving
 from batcher.core.staffing import Staffing
 from batcher.core.supervisor import Readiness, SlotStartError, Supervisor, start_slots
@@ -96,6 +96,14 @@ class WorkerPool:
         if not self.staffing.staffed:  # scaled to zero: a request starts a worker, so it takes traffic
             return True
         return self._readiness.proven and any(self._state(slot, now) in SERVING for slot in self._slots)
+
+    def cold(self, now: float, budget: float) -> Starting | None:
+        """A request with ``budget`` seconds to wait, arriving at a fleet with no worker up
+        (scaled to zero, its worker starting): None to let it wait, else the 503 that says when
+        one will be ready (:meth:`~batcher.core.staffing.Staffing.cold`)."""
+        if any(slot.state in (*SERVING, SlotState.WARM) for slot in self._slots):
+            return None
+        return self.staffing.cold(now, budget)
 
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
