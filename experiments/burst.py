@@ -234,7 +234,7 @@ def virtual(args: argparse.Namespace) -> dict:
         def spawn(slot):
             return SimulatedWorker(constant(SERVICE), record=False)
 
-        async with open_batcher(spawn, model.pool(), model.batch_policy(), queue) as batcher:
+        async with open_batcher(spawn, model.pool_config(), model.batch_policy(), queue) as batcher:
             await batcher.answer("warm up", "paid")  # admission plans with the call time of answered calls
             batcher.feed(Replay(batcher, times, tier, names, deadlines, ended))
             await all_ended.wait()

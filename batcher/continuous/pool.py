@@ -101,7 +101,7 @@ class EnginePool:
     ) -> None:
         self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
         self.counters = ContinuousCounters()
-        timeout, pool = config.stats_timeout_ms / 1000, config.pool()
+        timeout, pool = config.stats_timeout_ms / 1000, config.pool_config()
         initial = pool.workers if pool.initial is None else pool.initial
         self._readiness = Readiness(initial)
         self._replicas = [
