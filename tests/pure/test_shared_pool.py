@@ -3,22 +3,30 @@ turns on one slot through the production batcher, pool and scaler over simulated
 virtual time (MockClock): a request to a version with no worker evicts the idle one and is
 answered; a version busy in every slot is never stopped, and a request that would wait past
 its budget for a slot gets 503 (Starting) with the time to ready, while a patient one is served
-once the busy version has finished."""
+once the busy version has finished. A continuous version shares a pool with a fixed one the
+same way; a bad ``[[pools]]`` or ``pool`` is a config error naming the field."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 
+import pytest
 import trio
 
+from batcher.continuous.config import ContinuousModelConfig
+from batcher.continuous.mode import open_continuous
+from batcher.core.backend import Finished
 from batcher.core.config import QueueConfig
 from batcher.core.errors import Starting
 from batcher.core.scaling import TICK
 from batcher.core.shared_pool import Claim, SharedPool
 from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.mode import open_fixed
+from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
+from gateway.config import parse_config
 from gateway.text.tokenizer import ByteTokenizer
+from tests.support.engine_pool import Client, job
 from tests.support.fixed_batcher import Outcomes
 from tests.support.spawner import Spawner
 
@@ -98,3 +106,45 @@ async def test_a_busy_version_keeps_its_slot_a_short_budget_gets_503_and_a_patie
     assert isinstance(refused.error, Starting) and refused.error.retry_after == 1.0
     assert long_call.result() == "gnol" and not stopped_in_call  # never stopped in its call
     assert patient.result() == "tneitap"
+
+
+async def test_a_continuous_version_evicts_an_idle_fixed_one_from_their_pool_and_is_answered(autojump_clock):
+    engines = ContinuousModelConfig(name="c@1", simulated="llama-70b", num_blocks=64, max_batch_tokens=64,
+                                    max_seqs=16, pool="rare", pool_slots=1, idle_after_s=600.0)
+    spawn = SimulatedEngines(EngineSpec.of(engines), start_s=2.0)
+    async with version("a@1", Spawner(start_s=1.0)) as fixed, \
+            open_continuous(engines, QueueConfig(wait_budgets=(10.0, 2.0)), spawn, ByteTokenizer()) as pool:
+        assert await fixed.answer("one", "paid", timeout=30.0) == "eno"
+        client = Client()
+        pool.submit(job(1, 8, stream=False), client)
+        await client.done.wait()
+        after = fixed.pool.fleet().serving, pool.fleet().serving
+    assert isinstance(client.events[-1], Finished) and after == (0, 1)
+
+
+CONFIG = """
+[[tiers]]
+name = "paid"
+
+[[pools]]
+name = "rare"
+slots = 2
+
+[[models]]
+name = "a@1"
+worker = ["sleep"]
+pool = "rare"
+"""
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    (('pool = "rare"', 'pool = "often"'), "models[0].pool: expected a [[pools]] name, one of ['rare']"),
+    (('pool = "rare"', 'pool = "rare"\nmin_workers = 1'), "models[0].min_workers: expected 0 in shared pool"),
+    (('pool = "rare"', 'pool = "rare"\nmax_workers = 3'), "models[0].max_workers: expected at most pool"),
+    (("slots = 2", "slots = 0"), "pools[0].slots: expected 1..4096, got 0"),
+])
+def test_a_bad_pool_is_a_config_error_naming_the_field(change, error):
+    assert parse_config(CONFIG).models[0].scaling(8).max_workers == 1  # the default in a pool
+    with pytest.raises(ValueError) as raised:
+        parse_config(CONFIG.replace(*change))
+    assert error in str(raised.value)
