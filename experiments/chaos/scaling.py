@@ -13,11 +13,10 @@ the row is about (scale down under load, start a worker to kill, evict) is a vio
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 
 from experiments.chaos.faults import Run, kill
 from experiments.chaos.server import Server
+from experiments.chaos.traffic import Shot, send_one
 
 OTHER = "other@1"
 WATCH_EVERY = 0.05  # seconds between two looks at /readyz
@@ -93,31 +92,27 @@ async def kill_starting(run: Run, count: int = 2) -> None:
         run.clock.problems.append("no worker was seen starting: the fleet never scaled up")
 
 
-def _ask(server: Server, key: str, text: str) -> int:
-    body = json.dumps({"model": OTHER, "max_tokens": 16, "messages": [{"role": "user", "content": text}]})
-    request = urllib.request.Request(server.url + "/v1/messages", body.encode(), method="POST",
-                                     headers={"x-api-key": key, "content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status
-    except urllib.error.HTTPError as error:
-        return error.code
-
-
-async def evict_in_the_gap(run: Run, key: str, at: float) -> None:
+async def evict_in_the_gap(run: Run, key: str, at: float) -> list[Shot]:
     """At ``at`` seconds (in the traffic's quiet gap), ask :data:`OTHER` until it is answered
-    (it evicts the idle model); then watch the model's scaling line for its own eviction of
-    OTHER when its traffic resumes."""
+    (it evicts the idle model); then watch for OTHER's own eviction when the model's traffic
+    resumes. OTHER's requests are judged with the traffic (returned)."""
     await asyncio.sleep(at)
     run.clock.mark()
-    statuses = []
-    for index in range(10):
-        statuses.append(await asyncio.to_thread(_ask, run.server, key, f"other {index}"))
-        if statuses[-1] == 200:
-            break
-    run.clock.notes.append(f"{OTHER}'s statuses while it took the slot: {statuses}")
+    asked = []
     loop = asyncio.get_running_loop()
-    end = loop.time() + run.duration - at
+    for index in range(10):
+        shot = Shot(200_000 + index, "paid", False, f"other {index}", loop.time())
+        asked.append(await send_one(run.server.url, key, OTHER, shot))
+        if shot.status == 200:
+            break
+    run.clock.notes.append(f"{OTHER}'s statuses while it took the slot: {[shot.status for shot in asked]}")
+    await _watch_eviction(run, run.duration - at)
+    return asked
+
+
+async def _watch_eviction(run: Run, seconds: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
     while loop.time() < end:
         other = (await _look(run.server)).get(OTHER, {})
         if "(evicted)" in other.get("scaling", ""):
