@@ -236,13 +236,13 @@ def virtual(args: argparse.Namespace) -> dict:
         def spawn(slot):
             return SimulatedWorker(constant(SERVICE), record=False)
 
-        async with open_batcher(spawn, model.pool(), model.batch_policy(), queue) as batcher:
+        async with open_batcher(spawn, model.pool_config(), model.batch_policy(), queue) as batcher:
             await batcher.answer("warm up", "paid")  # admission plans with the call time of answered calls
             batcher.feed(Replay(batcher, times, tier, names, deadlines, ended))
             await all_ended.wait()
 
     trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
-    return summarize(shots, 0.0, None, ahead=model.pool().dispatch_ahead)
+    return summarize(shots, 0.0, None, ahead=model.pool_config().dispatch_ahead)
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -281,7 +281,7 @@ async def burst(args: argparse.Namespace, scratch: str) -> dict:
         process.terminate()
         process.wait(60)  # SIGTERM: the gateway flushes its usage records before it exits
     records = read_usage(os.path.join(scratch, "usage.sqlite"))
-    ahead = parse_config(configured(args.workers), "<burst>").models[0].pool().dispatch_ahead
+    ahead = parse_config(configured(args.workers), "<burst>").models[0].pool_config().dispatch_ahead
     report = summarize(shots, lag, cpu, on_server_clock(shots, records), call, ahead)
     for tier, count in over.items():
         report[tier]["queue_waits_over_budget"] = count

@@ -56,7 +56,7 @@ def serve(shots: list[Arrival], label: Callable[[str], str], workers: int) -> Se
         def spawn(slot: int) -> SimulatedWorker:
             return SimulatedWorker(constant(SERVICE), record=False)
 
-        async with open_batcher(spawn, model.pool(), model.batch_policy(), queue) as batcher:
+        async with open_batcher(spawn, model.pool_config(), model.batch_policy(), queue) as batcher:
             await batcher.answer("warm up", "paid")  # admission plans with the call time of answered calls
             start = trio.current_time()
             for at, tenant in shots:

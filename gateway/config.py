@@ -200,6 +200,19 @@ class AliasConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SharedPoolConfig:
+    """``[[pools]]``: slots (GPUs) that the model versions naming it (``pool = NAME``) take
+    turns on, a version holding one only while it has work (docs/operations.md, "Shared pools")."""
+
+    name: str
+    slots: int
+
+    def __post_init__(self) -> None:
+        require(bool(self.name), "name", "a pool name", self.name)
+        require(1 <= self.slots <= 4096, "slots", "1..4096", self.slots)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class FerryConfig:
     """A whole configuration file, checked as a whole: names unique, keys' tiers exist, aliases
     name served versions."""
@@ -215,6 +228,7 @@ class FerryConfig:
     aliases: tuple[AliasConfig, ...] = ()
     ray: RayConfig = RayConfig()  # read at start: one process joins one Ray cluster
     tracing: TracingConfig = TracingConfig()  # read at start
+    pools: tuple[SharedPoolConfig, ...] = ()
 
     def __post_init__(self) -> None:
         require(len(self.tiers) >= 1, "tiers", "at least one tier", self.tiers)
@@ -241,6 +255,11 @@ class FerryConfig:
                     model.check_tpot_targets()
                 except ValueError as exc:
                     raise ValueError(f"models[{index}].{exc}") from None
+        pools = [pool.name for pool in self.pools]
+        require(len(set(pools)) == len(pools), "pools", "distinct pool names", pools)
+        for index, model in enumerate(self.models):
+            require(not model.pool or model.pool in pools, f"models[{index}].pool",
+                    f"a [[pools]] name, one of {pools}", model.pool)
         versions = [model.name for model in self.models]
         for alias in self.aliases:
             require(alias.name not in seen, f"aliases.{alias.name}", "a name no model uses", alias.name)
@@ -270,7 +289,8 @@ class FerryConfig:
 
 _SINGLE = {"server": ServerConfig, "limits": LimitsConfig, "state": StateConfig, "safety": SafetyConfig,
            "admin": AdminConfig, "ray": RayConfig, "tracing": TracingConfig}
-_TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig, "aliases": AliasConfig}
+_TABLES = {**_SINGLE, "tiers": TierConfig, "keys": KeyConfig, "models": ModelConfig, "aliases": AliasConfig,
+           "pools": SharedPoolConfig}
 
 
 def _aliases(table: object) -> tuple[AliasConfig, ...]:
@@ -287,6 +307,19 @@ def _aliases(table: object) -> tuple[AliasConfig, ...]:
         except ValueError as exc:
             raise ValueError(f"aliases.{exc}") from None
     return tuple(aliases)
+
+
+def _pooled(models: tuple[ModelConfig, ...], pools: tuple[SharedPoolConfig, ...]) -> tuple[ModelConfig, ...]:
+    """Each model that names a pool, given that pool's slot count (its scaler's bound)."""
+    slots = {pool.name: pool.slots for pool in pools}
+    pooled = []
+    for index, model in enumerate(models):
+        try:
+            pooled.append(dataclasses.replace(model, pool_slots=slots[model.pool]) if model.pool in slots
+                          else model)
+        except ValueError as exc:
+            raise ValueError(f"models[{index}].{exc}") from None
+    return tuple(pooled)
 
 
 def parse_config(
@@ -324,7 +357,7 @@ def check_config(
         for name, cls in _SINGLE.items()
     }
     lists: dict[str, Any] = {}
-    for name in ("tiers", "keys", "models"):
+    for name in ("tiers", "keys", "models", "pools"):
         tables = document.get(name, [])
         if not isinstance(tables, list):
             errors.append(f"{name}: expected an array of tables ([[...]]), got {tables!r}")
@@ -338,6 +371,7 @@ def check_config(
         errors.append(str(exc))
     if not errors:
         try:
+            lists["models"] = _pooled(lists["models"], lists["pools"])
             return FerryConfig(**single, **lists, aliases=aliases), []
         except ValueError as exc:
             errors.append(str(exc))

@@ -127,7 +127,7 @@ class ContinuousModelConfig(ModelConfig):
                 "'bf16' unless ferry's engine runs a real model in bfloat16 on a CPU", self.weights)
         require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
                  self.compile)
-        self.pool()  # checks workers and max_attempts with the pool's own rules
+        self.pool_config()  # checks workers and max_attempts with the pool's own rules
 
     @property
     def model_dir(self) -> str:
@@ -140,7 +140,7 @@ class ContinuousModelConfig(ModelConfig):
         if self.model not in CONVERTED:  # else written at start, checked when the gateway loads them
             super(ContinuousModelConfig, self)._check_files()
 
-    def pool(self) -> PoolConfig:
+    def pool_config(self) -> PoolConfig:
         """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung. A
         model that scales has a slot for every replica it may hold, ``min_workers`` started."""
         PoolConfig(self.workers)  # `workers` by the pool's own rules, whatever the scaler's keys say

@@ -55,7 +55,6 @@ from batcher.continuous.engine_process import EngineWorker
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
-from batcher.continuous.staffing import Staffing
 from batcher.continuous.token_load import TokenLoad
 from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
@@ -72,6 +71,7 @@ from batcher.core.backend import (
 from batcher.core.config import QueueConfig
 from batcher.core.errors import Expired, ReplicaLost, RequestFailed, Shed, Starting, TooLarge, WorkersFailed
 from batcher.core.scaler import Fleet, leaving
+from batcher.core.staffing import Staffing
 from batcher.core.supervisor import Readiness, SlotStartError, Supervisor, start_slots
 from batcher.core.tokenizer import Detokenizes
 from workers.prefix_hash import prefix_hashes
@@ -101,7 +101,7 @@ class EnginePool:
     ) -> None:
         self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
         self.counters = ContinuousCounters()
-        timeout, pool = config.stats_timeout_ms / 1000, config.pool()
+        timeout, pool = config.stats_timeout_ms / 1000, config.pool_config()
         initial = pool.workers if pool.initial is None else pool.initial
         self._readiness = Readiness(initial)
         self._replicas = [

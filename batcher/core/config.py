@@ -117,6 +117,8 @@ class ScalerConfig:
     warm_workers: int = 0
     scale_down_after: float = 60.0  # seconds of spare capacity before workers leave
     idle_after: float = 300.0  # seconds without work before the last worker stops (min_workers = 0)
+    pool: str = ""  # the shared pool ([[pools]]) whose slots its workers take turns on; '' for none
+    pool_slots: int = 0  # that pool's slots (0 until the configuration file's [[pools]] are read)
 
     def __post_init__(self) -> None:
         require(0 <= self.min_workers <= 4096, "min_workers", "0..4096", self.min_workers)
@@ -126,11 +128,17 @@ class ScalerConfig:
         for name in ("scale_down_after", "idle_after"):
             value = getattr(self, name)
             require(0 <= value < math.inf, f"{name}_s", "a finite number of seconds >= 0", value)
+        if self.pool:  # a pool's version holds a slot only while it has work
+            require(self.min_workers == 0, "min_workers", f"0 in shared pool {self.pool!r}", self.min_workers)
+            require(self.warm_workers == 0, "warm_workers", f"0 in shared pool {self.pool!r}",
+                    self.warm_workers)
+            require(not self.pool_slots or self.max_workers <= self.pool_slots, "max_workers",
+                    f"at most pool {self.pool!r}'s {self.pool_slots} slots", self.max_workers)
 
     @property
     def elastic(self) -> bool:
-        """Whether there is anything to scale: a range of workers, or a warm pool."""
-        return self.min_workers != self.max_workers or self.warm_workers > 0
+        """Whether there is anything to scale: a range of workers, a warm pool, or a shared pool."""
+        return self.min_workers != self.max_workers or self.warm_workers > 0 or bool(self.pool)
 
     @property
     def slots(self) -> int:
@@ -241,6 +249,8 @@ class ModelConfig:
     warm_workers: int = 0
     scale_down_after_s: float = 60.0
     idle_after_s: float = 300.0
+    pool: str = ""  # a [[pools]] table's name: its workers take turns on that pool's slots
+    pool_slots: int = 0  # set by the configuration file's loader from that table, not written
 
     def __post_init__(self) -> None:
         require(bool(self.name), "name", "a model name", self.name)
@@ -282,10 +292,12 @@ class ModelConfig:
 
     def scaling(self, workers: int) -> ScalerConfig:
         """The scaler's settings for a mode whose fleet has ``workers`` workers when it does not
-        scale: ``min_workers`` defaults to that, ``max_workers`` to the larger of the two."""
-        low = workers if self.min_workers is None else self.min_workers
-        high = max(workers, low) if self.max_workers is None else self.max_workers
-        return ScalerConfig(low, high, self.warm_workers, self.scale_down_after_s, self.idle_after_s)
+        scale: ``min_workers`` defaults to that, ``max_workers`` to the larger of the two; in a
+        shared pool, to 0 and 1."""
+        low = (0 if self.pool else workers) if self.min_workers is None else self.min_workers
+        high = (1 if self.pool else max(workers, low)) if self.max_workers is None else self.max_workers
+        return ScalerConfig(low, high, self.warm_workers, self.scale_down_after_s, self.idle_after_s,
+                            self.pool, self.pool_slots)
 
     @property
     def interpreter(self) -> str:

@@ -152,7 +152,8 @@ class Batcher:
             "expired": counters.expired,
             "calls": counters.calls, "retries": counters.retries,
             "call_seconds": self.pool.call_seconds,  # recent call time: what admission plans with
-        }, top_tenants(self.queue.backlogs()), scaling=self.pool.scaling)
+            "start_seconds": self.pool.staffing.start_seconds,  # the last measured start: a cold one's wait
+        }, top_tenants(self.queue.backlogs()), scaling=self.pool.staffing.scaling)
         return Snapshot("fixed", status, counters.copy(), self.load())
 
     def retune(self, queue: QueueConfig) -> None:
@@ -202,7 +203,12 @@ class Batcher:
             self._wakeup.set()
 
     def _admitted(self, request: Request) -> bool:
-        """Admission by load (:mod:`batcher.core.admission`), judged at arrival: False if shed."""
+        """Admission by load (:mod:`batcher.core.admission`), judged at arrival: False if shed;
+        at a fleet with no worker up, a cold start that would outlast its wait is refused first."""
+        cold = self.pool.cold(request.arrival, request.deadline - request.arrival)
+        if cold is not None:
+            request.fail(cold, request.arrival)
+            return False
         if self.admission is None:
             return True
         load = self._seen_by(self.load(), request.tier, request.tenant)

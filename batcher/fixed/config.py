@@ -61,7 +61,7 @@ class FixedModelConfig(ModelConfig):
         )
         require(0 <= self.dispatch_ahead_ms < math.inf, "dispatch_ahead_ms", "milliseconds >= 0",
                 self.dispatch_ahead_ms)
-        self.pool()  # checks workers, max_attempts and the scaler's keys with the pool's own rules
+        self.pool_config()  # checks workers, max_attempts and the scaler's keys with the pool's own rules
         self.batch_policy()  # checks the policy's name and options with its own rules
 
     @property
@@ -84,7 +84,7 @@ class FixedModelConfig(ModelConfig):
             require(os.path.isdir(path), "pythonpath", "directories", path)
         return dataclasses.replace(self, pythonpath=paths)
 
-    def pool(self) -> PoolConfig:
+    def pool_config(self) -> PoolConfig:
         """The pool settings of this model's fleet: a slot for every worker it may hold, and
         ``min_workers`` started when it opens if it scales."""
         PoolConfig(self.workers)  # `workers` by the pool's own rules, whatever the scaler's keys say

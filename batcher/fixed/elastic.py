@@ -30,4 +30,9 @@ class FixedFleet:
         refused = self._refused.at(now, sum(counters.shed.values()) + counters.expired)
         rate = max(done, sum(load.arrivals) + refused)  # demand: what was asked, not what a full fleet did
         return Signals(load.wait(0), self.batcher.config.deadline(0), rate, per_worker,
-                       queued=self.batcher.queue.count, busy=self.pool.busy_count)
+                       queued=self.batcher.queue.count + self._cold(), busy=self.pool.busy_count)
+
+    def _cold(self) -> int:
+        """1 if a request was refused for want of a worker since the last look: work that starts one."""
+        refused, self.pool.staffing.refused = self.pool.staffing.refused, False
+        return int(refused)

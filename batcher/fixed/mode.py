@@ -40,7 +40,7 @@ def open_fixed(model: FixedModelConfig, queue: QueueConfig, spawn: Spawn, tokeni
                ) -> AbstractAsyncContextManager[Batcher]:
     """A batcher over the model's pool, pricing each prompt with the model's tokenizer, and its
     scaler if it has a range of workers or a warm pool."""
-    opened = open_batcher(spawn, model.pool(), model.batch_policy(), queue, tokens=tokenizer.count,
+    opened = open_batcher(spawn, model.pool_config(), model.batch_policy(), queue, tokens=tokenizer.count,
                           outputs=model.outputs)
     counters = operator.attrgetter("counters")
     return open_scaled(opened, model.scaling(model.workers), FixedFleet, counters, model.name)

@@ -3,13 +3,10 @@
 Each slot's :class:`~batcher.core.supervisor.Supervisor` keeps its worker process up; the pool
 serves it batches one by one. A call that crashes the worker, breaks the protocol or hangs costs
 the worker its life; an error reply or a wrong output count fails the call alone. Either way the
-batch goes to the retry backlog, which idle workers drain first::
-
-    failed call ──> retry whole (attempt + 1) ──failed on two workers──> bisect into halves
-    a half that fails is split again; a single input that failed max_attempts times fails alone
-
-Every request a worker failed is answered by its deadline plus one ``hang_timeout``; a slow fleet
-stretches the hang limit, within a cap (docs/fixed-mode.md, "What happens when a worker fails")."""
+batch goes to the retry backlog (:mod:`batcher.fixed.retries`: retried, bisected, or failed by
+its deadline plus one ``hang_timeout``), which idle workers drain first; a slow fleet stretches
+the hang limit, within a cap (docs/fixed-mode.md, "What happens when a worker fails"). Which
+slots a scaler has staffed is kept in :class:`~batcher.core.staffing.Staffing`; the pool acts on it."""
 
 from __future__ import annotations
 
@@ -18,19 +15,21 @@ import functools
 import itertools
 import logging
 import math
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
 from batcher.core.config import TEXT, Outputs, PoolConfig
-from batcher.core.errors import RequestFailed, WorkersFailed
+from batcher.core.errors import Starting, WorkersFailed
 from batcher.core.scaler import Fleet, leaving
+from batcher.core.staffing import Staffing
 from batcher.core.supervisor import Readiness, SlotStartError, Supervisor, start_slots
 from batcher.fixed.counters import BatchCounters
+from batcher.fixed.replies import reply_fault
 from batcher.fixed.request import Batch, Request, RequestState
+from batcher.fixed.retries import RetryBacklog
 from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerInfo
-from workers.protocol import Error, NotDelivered, ProtocolError, Result, RunBatch, Skip, WorkerLost
+from workers.protocol import NotDelivered, ProtocolError, Result, RunBatch, Skip, WorkerLost
 
 log = logging.getLogger("ferry.pool")
 
@@ -38,20 +37,6 @@ SLOW_CALLS = 3.0
 """A call may run this many recent call times before it counts as hung (if over hang_timeout)."""
 MAX_STRETCH = 8.0
 """However slow the fleet, a call that runs past this many hang_timeouts is hung."""
-
-
-def wrong_outputs(reply: Result, expected: Outputs) -> str:
-    """Why a reply's outputs are not what the model answers with (empty if they are): vectors
-    from a text model, texts from an embedding model, or a vector of the wrong length."""
-    if expected.kind == "text":
-        return "the model returned vectors, not texts" if reply.vectors else ""
-    if reply.outputs:
-        return "the model returned texts, not vectors"
-    size = 4 * expected.dimensions
-    wrong = next((len(vector) for vector in reply.vectors if len(vector) != size), None)
-    if wrong is None:
-        return ""
-    return f"the model returned a vector of {wrong / 4:g} values, not {expected.dimensions}"
 
 
 class WorkerPool:
@@ -78,17 +63,14 @@ class WorkerPool:
         initial = config.workers if config.initial is None else config.initial
         for slot in self._slots[initial:]:
             slot.state = SlotState.STOPPED
-        self._warm: set[int] = set()  # slots whose worker takes no work until promoted
-        self._leaving: set[int] = set()  # slots to stop once their call ends (or at once, if idle)
+        self.staffing = Staffing(config.workers, initial)
+        """Which slots a scaler has staffed, warm or leaving, and the measured start time."""
         self._nursery: trio.Nursery | None = None
-        self.scaling = ""
-        """What the version's scaler last decided, and why (``/readyz``); empty without one."""
         self._idle: list[Slot] = []  # by slot index: the lowest idle GPU takes the next batch
-        self._retry: deque[Batch] = deque()
         self._batch_ids = itertools.count(1)
+        self._retry = RetryBacklog(config, self.counters, self._batch_ids)
         self._readiness = Readiness(initial)
         self._probe: Request | None = None  # the probe call in flight, if any
-        self._overdue_changed = trio.Event()  # wakes the task that fails overdue requests
 
     @property
     def busy_count(self) -> int:
@@ -100,7 +82,7 @@ class WorkerPool:
         return sum(map(self._taking, self._slots))
 
     def _taking(self, slot: Slot) -> bool:
-        return slot.state in SERVING and slot.index not in self._leaving
+        return slot.state in SERVING and slot.index not in self.staffing.leaving
 
     @property
     def ready(self) -> bool:
@@ -111,9 +93,17 @@ class WorkerPool:
         allowance, :meth:`_paced`), even while supervision still lets a batch that hung before
         run longer: with every worker up hung, nothing the fleet is sent can start."""
         now = trio.current_time()
-        if not self._staffed_count():  # scaled to zero: a request starts a worker, so it takes traffic
+        if not self.staffing.staffed:  # scaled to zero: a request starts a worker, so it takes traffic
             return True
         return self._readiness.proven and any(self._state(slot, now) in SERVING for slot in self._slots)
+
+    def cold(self, now: float, budget: float) -> Starting | None:
+        """A request with ``budget`` seconds to wait, arriving at a fleet with no worker up
+        (scaled to zero, its worker starting): None to let it wait, else the 503 that says when
+        one will be ready (:meth:`~batcher.core.staffing.Staffing.cold`)."""
+        if any(slot.state in (*SERVING, SlotState.WARM) for slot in self._slots):
+            return None
+        return self.staffing.cold(now, budget)
 
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
@@ -147,7 +137,7 @@ class WorkerPool:
 
     def _may_follow(self, slot: Slot) -> bool:
         """A busy worker that stays, with no batch waiting in its pipe yet."""
-        return slot.state is SlotState.BUSY and slot.ahead is None and slot.index not in self._leaving
+        return slot.state is SlotState.BUSY and slot.ahead is None and slot.index not in self.staffing.leaving
 
     def _ahead_allowed(self) -> bool:
         return self.config.dispatch_ahead > 0 and self.call_seconds > 0 and not self._retry
@@ -161,11 +151,11 @@ class WorkerPool:
         return [WorkerInfo(slot.index, worker.pid if (worker := slot.supervisor.worker) else None,
                            self._state(slot, now), slot.supervisor.restarts,
                            worker.placement if worker else "local")
-                for slot in self._slots if slot.state is not SlotState.STOPPED]
+                for slot in self._slots if slot.index not in self.staffing.stopped]
 
     def _state(self, slot: Slot, now: float) -> SlotState:
         """A slot's state as reported: a leaving one reads DRAINING, BUSY past :meth:`_paced` HUNG."""
-        if slot.index in self._leaving:
+        if slot.index in self.staffing.leaving:
             return SlotState.DRAINING
         if slot.state is SlotState.BUSY and now - slot.busy_since > self._paced():
             return SlotState.HUNG
@@ -209,8 +199,8 @@ class WorkerPool:
         :class:`~batcher.core.supervisor.WorkerStartError` if any cannot start)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._fail_overdue)
-            staffed = [slot.supervisor for slot in self._slots if slot.state is not SlotState.STOPPED]
+            nursery.start_soon(self._retry.fail_overdue, self._calls_running)
+            staffed = [slot.supervisor for slot in self._slots if slot.index not in self.staffing.stopped]
             await start_slots(nursery, staffed, self.config.model)
             task_status.started()
 
@@ -218,15 +208,16 @@ class WorkerPool:
 
     def report(self, decision: str) -> None:
         """The scaler's last decision that moved, for ``/readyz``."""
-        self.scaling = decision
+        self.staffing.scaling = decision
 
     def fleet(self) -> Fleet:
         """The workers by role, as the scaler plans with them."""
         counts = {"serving": 0, "starting": 0, "warm": 0, "warming": 0, "idle": 0}
+        staffing = self.staffing
         for slot in self._slots:
-            if slot.state is SlotState.STOPPED or slot.index in self._leaving:
+            if slot.index in staffing.stopped | staffing.leaving:
                 continue
-            if slot.index in self._warm:
+            if slot.index in staffing.warm:
                 counts["warm" if slot.state is SlotState.WARM else "warming"] += 1
             elif slot.state is SlotState.STARTING:
                 counts["starting"] += 1
@@ -238,28 +229,28 @@ class WorkerPool:
     def start(self, count: int, warm: bool = False) -> None:
         """Staff up to ``count`` stopped slots (lowest first), to serve or to be kept warm."""
         assert self._nursery is not None, "the pool runs"
-        for slot in [s for s in self._slots if s.state is SlotState.STOPPED][:count]:
+        for index in self.staffing.next_stopped(count):
+            slot = self._slots[index]
             slot.state = SlotState.STARTING
-            if warm:
-                self._warm.add(slot.index)
-            self._readiness.staffed(self._staffed_count())
+            self.staffing.started(index, trio.current_time(), warm)
+            self._readiness.staffed(self.staffing.staffed)
             slot.supervisor.rehire()
             self._nursery.start_soon(self._staff, slot)
 
     def promote(self, count: int) -> None:
         """Up to ``count`` warm workers take work from now on (at once: they are ready)."""
         for slot in [s for s in self._slots if s.state is SlotState.WARM][:count]:
-            self._warm.discard(slot.index)
+            self.staffing.warm.discard(slot.index)
             self._became_idle(slot)
 
     def retire(self, count: int) -> None:
         """Take ``count`` serving workers away: starting ones and idle ones stop now, busy ones
         drain (their call ends, then they stop); never a worker in a call."""
-        states = [(s.index, s.state.value) for s in self._slots
-                  if s.index not in self._warm | self._leaving and s.state is not SlotState.STOPPED]
+        away = self.staffing.stopped | self.staffing.warm | self.staffing.leaving
+        states = [(s.index, s.state.value) for s in self._slots if s.index not in away]
         for index in leaving(states, count):
             slot = self._slots[index]
-            self._leaving.add(index)
+            self.staffing.leaving.add(index)
             if slot in self._idle:
                 self._idle.remove(slot)
             if slot.state is not SlotState.BUSY:
@@ -275,20 +266,17 @@ class WorkerPool:
     def _stopped(self, slot: Slot) -> None:
         """A slot's worker is gone for good (retired and reaped, or it never started): the slot is free."""
         slot.state = SlotState.STOPPED
-        self._warm.discard(slot.index)
-        self._leaving.discard(slot.index)
+        self.staffing.retired(slot.index)
         if slot in self._idle:
             self._idle.remove(slot)
         self._readiness.left(slot.index)
-        self._readiness.staffed(self._staffed_count())
-
-    def _staffed_count(self) -> int:
-        return sum(s.state is not SlotState.STOPPED for s in self._slots)
+        self._readiness.staffed(self.staffing.staffed)
 
     async def _serve(self, slot: Slot, worker: Worker) -> bool:
         """Serve batches until the worker must die; True if it answered at least one call. Its
         frames go out in order through one task; a batch still waiting in its pipe when it
         dies goes to another worker, as one never delivered."""
+        self.staffing.ready(slot.index, trio.current_time())
         sends, frames = trio.open_memory_channel[RunBatch | Skip](math.inf)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_send_frames, worker, frames)
@@ -324,8 +312,7 @@ class WorkerPool:
             started = trio.current_time()
             timeout = self._hang_timeout(batch)
             slot.call, slot.call_ends = batch, started + timeout
-            if self._due(batch) < slot.call_ends:  # a retry that may outlast its requests' time
-                self._overdue_changed.set()
+            self._retry.called(batch, slot.call_ends)
             fault = None
             requests = batch.framed
             try:
@@ -355,19 +342,11 @@ class WorkerPool:
                 batch.worker_faults += 1
                 self._failed(batch, slot, f"a worker {fault}")
                 return answered
-            if isinstance(reply, Error):
-                kind = reply.message.partition(":")[0]
-                kind = kind if kind.isidentifier() else "an error"
-                log.warning("worker %d: the model raised %s on batch %d of %d inputs",
-                            slot.index, kind, batch.id, len(requests))
-                self._failed(batch, slot, f"the model raised {kind}")
-            elif len(reply.answers) != len(requests):
-                self._failed(
-                    batch, slot, f"the model returned {len(reply.answers)} outputs for {len(requests)} inputs"
-                )
-            elif wrong := wrong_outputs(reply, self.outputs):
-                self._failed(batch, slot, wrong)
-            else:
+            if error := reply_fault(reply, len(requests), self.outputs):
+                log.warning("worker %d: %s on batch %d of %d inputs",
+                            slot.index, error, batch.id, len(requests))
+                self._failed(batch, slot, error)
+            elif isinstance(reply, Result):  # an Error reply always has its fault
                 answered = True
                 now = trio.current_time()
                 if requests:  # a call whose every input was skipped ran nothing: no call time
@@ -397,42 +376,12 @@ class WorkerPool:
         self.on_answer(size, seconds)
 
     def _failed(self, batch: Batch, slot: Slot, error: str) -> None:
-        """Retry, bisect or give up on a batch whose call failed; never lose a request.
-
-        ``error`` is what a caller may be told: what went wrong, not where (no pid, no slot)."""
-        batch.failures += 1
-        batch.failed_on.add(slot.index)
-        batch.last_error = error
-        if batch.reason == "probe":  # it proved nothing: the next idle worker sends another
+        """A call failed: a probe proved nothing (the next idle worker sends another); any other
+        batch goes to the retry backlog, which an idle worker may take at once."""
+        if batch.reason == "probe":
             batch.requests[0].fail(WorkersFailed(error), trio.current_time())
             return
-        live = self._drop_overdue(batch, trio.current_time())
-        if not live:
-            return
-        if len(live) == 1 and batch.failures >= self.config.max_attempts:
-            self.counters.failed_inputs += 1
-            message = f"the input failed on {batch.failures} attempts; last: {error}"
-            live[0].fail(RequestFailed(message), trio.current_time())
-            return
-        if len(live) > 1 and (batch.suspect or batch.failures >= min(2, self.config.max_attempts)):
-            self.counters.bisections += 1
-            half = len(live) // 2
-            for part in (live[:half], live[half:]):
-                piece = Batch(
-                    next(self._batch_ids),
-                    part,
-                    "bisect",
-                    suspect=True,
-                    last_error=error,
-                    hangs=batch.hangs,
-                    worker_faults=batch.worker_faults,
-                )
-                self._retry.append(piece)
-        else:
-            self.counters.retries += 1
-            batch.reason = "retry"
-            self._retry.append(batch)
-        self._overdue_changed.set()
+        self._retry.failed(batch, slot.index, error, trio.current_time())
         self._offer_retries()
 
     def _undelivered(self, slot: Slot, batch: Batch, detail: str) -> None:
@@ -441,8 +390,7 @@ class WorkerPool:
         log.warning("worker %d was gone before batch %d reached it (%s); it goes to another worker",
                     slot.index, batch.id, detail)
         self._down(slot)
-        self._retry.appendleft(batch)
-        self._overdue_changed.set()
+        self._retry.undelivered(batch)
         self._offer_retries()
 
     def _offer_retries(self) -> None:
@@ -452,22 +400,17 @@ class WorkerPool:
                 self._send(idle, retry)
 
     def _retry_for(self, slot: Slot) -> Batch | None:
-        """The first retry this slot may take: one that has not failed on it, or has no choice."""
-        for position, batch in enumerate(self._retry):
-            if slot.index not in batch.failed_on or not self._others_up(batch.failed_on):
-                del self._retry[position]
-                return batch
-        return None
+        return self._retry.take(slot.index, self._others_up)
 
     def _others_up(self, failed_on: set[int]) -> bool:
         return any(self._taking(s) and s.index not in failed_on for s in self._slots)
 
     def _became_idle(self, slot: Slot) -> None:
-        if slot.index in self._leaving:  # drained: its call has ended
+        if slot.index in self.staffing.leaving:  # drained: its call has ended
             slot.state = SlotState.IDLE
             slot.supervisor.retire()
             return
-        if slot.index in self._warm:
+        if slot.index in self.staffing.warm:
             slot.state = SlotState.WARM
             return
         if retry := self._retry_for(slot):
@@ -510,61 +453,16 @@ class WorkerPool:
         """The slot has no worker until its supervisor starts another: it takes no work. A
         leaving slot's worker is not replaced: the slot stops."""
         slot.state = SlotState.STARTING
-        if slot.index in self._leaving:
+        if slot.index in self.staffing.leaving:
             slot.supervisor.retire()  # its supervisor returns once the worker is reaped: _stopped
         else:
             self._readiness.lost(slot.index)
         if slot in self._idle:
             self._idle.remove(slot)
 
-    def _due(self, batch: Batch) -> float:
-        """When the first of a batch's requests must have its answer: its dispatch deadline
-        plus one hang timeout (a request dispatched in time, whose call hangs, is failed then).
-
-        Only once a worker has failed the batch (crashed, hung, broke the protocol): a batch
-        that live workers answered with the model's error is an input being isolated, and
-        bisection bounds that in calls (2 + 2 log2 n + 2), not in time, so its batch mates
-        are still served."""
-        if not batch.worker_faults:
-            return math.inf
-        return (
-            min((request.deadline for request in batch.requests), default=math.inf) + self.config.hang_timeout
-        )
-
-    def _watched(self) -> Iterator[Batch]:
-        """The batches whose requests may run out of time before a call of theirs ends: those in
-        the retry backlog, and those in a call whose hang timeout falls after their due time."""
-        yield from self._retry
-        for slot in self._slots:
-            if slot.call is not None and self._due(slot.call) < slot.call_ends:
-                yield slot.call
-
-    async def _fail_overdue(self) -> None:
-        """Fail each watched request when it falls due, with a clear error (WorkersFailed)."""
-        while True:
-            self._overdue_changed = trio.Event()
-            with trio.move_on_at(min(map(self._due, self._watched()), default=math.inf)):
-                await self._overdue_changed.wait()
-            now = trio.current_time()
-            for batch in list(self._watched()):
-                if not self._drop_overdue(batch, now) and batch in self._retry:
-                    self._retry.remove(batch)
-
-    def _drop_overdue(self, batch: Batch, now: float) -> list[Request]:
-        """Fail the batch's requests that are due by ``now``; return the ones still waiting."""
-        hang = self.config.hang_timeout if batch.worker_faults else math.inf
-        for request in batch.prune():
-            if request.deadline + hang <= now:
-                self.counters.timed_out += 1
-                last = f"last: {batch.last_error}" if batch.last_error else "its call was still running"
-                after = request.deadline + hang - request.arrival
-                request.fail(
-                    WorkersFailed(
-                        f"no worker could serve it by its deadline ({after:.3f}s after arrival); {last}"
-                    ),
-                    now,
-                )
-        return batch.prune()
+    def _calls_running(self) -> list[tuple[Batch, float]]:
+        """Each call running now, with the time it counts as hung (what the backlog watches)."""
+        return [(slot.call, slot.call_ends) for slot in self._slots if slot.call is not None]
 
     def _send(self, slot: Slot, batch: Batch) -> None:
         slot.state = SlotState.BUSY

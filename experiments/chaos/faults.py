@@ -45,7 +45,7 @@ class Run:
     ray: RayNodes | None = None
 
 
-def _kill(pid: int) -> bool:
+def kill(pid: int) -> bool:
     try:
         os.kill(pid, signal.SIGKILL)
         return True
@@ -65,7 +65,7 @@ async def kill_workers(run: Run, every: float) -> None:
     while loop.time() + every < end:
         await asyncio.sleep(every)
         pids = await _pids(run.server)
-        if pids and _kill(draw.choice(pids)):
+        if pids and kill(draw.choice(pids)):
             run.clock.mark()
 
 
@@ -73,7 +73,7 @@ async def kill_idle_fleet(run: Run, at: float) -> None:
     """SIGKILL every worker at once, at a moment the traffic plan keeps quiet (a gap)."""
     await asyncio.sleep(at)
     for pid in await _pids(run.server):
-        _kill(pid)
+        kill(pid)
     run.clock.mark()
 
 

@@ -11,9 +11,10 @@ flushed at 150 ms), ``hang_timeout`` 1 s. ``Params`` scales the load; the fault'
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable
 
-from experiments.chaos import faults, leaving
+from experiments.chaos import faults, leaving, scaling
 from experiments.chaos.checks import Rules
 from experiments.chaos.faults import Run
 from experiments.chaos.ray_nodes import SLOT
@@ -170,6 +171,7 @@ def _redis_out(run: Run, freeze: bool) -> Awaitable[None]:
 SLEEP = ("sleep", "--latency-ms", "200")
 PAID_PER_MINUTE = 600  # bites within seconds at any rate the row runs (half of its requests paid)
 BUSY_RATE, BUSY_SECONDS = 2000.0, 8.0  # a busy gateway's charges; docs/STORES.md has what 2 cores make of it
+ELASTIC = functools.partial(scaling.elastic_model, fixed_model)
 FLEET_DOWN = Rules(statuses=frozenset({500, 529}), expected=None, answer_within=_budget_plus_hang)
 
 SCENARIOS = [
@@ -219,6 +221,17 @@ SCENARIOS = [
              ray=True),
     Scenario("ray-node-loss", "Ray placement: the node holding most workers is lost (raylet killed)",
              fault=_at(0.4, faults.lose_node), ray=True, rules=Rules(statuses=frozenset({500, 529}))),
+    Scenario("scale-down-under-load", "scaler at 1..4 workers: a 4x burst grows the fleet, then workers "
+             "leave while traffic flows", model=ELASTIC, workers=4, fault=scaling.watch_scale_down,
+             plan={"burst": (0.1, 0.3, 4.0)}),
+    Scenario("kill-during-scale-up", "scaler at 1..4 workers, a 4x burst: the first 2 workers it starts are "
+             "SIGKILLed while starting", model=ELASTIC, workers=4, fault=scaling.kill_starting,
+             plan={"burst": (0.1, 0.3, 4.0)}),
+    Scenario("pool-eviction", "a one-slot pool shared with another version, asked in the model's quiet gap: "
+             "each evicts the other, the model's requests wait for the slot",
+             model=functools.partial(scaling.pooled_model, fixed_model), rate=100.0,
+             fault=lambda run: scaling.evict_in_the_gap(run, PAID, at=run.duration * 0.35),
+             plan={"quiet": (0.3, 0.3)}, rules=Rules(statuses=frozenset({503, 529}))),
     Scenario("redis-stop", "Redis stopped for a third of the run, then restarted (limits in Redis)",
              redis=True, fault=lambda run: _redis_out(run, freeze=False)),
     Scenario("redis-freeze", "Redis frozen (SIGSTOP) for a third of the run (limits in Redis)",

@@ -108,6 +108,13 @@ async def send(plan: Plan, url: str, keys: dict[str, str], model: str, lead: flo
     return made
 
 
+async def send_one(url: str, key: str, model: str, shot: Shot, plan: Plan = Plan()) -> Shot:
+    """One request, on a session of its own: a fault's own client, judged with the traffic."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=plan.timeout)) as session:
+        await _one(session, url, key, model, plan, shot)
+    return shot
+
+
 async def _one(
     session: aiohttp.ClientSession, url: str, key: str, model: str, plan: Plan, shot: Shot
 ) -> None:

@@ -42,7 +42,8 @@ def test_the_example_file_loads_with_every_field():
         8192,
         "bytes",
     )
-    assert fixed.pool() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3, model="ferry-fixed@1")
+    assert fixed.pool_config() == PoolConfig(workers=8, hang_timeout=1.0, max_attempts=3,
+                                             model="ferry-fixed@1")
     assert (echo.name, echo.workers, echo.max_wait_ms) == ("echo@1", 2, 5)
     assert (canary.name, canary.policy) == ("ferry-fixed@2", "idle_aware")
     assert (minilm.worker, minilm.pythonpath, minilm.worker_options) == (
@@ -61,7 +62,7 @@ def test_the_example_file_loads_with_every_field():
     table = "mode = 'continuous'\nmodel = 'smollm2-135m'\ndtype = 'bfloat16'\nweights = 'int8'"
     int8 = parse_config(MINIMAL.replace('worker = ["echo"]', table))
     assert int8.models[0].engine_argv()[5:9] == ["--threads", "1", "--weights", "int8"]
-    assert smollm2.pool() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3,
+    assert smollm2.pool_config() == PoolConfig(workers=1, hang_timeout=5.0, max_attempts=3,
                                         model="smollm2-135m-instruct@1")
 
 
@@ -87,7 +88,7 @@ def test_the_embedded_default_is_8_sleep_workers_smollm2_and_minilm_on_loopback_
 def test_a_minimal_file_takes_the_defaults():
     config = parse_config(MINIMAL)
     assert config.server.port == 8080 and config.keys == ()
-    assert config.models[0].pool() == PoolConfig(model=config.models[0].name)
+    assert config.models[0].pool_config() == PoolConfig(model=config.models[0].name)
 
 
 @pytest.mark.parametrize(

@@ -111,9 +111,9 @@ def fixed(**keys) -> FixedModelConfig:
 
 
 def test_the_keys_default_to_workers_and_a_range_opens_slots_for_max_and_warm():
-    assert not fixed(workers=3).scaling(3).elastic and fixed(workers=3).pool().workers == 3
+    assert not fixed(workers=3).scaling(3).elastic and fixed(workers=3).pool_config().workers == 3
     ranged = fixed(workers=2, min_workers=1, max_workers=4, warm_workers=1)
-    assert (ranged.pool().workers, ranged.pool().initial) == (5, 1)
+    assert (ranged.pool_config().workers, ranged.pool_config().initial) == (5, 1)
     assert fixed(workers=8, min_workers=2).scaling(8).max_workers == 8
 
 

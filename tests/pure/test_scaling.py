@@ -2,7 +2,8 @@
 (MockClock): a burst at 3x one worker's capacity grows the fleet to its maximum and back to its
 minimum with nothing lost, a busy worker drains before it stops, a warm worker serves within a
 tick of the decision that needs it, and a version at ``min_workers = 0`` starts a worker for
-the first request and stops it after ``idle_after_s``.
+the first request and stops it after ``idle_after_s``; at zero again, a request whose wait budget
+is shorter than the measured start is refused (503) with the time to ready as its Retry-After.
 
 A simulated worker answers a call of up to 4 requests in 0.2 s: 20 requests/s each."""
 
@@ -13,6 +14,7 @@ import contextlib
 import trio
 
 from batcher.core.config import QueueConfig
+from batcher.core.errors import Starting
 from batcher.core.scaling import TICK
 from batcher.fixed.config import FixedModelConfig
 from batcher.fixed.mode import open_fixed
@@ -123,3 +125,22 @@ async def test_at_min_zero_the_first_request_starts_a_worker_which_stops_after_i
         stopped = batcher.pool.fleet().serving, batcher.snapshot().status.scaling
     assert (empty, ready_at_zero, answer, started, kept) == (0, True, "tsrif", 1, 1)
     assert stopped[0] == 0 and stopped[1] == "down 1 -> 0 (idle): no work for 30s"
+
+
+async def test_at_zero_a_budget_shorter_than_the_measured_start_is_refused_with_the_time_to_ready(
+        autojump_clock):
+    fleet = Spawner(start_s=5.0)
+    async with elastic(fleet, min_workers=0, max_workers=1, idle_after_s=1.0) as batcher:
+        first = await batcher.answer("first", "paid", timeout=30.0)  # no start measured yet: it waits
+        measured = batcher.snapshot().status.details["start_seconds"]
+        await trio.sleep(3.0)  # virtual time: idle_after_s, and the worker stops
+        stopped = batcher.pool.fleet().serving
+        outcomes = Outcomes(batcher)
+        refused = outcomes.add(["short"], "free")[0]  # a 0.3 s budget: shorter than the start
+        await trio.sleep(2 * TICK)
+        starting = batcher.pool.fleet().starting
+        patient = outcomes.add(["long"], "paid", timeout=30.0)[0]  # the rest of the start fits
+        await outcomes.wait(2)
+    assert (first, measured, stopped, starting) == ("tsrif", 5.0, 0, 1)
+    assert isinstance(refused.error, Starting) and refused.error.retry_after == 5.0
+    assert patient.result() == "gnol"

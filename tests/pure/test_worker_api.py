@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from batcher.core.config import Outputs
-from batcher.fixed.pool import wrong_outputs
+from batcher.fixed.replies import wrong_outputs
 from workers import api
 from workers.protocol import Result
 

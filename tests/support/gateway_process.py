@@ -94,10 +94,10 @@ class Gateway:
         raise RuntimeError(f"ferry serve did not start: {self.lines} {self.log.read_text()[-2000:]}")
 
     def request(self, method: str, path: str, body: object = None, headers: dict | None = None,
-                key: str | None = PAID) -> tuple[int, dict, dict]:
+                key: str | None = PAID, timeout: float = 30.0) -> tuple[int, dict, dict]:
         """One request on a fresh connection: status, headers, and the JSON body ({"raw": bytes}
-        when the answer is not JSON)."""
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        when the answer is not JSON); ``timeout`` longer for a real model's cold start."""
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
             sent = {"x-api-key": key} if key else {}

@@ -15,16 +15,18 @@ class Spawner:
     """
 
     def __init__(
-        self, plans: dict[int, FaultPlan] | None = None, service: float = 0.2, every: FaultPlan | None = None
+        self, plans: dict[int, FaultPlan] | None = None, service: float = 0.2, every: FaultPlan | None = None,
+        start_s: float = 0.0,
     ) -> None:
         self.plans = dict(plans or {})
+        self.start_s = start_s  # each worker's time from spawn to ready
         self.service = service
         self.every = every
         self.spawned: list[tuple[int, SimulatedWorker]] = []
 
     def __call__(self, slot: int) -> SimulatedWorker:
         plan = self.plans.pop(slot, self.every or FaultPlan())
-        worker = SimulatedWorker(constant(self.service), plan)
+        worker = SimulatedWorker(constant(self.service), plan, start_s=self.start_s)
         self.spawned.append((slot, worker))
         return worker
 

@@ -2,19 +2,23 @@
 HTTP: at ``min_workers = 1, max_workers = 4`` a burst of paid traffic at three times one worker's
 capacity grows the fleet to four workers and every request is answered within its budget; after
 the burst it shrinks back to one, losing nothing, and says why in ``/readyz``, ``ferry status``,
-``/metrics`` and its log.
+``/metrics`` and its log. At ``min_workers = 0`` the version's first request waits for a cold
+start and is answered; once idle it stops, and a request whose budget is shorter than the
+measured start gets 503 ``overloaded_error`` with ``Retry-After`` (both API shapes).
 
 One worker answers a call of up to 4 requests in 200 ms: 20 requests/s; the burst is 60/s."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
+import math
 import threading
 import time
 
 import pytest
 
-from tests.support.gateway_process import PAID, Gateway, ferry, message
+from tests.support.gateway_process import FREE, PAID, Gateway, ferry, message
 
 CONFIG = f"""
 [server]
@@ -107,3 +111,60 @@ def test_a_burst_grows_the_fleet_to_max_within_budget_and_it_shrinks_back_to_min
     assert events["up", "wait"] + events["up", "demand"] >= 1 and events["down", "spare"] >= 1
     assert serving_gauge == 1
     assert "elastic@1: scaling up 1 -> " in gateway.log.read_text()
+
+
+AT_ZERO = f"""
+[server]
+host = "127.0.0.1"
+port = 0
+ping_interval_ms = 100
+
+[[tiers]]
+name = "paid"
+wait_budget_ms = 60000
+
+[[tiers]]
+name = "free"
+wait_budget_ms = 20
+
+[[keys]]
+key = "{PAID}"
+tenant = "tests"
+tier = "paid"
+
+[[keys]]
+key_sha256 = "{hashlib.sha256(FREE.encode()).hexdigest()}"
+tenant = "tests"
+tier = "free"
+
+[[models]]
+name = "rare@1"
+worker = ["sleep", "--latency-ms", "10"]
+min_workers = 0
+max_workers = 1
+idle_after_s = 1.0
+"""
+
+
+def test_a_fixed_model_at_zero_cold_starts_for_its_first_request_and_refuses_a_short_budget_with_503(
+        tmp_path):
+    gateway = Gateway(tmp_path, AT_ZERO)
+    try:
+        empty = gateway.ready()["models"]["rare@1"]
+        status, _, first = gateway.request("POST", "/v1/messages", message("<first>", model="rare@1"))
+        measured = gateway.ready()["models"]["rare@1"]["start_seconds"]
+        gateway.wait_for(lambda models: not models["rare@1"]["workers"], what="the worker stopped")
+        refused = gateway.request("POST", "/v1/messages", message("<short>", model="rare@1"), key=FREE)
+        chat = {"model": "rare@1", "max_tokens": 20, "messages": [{"role": "user", "content": "<short>"}]}
+        refused_openai = gateway.request("POST", "/v1/chat/completions", chat, key=FREE)
+        gateway.wait_for(lambda models: models["rare@1"]["workers"], what="a worker started for the refused")
+    finally:
+        assert gateway.stop() == 0
+    assert empty["ready"] and empty["workers"] == []
+    assert status == 200 and ">tsrif<" in first["content"][0]["text"]
+    assert measured > 0.02  # a process start is longer than the free tier's budget
+    code, headers, body = refused
+    assert (code, body["error"]["type"]) == (503, "overloaded_error")
+    assert 1 <= int(headers["Retry-After"]) <= math.ceil(measured) + 1
+    code, headers, body = refused_openai
+    assert code == 503 and body["error"]["code"] == "overloaded" and int(headers["Retry-After"]) >= 1

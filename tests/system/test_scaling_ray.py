@@ -1,7 +1,9 @@
 """The scaler over Ray actors (the session's cluster, on loopback): a fixed model at
 ``min_workers = 1, max_workers = 2`` adds an actor for a burst and gives it back after, losing
 nothing; a continuous model at ``min_workers = 0`` starts an actor for its first request and
-stops it after ``idle_after_s``.
+stops it after ``idle_after_s``; over a real ``ferry serve`` and HTTP, SmolLM2 at ``min_workers
+= 0`` answers its first request after a cold start in an actor and stops it when idle, and two
+fixed versions sharing a one-slot pool take turns on it, an actor each.
 
 The real clock runs these (actors, sockets, subprocesses); bounds are generous and nothing
 asserts speed."""
@@ -23,6 +25,7 @@ from batcher.placement.spawn import placed
 from gateway.text.tokenizer import ByteTokenizer
 from tests.support.engine_pool import Client, job
 from tests.support.fixed_batcher import submit_all
+from tests.support.gateway_process import CONFIG, Gateway, message
 from tests.support.waiting import until_trio
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -66,3 +69,75 @@ async def test_a_continuous_model_on_ray_at_zero_starts_an_actor_for_its_first_r
         await until_trio(lambda: not pool.snapshot().status.workers, "the actor stopped", within=60)
     assert empty == () and isinstance(first.events[-1], Finished)
     assert started.workers[0].placement.startswith("ray:") and started.details["start_seconds"] > 0
+
+
+def on_ray(address: str, models: str) -> str:
+    """The shared test gateway's server, tiers and keys, its workers on the session's cluster;
+    paid waits out a real model's cold start."""
+    head = CONFIG.split("[[models]]")[0].replace("wait_budget_ms = 10000", "wait_budget_ms = 180000")
+    return head + f'[ray]\naddress = "{address}"\nnamespace = "ferry-tests"\n\n' + models
+
+
+SMOLLM2_AT_ZERO = """[[models]]
+name = "smollm2@1"
+mode = "continuous"
+model = "smollm2-135m"
+kv_memory_gb = 0.1
+max_batch_tokens = 256
+stats_timeout_ms = 60000
+temperature = 0.0
+dtype = "float32"
+placement = "ray"
+min_workers = 0
+max_workers = 1
+idle_after_s = 1.0
+"""
+
+
+def test_smollm2_on_ray_at_zero_answers_after_a_cold_start_and_stops_when_idle(ray_cluster, smollm2,
+                                                                              tmp_path):
+    gateway = Gateway(tmp_path, on_ray(ray_cluster.address, SMOLLM2_AT_ZERO))
+    try:
+        empty = gateway.ready()["models"]["smollm2@1"]
+        question = message("What is the capital of France?", model="smollm2@1", max_tokens=12)
+        status, _, answer = gateway.request("POST", "/v1/messages", question, timeout=180)
+        started = gateway.ready()["models"]["smollm2@1"]
+        idle = gateway.wait_for(lambda models: not models["smollm2@1"]["workers"], timeout=60,
+                                what="the actor stopped")
+    finally:
+        assert gateway.stop() == 0
+    assert empty["workers"] == [] and empty["ready"]
+    assert status == 200 and "Paris" in answer["content"][0]["text"]
+    assert started["workers"][0]["placement"].startswith("ray:") and started["start_seconds"] > 0
+    assert idle["smollm2@1"]["scaling"] == "down 1 -> 0 (idle): no work for 1s"
+
+
+SHARED = """[[pools]]
+name = "rare"
+slots = 1
+
+[[models]]
+name = "first@1"
+worker = ["sleep", "--latency-ms", "10"]
+placement = "ray"
+pool = "rare"
+
+[[models]]
+name = "second@1"
+worker = ["sleep", "--latency-ms", "10"]
+placement = "ray"
+pool = "rare"
+"""
+
+
+def test_two_versions_on_ray_take_turns_on_a_one_slot_pool(ray_cluster, tmp_path):
+    gateway = Gateway(tmp_path, on_ray(ray_cluster.address, SHARED))
+    try:
+        first = gateway.request("POST", "/v1/messages", message("<1>", model="first@1"))
+        second = gateway.request("POST", "/v1/messages", message("<2>", model="second@1"))
+        models = gateway.ready()["models"]
+    finally:
+        assert gateway.stop() == 0
+    assert (first[0], second[0]) == (200, 200) and ">2<" in second[2]["content"][0]["text"]
+    assert models["first@1"]["workers"] == [] and "(evicted)" in models["first@1"]["scaling"]
+    assert [w["placement"][:4] for w in models["second@1"]["workers"]] == ["ray:"]

@@ -297,7 +297,7 @@ def replay(
         raise ValueError(f"replay: the workload's tiers {workload.tiers} are not the queue's {queue.tiers}")
     outcomes = Outcomes(len(workload))
     spawn = SimulatedEngines(spec, jump, start_s)
-    slots = model.pool().workers
+    slots = model.pool_config().workers
     kv_use: list[list[float]] = []
     held: list[int] = []
     cpu = time.process_time()

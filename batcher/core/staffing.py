@@ -1,12 +1,11 @@
-"""Which replicas of a continuous pool that scales are staffed, and how long a start takes.
+"""Which worker slots of a pool that scales are staffed, and how long a start takes (both modes).
 
-A replica slot is stopped (no engine: the scaler may start one), starting, up, warm (up, routed
-nothing until the scaler promotes it), or leaving (no new job is routed to it; it stops once it
-holds none). A request that finds no replica up waits for
-one if the measured start time (spawn to ``ready`` of the last replica the scaler started) fits
-its tier's wait budget, else it is refused with the time to ready as its ``Retry-After``
-(:func:`batcher.core.scaler.cold_start`), and the scaler starts one all the same. Pure
-bookkeeping; the pool acts on it."""
+A slot is stopped (no worker: the scaler may start one), starting, up, warm (up, sent nothing
+until the scaler promotes it), or leaving (no new work is sent to it; it stops once it holds
+none). A request that finds no worker up waits for one if the measured start time (spawn to
+``ready`` of the last worker the scaler started) fits its tier's wait budget, else it is refused
+with the time to ready as its ``Retry-After`` (:func:`batcher.core.scaler.cold_start`), and the
+scaler starts one all the same. Pure bookkeeping; the mode's pool acts on it."""
 
 from __future__ import annotations
 
@@ -32,8 +31,9 @@ class Staffing:
         return self._slots - len(self.stopped)
 
     def taking(self) -> set[int]:
-        """The slots a new job may be routed to: staffed, not warm and not leaving; else (none
-        is) a warm one, which the scaler promotes at its next tick, or the slot it starts next."""
+        """The slots a new job may be routed to (by the continuous mode's router): staffed, not
+        warm and not leaving; else (none is) a warm one, which the scaler promotes at its next
+        tick, or the slot it starts next."""
         taking = set(range(self._slots)) - self.stopped - self.leaving - self.warm
         return taking or set(sorted(self.warm)[:1]) or {min(self.stopped, default=0)}
 
@@ -73,6 +73,6 @@ class Staffing:
         if verdict.wait:
             return None
         self.refused = True
-        return Starting(f"no replica of this model is up; one is expected to be ready in "
+        return Starting(f"no worker of this model is up; one is expected to be ready in "
                         f"{verdict.ready_in:.1f}s, past this request's wait budget of {budget:g}s",
                         verdict.ready_in)
