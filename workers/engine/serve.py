@@ -19,15 +19,17 @@ import select
 import sys
 import time
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS
 from workers.engine.engine import Engine
 from workers.engine.interface import EngineCore, StepOutput
-from workers.engine.loop import EngineLoop, step_messages
+from workers.engine.kv_transfer import KvCache, KvTransfer
+from workers.engine.loop import EngineLoop, Handoffs, step_messages
 from workers.engine.simulated import SimulatedRunner
+from workers.faults import instance_from_env
 from workers.protocol import FrameDecoder, ProtocolError, Ready, encode
 
 READ_LIMIT = 1 << 20
@@ -70,17 +72,30 @@ def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -
     except ValueError as exc:
         print(f"engine worker: {exc}", file=sys.stderr)
         return BAD_START
-    return serve(Engine(runner, config), name, protocol_in, protocol_out, "engine worker")
+    engine = Engine(runner, config)
+    handoffs = None
+    if not args.simulated:  # a model's runner: its cache is read and written by block
+        cache = cast(KvCache, runner)
+        handoffs = KvTransfer(engine, cache, prefill=prefills(args.prefill_slots))
+    return serve(engine, name, protocol_in, protocol_out, "engine worker", handoffs)
 
 
-def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, who: str) -> int:
+def prefills(prefill_slots: int) -> bool:
+    """Whether this worker runs prefill only: its slot (the pool's, in its environment) is below
+    ``prefill_slots``."""
+    instance = instance_from_env()
+    return instance is not None and int(instance.split(":")[0]) < prefill_slots
+
+
+def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, who: str,
+          handoffs: Handoffs | None = None) -> int:
     """Say ``ready`` as model ``name``, then :func:`run` until EOF; the worker's exit code (a frame
     that breaks the protocol is told on stderr, as ``who``)."""
     with os.fdopen(protocol_out, "wb") as out:
         out.write(encode(Ready(pid=os.getpid(), model=name)))
         out.flush()
         try:
-            run(engine, protocol_in, out)
+            run(engine, protocol_in, out, handoffs=handoffs)
         except ProtocolError as exc:
             print(f"{who}: protocol fault: {exc}", file=sys.stderr)
             return PROTOCOL_FAULT
@@ -88,13 +103,14 @@ def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, wh
 
 
 def run(
-    engine: EngineCore, protocol_in: int, out: BinaryIO, clock: Callable[[], float] = time.monotonic
+    engine: EngineCore, protocol_in: int, out: BinaryIO, clock: Callable[[], float] = time.monotonic,
+    handoffs: Handoffs | None = None,
 ) -> None:
     """Serve frames from ``protocol_in`` until EOF (see the module's docstring)."""
     decoder = FrameDecoder()
     poller = select.poll()
     poller.register(protocol_in, select.POLLIN)
-    loop = EngineLoop(engine, clock())
+    loop = EngineLoop(engine, clock(), handoffs)
     while True:
         timeout = 0.0 if engine.has_work else max(0.0, loop.next_stats - clock()) * 1000
         taken = 0
@@ -106,6 +122,8 @@ def run(
             loop.take(decoder.feed(data))
         output = loop.step()
         frames = [] if output is None else step_frames(output)
+        if output is not None and handoffs is not None:
+            frames += map(encode, handoffs.exports(output))  # after the step's tokens
         stats = loop.stats(clock())
         if stats is not None:
             frames.append(encode(stats))
