@@ -44,7 +44,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import math
 from collections.abc import AsyncIterator, Callable
 
 import trio
@@ -52,6 +51,7 @@ import trio
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_loss import Fate, fate
 from batcher.continuous.engine_process import EngineWorker
+from batcher.continuous.handoff import Handoffs
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
@@ -118,6 +118,11 @@ class EnginePool:
                 on_down=functools.partial(self._lost, r),
                 on_retired=functools.partial(self._retired, r),
             )
+        self._entry = config.prefill_workers or pool.workers  # the replicas new work is routed to: 0..entry-1
+        self.handoffs = Handoffs(self._replicas[self._entry:], config.max_seqs, config.block_size,
+                                 self.counters, self._add, self._patience)
+        for r in self._replicas[: self._entry] if config.disaggregated else ():
+            r.on_handoff = self.handoffs.take
         self.router = Router([0] * pool.workers, config.affinity_bound)
         self.staffing = Staffing(pool.workers, initial)
         self._nursery: trio.Nursery | None = None
@@ -178,7 +183,7 @@ class EnginePool:
         take at once (a job is sent while its engine has seats, KV and under
         :data:`PREFILL_STEPS` steps of prompt), against the rate at which they prefill: each
         engine's measured token rate, less the share of its step budget its decodes take."""
-        config, up = self.config, [r for r in self._replicas if r.up]
+        config, up = self.config, [r for r in self._replicas[: self._entry] if r.up]
         decoding = [(r.stats.running if r.stats else 0) / config.max_batch_tokens for r in up]
         rate = sum(r.computed.value * max(0.0, 1.0 - share) for r, share in zip(up, decoding, strict=True))
         room = sum(max(0, PREFILL_STEPS * config.max_batch_tokens - r.prefilling) for r in up
@@ -342,7 +347,7 @@ class EnginePool:
 
     def _route(self, ticket: Ticket) -> Replica:
         """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
-        taking = self.staffing.taking()
+        taking = {index for index in self.staffing.taking() if index < self._entry}  # prefill ones, if apart
         up = any(r.up for r in self._replicas if r.index in taking)
         loads = [r.load if r.index in taking and (r.up or not up) else None for r in self._replicas]
         route = self.router.choose(loads, ticket.hashes)
@@ -375,7 +380,7 @@ class EnginePool:
         the next deadline or a change (an arrival, an engine's step or report, an engine up)."""
         while True:
             now = trio.current_time()
-            wake = math.inf
+            wake = self.handoffs.flush(now)
             for r in self._replicas:
                 wake = min(wake, self._expire(r, now))
                 if r.up:
@@ -412,17 +417,22 @@ class EnginePool:
                 return
             if ticket.state is Stage.PREFILLING:  # taken from the queues (a re-run's tokens were never there)
                 self._count(ticket, -1)
-            job, sampling = ticket.job, ticket.job.sampling
             if not ticket.attempts:
                 self.counters.queue_wait[ticket.tier].observe(now - ticket.arrival)
             self.router.sent(r.index, ticket.hashes)
-            if sampling.temperature is None:
-                sampling = sampling.replace(temperature=config.temperature)  # the model's default
-            weight = self.queue_config.weights.get(job.tenant, 1.0)
-            resumed = list(ticket.out.ids)  # empty but for a stream resumed after its engine died
-            add = Add.of(next(self._rids), list(job.prompt_tokens), ticket.tier, job.tenant, sampling, weight,
-                         resumed)
-            r.start(ticket, add, blocks(len(job.prompt_tokens) + len(resumed) + 1, config.block_size), now)
+            add = self._add(ticket, next(self._rids))
+            held = len(add.prompt_tokens) + len(add.output_tokens) + 1
+            r.start(ticket, add, blocks(held, config.block_size), now)
+
+    def _add(self, ticket: Ticket, rid: int) -> Add:
+        """The ``add`` frame of ``ticket`` as sequence ``rid``: after the ids it has taken (a stream
+        resumed after its engine died, a sequence handed off after its first token)."""
+        job, sampling = ticket.job, ticket.job.sampling
+        if sampling.temperature is None:
+            sampling = sampling.replace(temperature=self.config.temperature)  # the model's default
+        weight = self.queue_config.weights.get(job.tenant, 1.0)
+        taken = list(ticket.out.ids)
+        return Add.of(rid, list(job.prompt_tokens), ticket.tier, job.tenant, sampling, weight, taken)
 
     # --- engines coming and going -------------------------------------------------------
 
@@ -438,44 +448,49 @@ class EnginePool:
         if r.index not in self.staffing.leaving:
             self._readiness.lost(r.index)
         self.router.forget(r.index)
+        self.handoffs.forget(r, list(r.live))
         lost = r.down()
         reruns, queued = r.evacuate(now)  # placed again elsewhere below
         for ticket in queued:
             self._count(ticket, -1)
         for ticket in lost:
-            if ticket.ended:
-                continue
-            ticket.attempts += 1
-            out = ticket.out
-            end = fate(sent=out.sent, generated=out.generated, max_tokens=ticket.job.max_tokens,
-                       attempts=ticket.attempts, max_attempts=self.config.max_attempts,
-                       resume=self.config.on_engine_loss == "resume")
-            if end is Fate.RERUN or end is Fate.RESUME:
-                if end is Fate.RERUN:
-                    self.counters.reruns += 1
-                    out.restart()
-                    ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
-                else:  # its client is reading: it waits for an engine as long as an admitted job may
-                    self.counters.resumed += 1
-                    ticket.rerun_due = now + self._patience(ticket.tier)
-                self._rerun(ticket)
-                continue
-            ticket.state = Stage.ENDED
-            if end is Fate.COMPLETE:
-                usage = Usage(len(ticket.job.prompt_tokens), 0, out.generated)
-                out.finish("max_tokens", usage, ticket.queued)
-            elif end is Fate.INTERRUPT:
-                self.counters.interrupted += 1
-                out.fail(ReplicaLost(
-                    f"the engine serving this stream was lost after {out.sent} output tokens; "
-                    "send the request again for a whole answer"), retryable=True)
-            else:
-                out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
+            if not ticket.ended:
+                self._lose(ticket, now)
         for ticket in reruns:  # a re-run still waiting stays one
             self._rerun(ticket)
         for ticket in queued:
             self._enqueue(self._route(ticket), ticket)
         self._changed()
+
+
+    def _lose(self, ticket: Ticket, now: float) -> None:
+        """The rule for a lost engine (:mod:`batcher.continuous.engine_loss`) for ``ticket``."""
+        ticket.attempts += 1
+        out = ticket.out
+        end = fate(sent=out.sent, generated=out.generated, max_tokens=ticket.job.max_tokens,
+                   attempts=ticket.attempts, max_attempts=self.config.max_attempts,
+                   resume=self.config.on_engine_loss == "resume")
+        if end is Fate.RERUN or end is Fate.RESUME:
+            if end is Fate.RERUN:
+                self.counters.reruns += 1
+                out.restart()
+                ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
+            else:  # its client is reading: it waits for an engine as long as an admitted job may
+                self.counters.resumed += 1
+                ticket.rerun_due = now + self._patience(ticket.tier)
+            self._rerun(ticket)
+            return
+        ticket.state = Stage.ENDED
+        if end is Fate.COMPLETE:
+            usage = Usage(len(ticket.job.prompt_tokens), 0, out.generated)
+            out.finish("max_tokens", usage, ticket.queued)
+        elif end is Fate.INTERRUPT:
+            self.counters.interrupted += 1
+            out.fail(ReplicaLost(
+                f"the engine serving this stream was lost after {out.sent} output tokens; "
+                "send the request again for a whole answer"), retryable=True)
+        else:
+            out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
 
 
 @contextlib.asynccontextmanager
