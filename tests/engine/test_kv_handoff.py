@@ -2,7 +2,8 @@
 frames (:mod:`workers.engine.kv_transfer`), makes the tokens a colocated engine makes, on
 SmolLM2-135M in float32, greedy: with a prefix hit on the decode side (the blocks it kept from an
 earlier hand-off are not written again), a prompt of several chunks, and an answer whose first
-token ends it (no hand-off). Bytes that fail the manifest break the protocol.
+token ends it (no hand-off); and seeded sampling, whose index carries over. Bytes that fail the
+manifest break the protocol.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from workers.protocol import (
 )
 
 GREEDY = Sampling(max_tokens=12, ignore_eos=True)
+SEEDED = Sampling(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=77, ignore_eos=True)
 SHARED = ("You are a helpful assistant. You answer every question in one short sentence, plainly, "
           "without lists or headings, and you never repeat the question. Question: ")
 
@@ -102,8 +104,8 @@ class Disaggregated:
                 self.moved[message.rid] = self.moved.get(message.rid, 0) + len(message.data)
             elif isinstance(message, KvExported):
                 rid = message.rid
-                add = Add.of(rid, self.prompts[rid], 0, "", sampling.replace(temperature=0.0),
-                             output_tokens=self.made[rid])
+                named = sampling.replace(temperature=sampling.temperature or 0.0)  # as the pool sends it
+                add = Add.of(rid, self.prompts[rid], 0, "", named, output_tokens=self.made[rid])
                 self.into.take(wire([*chunks, KvHandoff(add, message.manifest)]))
                 chunks = []
 
@@ -126,6 +128,13 @@ def test_handed_off_sequences_make_the_colocated_engines_tokens(smollm2, smollm2
     assert shared >= 16 and stats.prefix_hits == 2 * shared  # the 2nd and 3rd found the 1st's there
     assert stats.free_blocks == stats.total_blocks  # every block given back
     assert [pair.ended[rid].usage.output_tokens for rid in range(3)] == [12, 12, 12]
+
+
+def test_a_seeded_sequence_handed_off_samples_what_it_would_have(smollm2_runner, decode_runner):
+    prompt = list(range(100, 140))
+    expected = colocated(smollm2_runner, [prompt], SEEDED)
+    assert Disaggregated(smollm2_runner, decode_runner).run([prompt], SEEDED) == expected
+    assert expected != colocated(smollm2_runner, [prompt], SEEDED.replace(seed=78))  # the seed carries it
 
 
 def test_an_answer_ended_by_its_first_token_is_not_handed_off(smollm2_runner, decode_runner):
