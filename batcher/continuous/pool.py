@@ -24,6 +24,8 @@ prefill). Once sent, a job runs to its end.
 **Routing** happens at arrival (:mod:`batcher.continuous.router`): the load of a replica is the tokens it
 still owes its jobs, queued here or running there; the prefix is the request's block hashes.
 What a replica holds and how its engine's frames become events is :mod:`batcher.continuous.replica`.
+With prefill and decode replicas apart, new work goes to the prefill ones, and each sequence moves
+to a decode one after its first token (:mod:`batcher.continuous.handoff`).
 
 **A replica that dies** (its process exits, breaks the protocol, or sends no ``stats`` for
 ``stats_timeout``: killed) loses what it held. A job that has shown its client nothing (a whole
@@ -454,43 +456,39 @@ class EnginePool:
         for ticket in queued:
             self._count(ticket, -1)
         for ticket in lost:
-            if not ticket.ended:
-                self._lose(ticket, now)
+            if ticket.ended:
+                continue
+            ticket.attempts += 1
+            out = ticket.out
+            end = fate(sent=out.sent, generated=out.generated, max_tokens=ticket.job.max_tokens,
+                       attempts=ticket.attempts, max_attempts=self.config.max_attempts,
+                       resume=self.config.on_engine_loss == "resume")
+            if end is Fate.RERUN or end is Fate.RESUME:
+                if end is Fate.RERUN:
+                    self.counters.reruns += 1
+                    out.restart()
+                    ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
+                else:  # its client is reading: it waits for an engine as long as an admitted job may
+                    self.counters.resumed += 1
+                    ticket.rerun_due = now + self._patience(ticket.tier)
+                self._rerun(ticket)
+                continue
+            ticket.state = Stage.ENDED
+            if end is Fate.COMPLETE:
+                usage = Usage(len(ticket.job.prompt_tokens), 0, out.generated)
+                out.finish("max_tokens", usage, ticket.queued)
+            elif end is Fate.INTERRUPT:
+                self.counters.interrupted += 1
+                out.fail(ReplicaLost(
+                    f"the engine serving this stream was lost after {out.sent} output tokens; "
+                    "send the request again for a whole answer"), retryable=True)
+            else:
+                out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
         for ticket in reruns:  # a re-run still waiting stays one
             self._rerun(ticket)
         for ticket in queued:
             self._enqueue(self._route(ticket), ticket)
         self._changed()
-
-
-    def _lose(self, ticket: Ticket, now: float) -> None:
-        """The rule for a lost engine (:mod:`batcher.continuous.engine_loss`) for ``ticket``."""
-        ticket.attempts += 1
-        out = ticket.out
-        end = fate(sent=out.sent, generated=out.generated, max_tokens=ticket.job.max_tokens,
-                   attempts=ticket.attempts, max_attempts=self.config.max_attempts,
-                   resume=self.config.on_engine_loss == "resume")
-        if end is Fate.RERUN or end is Fate.RESUME:
-            if end is Fate.RERUN:
-                self.counters.reruns += 1
-                out.restart()
-                ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
-            else:  # its client is reading: it waits for an engine as long as an admitted job may
-                self.counters.resumed += 1
-                ticket.rerun_due = now + self._patience(ticket.tier)
-            self._rerun(ticket)
-            return
-        ticket.state = Stage.ENDED
-        if end is Fate.COMPLETE:
-            usage = Usage(len(ticket.job.prompt_tokens), 0, out.generated)
-            out.finish("max_tokens", usage, ticket.queued)
-        elif end is Fate.INTERRUPT:
-            self.counters.interrupted += 1
-            out.fail(ReplicaLost(
-                f"the engine serving this stream was lost after {out.sent} output tokens; "
-                "send the request again for a whole answer"), retryable=True)
-        else:
-            out.fail(RequestFailed(f"its engine was lost {ticket.attempts} times"), retryable=False)
 
 
 @contextlib.asynccontextmanager
@@ -506,4 +504,3 @@ async def open_engine_pool(
         await nursery.start(pool.run)
         yield pool
         nursery.cancel_scope.cancel()
-
