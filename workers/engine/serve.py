@@ -1,8 +1,10 @@
 """``python -m workers engine``: the continuous engine behind the framed pipe (workers/protocol.py).
 
 The process shell of the serving loop (:mod:`workers.engine.loop`). While the engine has work,
-each turn takes whatever frames have already arrived (``poll`` with timeout 0, at most 1 MiB,
-so a flood of ``add`` frames cannot stall running decodes), runs one step, and writes that
+each turn takes whatever frames have already arrived (``poll`` with timeout 0, at most 1 MiB
+besides the frame in progress, so a flood of ``add`` frames cannot stall running decodes; a
+hand-off's ``kv`` bytes do not count: they are copied, not computed, and at most the cache's
+worth waits, so a long prompt's KV is not spread over hundreds of steps), runs one step, and writes that
 step's ``tokens`` and ``finished`` frames, plus ``stats`` when 200 ms have passed, in one write.
 While idle it blocks on the pipe, waking only to send ``stats``. EOF on the pipe ends it (exit
 0); the parent watchdog of ``workers/__main__.py`` ends it when the gateway dies.
@@ -30,7 +32,7 @@ from workers.engine.kv_transfer import KvCache, KvTransfer
 from workers.engine.loop import EngineLoop, Handoffs, step_messages
 from workers.engine.simulated import SimulatedRunner
 from workers.faults import instance_from_env
-from workers.protocol import FrameDecoder, ProtocolError, Ready, encode
+from workers.protocol import FrameDecoder, KvBlocks, ProtocolError, Ready, encode
 
 READ_LIMIT = 1 << 20
 BAD_START, PROTOCOL_FAULT = 2, 2
@@ -114,12 +116,14 @@ def run(
     while True:
         timeout = 0.0 if engine.has_work else max(0.0, loop.next_stats - clock()) * 1000
         taken = 0
-        while taken < READ_LIMIT and poller.poll(timeout):
+        while taken - decoder.pending < READ_LIMIT and poller.poll(timeout):
             data = os.read(protocol_in, 1 << 16)
             if not data:
                 return
-            taken, timeout = taken + len(data), 0.0
-            loop.take(decoder.feed(data))
+            messages = decoder.feed(data)
+            moved = sum(len(message.data) for message in messages if isinstance(message, KvBlocks))
+            taken, timeout = taken + len(data) - moved, 0.0
+            loop.take(messages)
         output = loop.step()
         frames = [] if output is None else step_frames(output)
         if output is not None and handoffs is not None:
