@@ -31,6 +31,9 @@ def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
     engine.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
     engine.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
                         help="bf16, or int8 too for steps of few rows (bfloat16, CPU; default %(default)s)")
+    engine.add_argument("--prefill-slots", type=int, default=0,
+                        help="the pool's slots below this run prefill only and hand each sequence "
+                             "off after its first token (default %(default)s: none)")
     engine.add_argument(
         "--step-costs", metavar="FILE", default=None,
         help="step costs `ferry fit` wrote: the prices that hold the tiers' TPOT targets "

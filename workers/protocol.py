@@ -49,6 +49,16 @@ Continuous mode (``python -m workers engine``; a step is one forward pass)::
                               cached_blocks, preemptions, prefix_queries, prefix_hits,
                               computed_tokens, generated_tokens}   every ~200 ms
 
+Prefill and decode on separate engines (the KV hand-off, ``workers/engine/kv_transfer.py``)::
+
+    worker -> pool   kv      {rid, data}                  whole KV blocks of a sequence, in order
+    worker -> pool   kv_exported {rid, manifest, seconds} after its first token: it left this engine
+    pool -> worker   kv      {rid, data}                  the same bytes, forwarded to a decode engine
+    pool -> worker   kv_handoff {add, manifest}           run ``add`` over the KV just sent
+
+A manifest (``kv_tokens, blocks, block_bytes, digest, cached_tokens``) lets the receiving engine
+check the bytes by count and by hash before it uses them.
+
 A rid's last ``tokens`` frame precedes its ``finished`` frame. For ``eos`` and ``stop_token`` the
 stop token itself is not sent (it is not text): ``finished``'s ``output_tokens`` counts it, so
 that count is one more than the ids sent.
@@ -334,9 +344,45 @@ class EngineStats(Frame, tag="stats", frozen=True):
 NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 """All zero: a replica before its first engine, and the gauges of one whose engine is gone."""
 
+class KvBlocks(Frame, tag="kv", frozen=True):
+    """Part of sequence ``rid``'s KV on its way to another engine: the bytes of whole blocks."""
+
+    rid: int
+    data: bytes
+
+
+class KvManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a hand-off's ``kv`` frames hold: the KV of the first ``kv_tokens`` tokens of the
+    sequence in ``blocks`` blocks of ``block_bytes`` bytes, ``digest`` their BLAKE2b-128; of its
+    prompt, ``cached_tokens`` came from the sending engine's prefix cache (billed as cached)."""
+
+    kv_tokens: int
+    blocks: int
+    block_bytes: int
+    digest: bytes
+    cached_tokens: int
+
+
+class KvExported(Frame, tag="kv_exported", frozen=True):
+    """Sequence ``rid`` made its first token and left this (prefill) engine: its ``kv`` frames
+    are sent; exporting them took ``seconds``."""
+
+    rid: int
+    manifest: KvManifest
+    seconds: float
+
+
+class KvHandoff(Frame, tag="kv_handoff", frozen=True):
+    """Run ``add`` (its ``output_tokens`` end with the token the prefill engine made) over the
+    KV of the ``kv`` frames just sent for its rid, once they pass the manifest's checks."""
+
+    add: Add
+    manifest: KvManifest
+
+
 Message = (
     Ready | Unloadable | RunBatch | Skip | Accepted | Result | Error
-    | Add | Abort | Tokens | SequenceFinished | EngineStats
+    | Add | Abort | Tokens | SequenceFinished | EngineStats | KvBlocks | KvExported | KvHandoff
 )
 _DECODER: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 _ENCODER = msgspec.msgpack.Encoder()

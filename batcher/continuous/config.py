@@ -64,6 +64,8 @@ class ContinuousModelConfig(ModelConfig):
     engine: str = "ferry"  # a name in ENGINES
     on_engine_loss: str = "error"  # a stream that showed text when its engine died: "error" or "resume"
     step_costs: str = ""  # a file `ferry fit` wrote: the prices that hold the tiers' tpot_target_ms
+    prefill_workers: int = 0  # with decode_workers, instead of workers: replicas that prefill and hand off
+    decode_workers: int = 0  # replicas that decode what the prefill ones hand them (0, 0: colocated)
 
     def __post_init__(self) -> None:
         require(bool(self.model) != bool(self.simulated), "model", "a model (or simulated), not both",
@@ -127,7 +129,32 @@ class ContinuousModelConfig(ModelConfig):
                 "'bf16' unless ferry's engine runs a real model in bfloat16 on a CPU", self.weights)
         require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
                  self.compile)
+        self._check_roles()
         self.pool_config()  # checks workers and max_attempts with the pool's own rules
+
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill and decode on separate replicas (docs/continuous.md, "Prefill and decode apart")."""
+        return bool(self.prefill_workers or self.decode_workers)
+
+    def _check_roles(self) -> None:
+        """``prefill_workers`` and ``decode_workers`` together, each >= 1, in place of ``workers``
+        (which becomes their sum), on ferry's engine over a model, at a fixed size."""
+        if not self.disaggregated:
+            return
+        for name in ("prefill_workers", "decode_workers"):
+            count = getattr(self, name)
+            require(1 <= count <= 4096, name, "1..4096 (with the other one)", count)
+        total = self.prefill_workers + self.decode_workers
+        require(self.workers in (1, total), "workers",
+                f"left out with prefill_workers and decode_workers (it is their sum, {total})", self.workers)
+        object.__setattr__(self, "workers", total)
+        require(self.engine == "ferry" and not self.simulated, "prefill_workers",
+                "0 unless ferry's engine runs a model (vLLM's and the simulated engine hand no KV over)",
+                self.prefill_workers)
+        require(not self.scaling(total).elastic, "prefill_workers",
+                "0 with min_workers, max_workers or warm_workers (a pool of two roles does not scale)",
+                self.prefill_workers)
 
     @property
     def model_dir(self) -> str:
@@ -173,6 +200,8 @@ class ContinuousModelConfig(ModelConfig):
                 argv += ["--weights", self.weights]
         argv += ["--block-size", str(self.block_size), "--max-batch-tokens", str(self.max_batch_tokens),
                  "--max-seqs", str(self.max_seqs), "--model-version", self.name]
+        if self.prefill_workers:
+            argv += ["--prefill-slots", str(self.prefill_workers)]  # slots 0..P-1 prefill, the rest decode
         if self.num_blocks:
             argv += ["--num-blocks", str(self.num_blocks)]
         elif self.kv_memory_gb:

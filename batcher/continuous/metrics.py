@@ -22,6 +22,8 @@ from batcher.core.mode import Exported
 from workers.protocol import EngineStats
 
 STEP_TOKEN_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+HANDOFF_BYTE_BOUNDS = tuple(float(1 << n) for n in range(16, 34, 2))  # 64 KiB .. 8 GiB
+HANDOFF_SECOND_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class ContinuousCounters(Counters):
     interrupted: int = 0  # streams ended with ReplicaLost
     resumed: int = 0  # streams that showed text, continued on another engine (on_engine_loss = "resume")
     step_tokens: Histogram = dataclasses.field(default_factory=lambda: Histogram(STEP_TOKEN_BOUNDS))
+    handoff_bytes: Histogram = dataclasses.field(default_factory=lambda: Histogram(HANDOFF_BYTE_BOUNDS))
+    handoff_seconds: Histogram = dataclasses.field(default_factory=lambda: Histogram(HANDOFF_SECOND_BOUNDS))
     replicas: tuple[ReplicaStats, ...] = ()
 
 
@@ -79,6 +83,12 @@ def engine_families(backends: Sequence[Exported[ContinuousCounters]]) -> Iterato
                                       "Streams ended by an error after sending text.", labels=["model"])
     resumed = CounterMetricFamily("ferry_engine_resumed_streams",
                                   "Streams continued on another engine after theirs died.", labels=["model"])
+    moved = HistogramMetricFamily("ferry_engine_kv_handoff_bytes",
+                                  "KV bytes moved per prefill -> decode hand-off.", labels=["model"])
+    paused = HistogramMetricFamily(
+        "ferry_engine_kv_handoff_seconds",
+        "Per hand-off: from its KV leaving the prefill replica to the decode replica's next token.",
+        labels=["model"])
     families: list[tuple[GaugeMetricFamily | CounterMetricFamily, str]] = [*gauges, *counters]
     for model, _, snapshot in backends:
         counted: ContinuousCounters = snapshot.counters
@@ -88,8 +98,10 @@ def engine_families(backends: Sequence[Exported[ContinuousCounters]]) -> Iterato
                 family.add_metric(labels, getattr(replica.engine, field))
             rate.add_metric(labels, replica.generation_rate)
         steps.add_metric([model], counted.step_tokens.cumulative(), counted.step_tokens.total)
+        moved.add_metric([model], counted.handoff_bytes.cumulative(), counted.handoff_bytes.total)
+        paused.add_metric([model], counted.handoff_seconds.cumulative(), counted.handoff_seconds.total)
         reruns.add_metric([model], counted.reruns)
         interrupted.add_metric([model], counted.interrupted)
         resumed.add_metric([model], counted.resumed)
     yield from (family for family, _ in families)
-    yield from (rate, steps, reruns, interrupted, resumed)
+    yield from (rate, steps, reruns, interrupted, resumed, moved, paused)

@@ -24,6 +24,8 @@ prefill). Once sent, a job runs to its end.
 **Routing** happens at arrival (:mod:`batcher.continuous.router`): the load of a replica is the tokens it
 still owes its jobs, queued here or running there; the prefix is the request's block hashes.
 What a replica holds and how its engine's frames become events is :mod:`batcher.continuous.replica`.
+With prefill and decode replicas apart, new work goes to the prefill ones, and each sequence moves
+to a decode one after its first token (:mod:`batcher.continuous.handoff`).
 
 **A replica that dies** (its process exits, breaks the protocol, or sends no ``stats`` for
 ``stats_timeout``: killed) loses what it held. A job that has shown its client nothing (a whole
@@ -44,7 +46,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import math
 from collections.abc import AsyncIterator, Callable
 
 import trio
@@ -52,6 +53,7 @@ import trio
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_loss import Fate, fate
 from batcher.continuous.engine_process import EngineWorker
+from batcher.continuous.handoff import Handoffs
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
@@ -118,6 +120,11 @@ class EnginePool:
                 on_down=functools.partial(self._lost, r),
                 on_retired=functools.partial(self._retired, r),
             )
+        self._entry = config.prefill_workers or pool.workers  # the replicas new work is routed to: 0..entry-1
+        self.handoffs = Handoffs(self._replicas[self._entry:], config.max_seqs, config.block_size,
+                                 self.counters, self._add, self._patience)
+        for r in self._replicas[: self._entry] if config.disaggregated else ():
+            r.on_handoff = self.handoffs.take
         self.router = Router([0] * pool.workers, config.affinity_bound)
         self.staffing = Staffing(pool.workers, initial)
         self._nursery: trio.Nursery | None = None
@@ -178,7 +185,7 @@ class EnginePool:
         take at once (a job is sent while its engine has seats, KV and under
         :data:`PREFILL_STEPS` steps of prompt), against the rate at which they prefill: each
         engine's measured token rate, less the share of its step budget its decodes take."""
-        config, up = self.config, [r for r in self._replicas if r.up]
+        config, up = self.config, [r for r in self._replicas[: self._entry] if r.up]
         decoding = [(r.stats.running if r.stats else 0) / config.max_batch_tokens for r in up]
         rate = sum(r.computed.value * max(0.0, 1.0 - share) for r, share in zip(up, decoding, strict=True))
         room = sum(max(0, PREFILL_STEPS * config.max_batch_tokens - r.prefilling) for r in up
@@ -342,7 +349,7 @@ class EnginePool:
 
     def _route(self, ticket: Ticket) -> Replica:
         """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
-        taking = self.staffing.taking()
+        taking = {index for index in self.staffing.taking() if index < self._entry}  # prefill ones, if apart
         up = any(r.up for r in self._replicas if r.index in taking)
         loads = [r.load if r.index in taking and (r.up or not up) else None for r in self._replicas]
         route = self.router.choose(loads, ticket.hashes)
@@ -375,7 +382,7 @@ class EnginePool:
         the next deadline or a change (an arrival, an engine's step or report, an engine up)."""
         while True:
             now = trio.current_time()
-            wake = math.inf
+            wake = self.handoffs.flush(now)
             for r in self._replicas:
                 wake = min(wake, self._expire(r, now))
                 if r.up:
@@ -412,17 +419,23 @@ class EnginePool:
                 return
             if ticket.state is Stage.PREFILLING:  # taken from the queues (a re-run's tokens were never there)
                 self._count(ticket, -1)
-            job, sampling = ticket.job, ticket.job.sampling
             if not ticket.attempts:
                 self.counters.queue_wait[ticket.tier].observe(now - ticket.arrival)
             self.router.sent(r.index, ticket.hashes)
-            if sampling.temperature is None:
-                sampling = sampling.replace(temperature=config.temperature)  # the model's default
-            weight = self.queue_config.weights.get(job.tenant, 1.0)
-            resumed = list(ticket.out.ids)  # empty but for a stream resumed after its engine died
-            add = Add.of(next(self._rids), list(job.prompt_tokens), ticket.tier, job.tenant, sampling, weight,
-                         resumed, self.queue_config.tpot_target(ticket.tier))
-            r.start(ticket, add, blocks(len(job.prompt_tokens) + len(resumed) + 1, config.block_size), now)
+            add = self._add(ticket, next(self._rids))
+            held = len(add.prompt_tokens) + len(add.output_tokens) + 1
+            r.start(ticket, add, blocks(held, config.block_size), now)
+
+    def _add(self, ticket: Ticket, rid: int) -> Add:
+        """The ``add`` frame of ``ticket`` as sequence ``rid``: after the ids it has taken (a stream
+        resumed after its engine died, a sequence handed off after its first token)."""
+        job, sampling = ticket.job, ticket.job.sampling
+        if sampling.temperature is None:
+            sampling = sampling.replace(temperature=self.config.temperature)  # the model's default
+        weight = self.queue_config.weights.get(job.tenant, 1.0)
+        taken = list(ticket.out.ids)
+        return Add.of(rid, list(job.prompt_tokens), ticket.tier, job.tenant, sampling, weight, taken,
+                      self.queue_config.tpot_target(ticket.tier))
 
     # --- engines coming and going -------------------------------------------------------
 
@@ -438,6 +451,7 @@ class EnginePool:
         if r.index not in self.staffing.leaving:
             self._readiness.lost(r.index)
         self.router.forget(r.index)
+        self.handoffs.forget(r, list(r.live))
         lost = r.down()
         reruns, queued = r.evacuate(now)  # placed again elsewhere below
         for ticket in queued:
@@ -491,4 +505,3 @@ async def open_engine_pool(
         await nursery.start(pool.run)
         yield pool
         nursery.cancel_scope.cancel()
-

@@ -53,6 +53,8 @@ from workers.protocol import (
     Abort,
     Add,
     EngineStats,
+    KvBlocks,
+    KvExported,
     Message,
     ProtocolError,
     SequenceFinished,
@@ -86,6 +88,7 @@ class Ticket:
         "cost",
         "deadline",
         "dispatched_at",
+        "handed_at",
         "hashes",
         "out",
         "prefill",
@@ -110,6 +113,7 @@ class Ticket:
         self.attempts = 0  # times an engine died under it
         self.rerun_due = math.inf  # a re-run that no engine takes by then fails
         self.prefill = 0  # tokens its engine computes before its first token (a resumed one's output too)
+        self.handed_at = math.inf  # when its KV was handed to a decode replica, until that one's next token
 
     @property
     def job(self) -> Job:
@@ -161,6 +165,7 @@ class Replica:
         self._pool_counters, self._on_change, self._on_answer = counters, on_change, on_answer
         self._outbox: list[bytes] = []
         self._outbox_ready = trio.Event()
+        self.on_handoff: Callable[[Replica, Message], None] | None = None  # a prefill replica's kv frames
 
     def owe(self, ticket: Ticket, tokens: int) -> None:
         """``ticket`` is now owed ``tokens`` here (0: it left)."""
@@ -240,6 +245,26 @@ class Replica:
         self.owe(ticket, ticket.cost)
         self.send(add)
 
+    def release(self, rid: int) -> Ticket | None:
+        """Sequence ``rid`` left the engine for another (a hand-off): its ticket, owing nothing
+        here, or None if it has ended (its caller went away)."""
+        ticket = self.live.pop(rid, None)
+        if ticket is None:
+            return None
+        self._prefilled(ticket)
+        self.owe(ticket, 0)
+        return None if ticket.ended else ticket
+
+    def receive(self, ticket: Ticket, frames: list[Message], blocks: int, now: float) -> None:
+        """``ticket``, prefilled elsewhere, is decoded here from the KV in ``frames``, holding
+        ``blocks`` of its free ones."""
+        ticket.replica, ticket.state, ticket.handed_at = self.index, Stage.RUNNING, now
+        self.live[ticket.rid] = ticket
+        self.free_blocks -= blocks
+        self.owe(ticket, max(0, ticket.job.max_tokens - ticket.out.generated))
+        for frame in frames:
+            self.send(frame)
+
     def end(self, ticket: Ticket) -> None:
         """The caller of a live ticket has gone, or its answer is complete: its sequence is
         aborted (its blocks are free before the engine's next step)."""
@@ -252,7 +277,7 @@ class Replica:
             ticket.state = Stage.RUNNING
             self.prefilling -= ticket.prefill
 
-    def send(self, message: Add | Abort) -> None:
+    def send(self, message: Message) -> None:
         self._outbox.append(encode(message))
         self._outbox_ready.set()
 
@@ -315,6 +340,8 @@ class Replica:
                 self._finished(message)
             elif isinstance(message, EngineStats):
                 self._report(message, now)
+            elif isinstance(message, KvBlocks | KvExported) and self.on_handoff is not None:
+                self.on_handoff(self, message)
             else:
                 raise ProtocolError(f"unexpected {message.kind} frame from an engine")
         self._on_change()
@@ -325,6 +352,9 @@ class Replica:
             return
         job = ticket.job
         self._prefilled(ticket)
+        if ticket.handed_at < math.inf:  # the first token since its hand-off
+            self._pool_counters.handoff_seconds.observe(trio.current_time() - ticket.handed_at)
+            ticket.handed_at = math.inf
         self.queue.charge(ticket.tier, ticket.tenant, len(frame.ids))  # its share: answer tokens as made
         if ticket.out.push(frame.ids, ticket.queued):  # a whole answer reached a stop sequence
             self.end(ticket)

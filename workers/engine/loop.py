@@ -6,6 +6,10 @@ engine has work, and hands out that step's frames (:func:`step_messages`) and, o
 ``stats``. Two shells drive it: the worker process (``workers/engine/serve.py``: the pipe and
 the wall clock) and the simulated engine of ``batcher.sim`` (trio's virtual clock).
 
+An engine that takes part in prefill -> decode hand-offs has a :class:`Handoffs`
+(:mod:`workers.engine.kv_transfer`): it takes the hand-off frames, and after each step says
+which sequences left the engine, whose frames follow that step's.
+
 A frame the loop cannot take breaks the protocol (:class:`~workers.protocol.ProtocolError`): a
 kind an engine does not take, an ``add`` the engine refuses (a rid already live, sampling out of
 range, an empty prompt). An ``abort`` of a rid the engine does not hold (it has just finished)
@@ -15,6 +19,7 @@ is ignored.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol
 
 from workers.engine.interface import EngineCore, SequenceEnd, StepOutput
 from workers.engine.sequence import FinishReason
@@ -24,11 +29,21 @@ STATS_INTERVAL = 0.2
 STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)  # ended by a stop token: its id is not sent
 
 
+class Handoffs(Protocol):
+    """An engine's side of the KV hand-off (:class:`workers.engine.kv_transfer.KvTransfer`)."""
+
+    def take(self, message: Message) -> bool:
+        """Take a hand-off's frame; False if ``message`` is not one."""
+
+    def exports(self, output: StepOutput) -> list[Message]:
+        """The frames of the sequences that leave the engine after the step that made ``output``."""
+
+
 class EngineLoop:
     """One engine's loop (see the module doc); ``now`` is when it starts, its first ``stats`` due."""
 
-    def __init__(self, engine: EngineCore, now: float) -> None:
-        self.engine = engine
+    def __init__(self, engine: EngineCore, now: float, handoffs: Handoffs | None = None) -> None:
+        self.engine, self.handoffs = engine, handoffs
         self.next_stats = now
 
     def take(self, messages: Iterable[Message]) -> None:
@@ -36,6 +51,8 @@ class EngineLoop:
         for message in messages:
             if isinstance(message, Abort):
                 self.engine.abort(message.rid)
+                continue
+            if self.handoffs is not None and self.handoffs.take(message):
                 continue
             if not isinstance(message, Add):
                 raise ProtocolError(f"unexpected {message.kind} frame")

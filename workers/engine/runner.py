@@ -84,6 +84,25 @@ class ModelRunner(BatchRunner):
         )
         self.sampler = Sampler(self.device)
 
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of K and V one block holds across all layers: what a hand-off moves per block."""
+        return self.kv_bytes_per_token * self.block_size
+
+    def read_blocks(self, blocks: list[int]) -> bytes:
+        """The KV of ``blocks``, block after block (each its layers' K and V), as bytes."""
+        index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        picked = self.kv_cache.index_select(3, index).permute(3, 0, 1, 2, 4, 5).contiguous()
+        return picked.view(-1).view(torch.uint8).cpu().numpy().tobytes()
+
+    def write_blocks(self, blocks: list[int], data: bytearray) -> None:
+        """Write ``data`` (:meth:`read_blocks`' layout, of the same model) into ``blocks``."""
+        layers, pair, heads, _, size, dim = self.kv_cache.shape
+        values = torch.frombuffer(data, dtype=torch.uint8).view(self.dtype)
+        values = values.view(len(blocks), layers, pair, heads, size, dim).to(self.device)
+        index = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        self.kv_cache.index_copy_(3, index, values.permute(1, 2, 3, 0, 4, 5))
+
     @torch.inference_mode()
     def execute(self, batch: ForwardBatch) -> list[int | None]:
         """The next token of each sequence whose ``samples[i]`` is set, None for the others."""

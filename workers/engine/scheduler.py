@@ -151,6 +151,34 @@ class Scheduler:
         self.finish(seq, FinishReason.ABORTED, now)
         return True
 
+    def release(self, seq: Sequence) -> None:
+        """A running ``seq`` leaves for another engine (a prefill -> decode hand-off): out of the
+        engine, its tokens charged to its tenant, its blocks freed (the full ones stay cached)."""
+        self.running.remove(seq)
+        self._charge(seq)
+        self.blocks.free_blocks(seq)
+        self._run = None
+        del self.sequences[seq.rid]
+
+    def receive(self, seq: Sequence, computed: int, now: float) -> int | None:
+        """Run ``seq`` at once, its first ``computed`` tokens' KV sent by another engine: how many
+        of its leading blocks this engine's prefix cache held (their KV need not be written), or
+        None (nothing changed) when it has no seat or its blocks do not fit now."""
+        if seq.rid in self.sequences:
+            raise ValueError(f"rid {seq.rid}: already in the engine")
+        if len(self.running) >= self.config.max_seqs:
+            return None
+        hits = self.blocks.lookup(seq)
+        held = len(hits) * self.config.block_size
+        if not self.blocks.admit(seq, hits, computed - held):
+            return None
+        self.blocks.computed(seq, computed - held)  # the blocks it fills are cached: kept here
+        seq.status, seq.first_scheduled, seq.charged = SequenceStatus.RUNNING, now, len(seq.output_ids)
+        self.sequences[seq.rid] = seq
+        bisect.insort(self.running, seq, key=priority)
+        self._run = None
+        return len(hits)
+
     def decode_run(self) -> DecodeRun | None:
         """The run of decode steps the running sequences are in, or None if the next step is not
         a pure decode of all of them (see :mod:`workers.engine.decode_run`)."""
@@ -380,14 +408,19 @@ class Scheduler:
             self.seats.leave(seq)
         self.blocks.free_blocks(seq)
         self._run = None
-        made = len(seq.output_ids) - seq.charged
-        if made:
-            self.waiting[seq.tier].charge(seq.tenant, made)  # its tenant's share: the tokens it made
+        self._charge(seq)
         seq.status, seq.finish_reason, seq.finished_at = SequenceStatus.FINISHED, reason, now
         del self.sequences[seq.rid]
         self.finished.append(seq)
         if detail:
             self.details[seq.rid] = detail
+
+    def _charge(self, seq: Sequence) -> None:
+        """Charge ``seq``'s tenant's share for the tokens it made and was not charged for yet."""
+        made = len(seq.output_ids) - seq.charged
+        if made:
+            self._queue(seq.tier).charge(seq.tenant, made)
+            seq.charged += made
 
     def _too_long(self, blocks: int) -> str:
         return (

@@ -1,8 +1,10 @@
 """``python -m workers engine``: the continuous engine behind the framed pipe (workers/protocol.py).
 
 The process shell of the serving loop (:mod:`workers.engine.loop`). While the engine has work,
-each turn takes whatever frames have already arrived (``poll`` with timeout 0, at most 1 MiB,
-so a flood of ``add`` frames cannot stall running decodes), runs one step, and writes that
+each turn takes whatever frames have already arrived (``poll`` with timeout 0, at most 1 MiB
+besides the frame in progress, so a flood of ``add`` frames cannot stall running decodes; a
+hand-off's ``kv`` bytes do not count: they are copied, not computed, and at most the cache's
+worth waits, so a long prompt's KV is not spread over hundreds of steps), runs one step, and writes that
 step's ``tokens`` and ``finished`` frames, plus ``stats`` when 200 ms have passed, in one write.
 While idle it blocks on the pipe, waking only to send ``stats``. EOF on the pipe ends it (exit
 0); the parent watchdog of ``workers/__main__.py`` ends it when the gateway dies.
@@ -19,7 +21,7 @@ import select
 import sys
 import time
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
@@ -27,9 +29,11 @@ from workers.engine.cost_model import PRESETS, CostModel
 from workers.engine.engine import Engine
 from workers.engine.fit import cost_fit
 from workers.engine.interface import EngineCore, StepOutput
-from workers.engine.loop import EngineLoop, step_messages
+from workers.engine.kv_transfer import KvCache, KvTransfer
+from workers.engine.loop import EngineLoop, Handoffs, step_messages
 from workers.engine.simulated import SimulatedRunner
-from workers.protocol import FrameDecoder, ProtocolError, Ready, encode
+from workers.faults import instance_from_env
+from workers.protocol import FrameDecoder, KvBlocks, ProtocolError, Ready, encode
 
 READ_LIMIT = 1 << 20
 BAD_START, PROTOCOL_FAULT = 2, 2
@@ -73,7 +77,11 @@ def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -
         print(f"engine worker: {exc}", file=sys.stderr)
         return BAD_START
     engine = Engine(runner, config, cost=cost)
-    return serve(engine, name, protocol_in, protocol_out, "engine worker")
+    handoffs = None
+    if not args.simulated:  # a model's runner: its cache is read and written by block
+        cache = cast(KvCache, runner)
+        handoffs = KvTransfer(engine, cache, prefill=prefills(args.prefill_slots))
+    return serve(engine, name, protocol_in, protocol_out, "engine worker", handoffs)
 
 
 def step_costs(args: argparse.Namespace) -> CostModel | None:
@@ -87,14 +95,22 @@ def step_costs(args: argparse.Namespace) -> CostModel | None:
     return PRESETS[args.simulated] if args.simulated else None
 
 
-def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, who: str) -> int:
+def prefills(prefill_slots: int) -> bool:
+    """Whether this worker runs prefill only: its slot (the pool's, in its environment) is below
+    ``prefill_slots``."""
+    instance = instance_from_env()
+    return instance is not None and int(instance.split(":")[0]) < prefill_slots
+
+
+def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, who: str,
+          handoffs: Handoffs | None = None) -> int:
     """Say ``ready`` as model ``name``, then :func:`run` until EOF; the worker's exit code (a frame
     that breaks the protocol is told on stderr, as ``who``)."""
     with os.fdopen(protocol_out, "wb") as out:
         out.write(encode(Ready(pid=os.getpid(), model=name)))
         out.flush()
         try:
-            run(engine, protocol_in, out)
+            run(engine, protocol_in, out, handoffs=handoffs)
         except ProtocolError as exc:
             print(f"{who}: protocol fault: {exc}", file=sys.stderr)
             return PROTOCOL_FAULT
@@ -102,24 +118,29 @@ def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, wh
 
 
 def run(
-    engine: EngineCore, protocol_in: int, out: BinaryIO, clock: Callable[[], float] = time.monotonic
+    engine: EngineCore, protocol_in: int, out: BinaryIO, clock: Callable[[], float] = time.monotonic,
+    handoffs: Handoffs | None = None,
 ) -> None:
     """Serve frames from ``protocol_in`` until EOF (see the module's docstring)."""
     decoder = FrameDecoder()
     poller = select.poll()
     poller.register(protocol_in, select.POLLIN)
-    loop = EngineLoop(engine, clock())
+    loop = EngineLoop(engine, clock(), handoffs)
     while True:
         timeout = 0.0 if engine.has_work else max(0.0, loop.next_stats - clock()) * 1000
         taken = 0
-        while taken < READ_LIMIT and poller.poll(timeout):
+        while taken - decoder.pending < READ_LIMIT and poller.poll(timeout):
             data = os.read(protocol_in, 1 << 16)
             if not data:
                 return
-            taken, timeout = taken + len(data), 0.0
-            loop.take(decoder.feed(data))
+            messages = decoder.feed(data)
+            moved = sum(len(message.data) for message in messages if isinstance(message, KvBlocks))
+            taken, timeout = taken + len(data) - moved, 0.0
+            loop.take(messages)
         output = loop.step()
         frames = [] if output is None else step_frames(output)
+        if output is not None and handoffs is not None:
+            frames += map(encode, handoffs.exports(output))  # after the step's tokens
         stats = loop.stats(clock())
         if stats is not None:
             frames.append(encode(stats))

@@ -1,0 +1,131 @@
+"""Prefill and decode on separate engines over real HTTP: ``ferry serve`` with SmolLM2-135M in
+float32 (one thread an engine) as one colocated replica (``colocated@1``) and as one prefill and
+one decode replica (``apart@1``, ``on_engine_loss = "resume"``), every request's KV moved between
+the two engine processes as bytes.
+
+Streams through the hand-off read the colocated model's text token for token, the later ones
+finding the chat template's prefix in the decode engine's cache; then the prefill engine, and
+then the decode engine, is SIGKILLed while eight streams run (some still prefilling, some handed
+off): each stream completes with that same text, no error event, no token twice; the prefill
+engine's streams had shown nothing (the first token and the KV leave it in one write) and run
+again unseen, the decode engine's had shown text and resume. Greedy
+throughout: the Messages route takes no seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import aiohttp
+import pytest
+
+from tests.support.gateway_process import PAID, Gateway
+from tests.support.sse_client import stream
+from tests.support.waiting import until_asyncio
+
+ENGINE = """
+mode = "continuous"
+model = "smollm2-135m"
+threads = 1
+num_blocks = 512
+max_seqs = 16
+temperature = 0.0
+"""
+
+CONFIG = f"""
+[server]
+port = 0
+
+[[tiers]]
+name = "paid"
+wait_budget_ms = 120000
+
+[[keys]]
+key = "{PAID}"
+tenant = "tests"
+tier = "paid"
+
+[[models]]
+name = "colocated@1"
+workers = 1
+{ENGINE}
+[[models]]
+name = "apart@1"
+prefill_workers = 1
+decode_workers = 1
+on_engine_loss = "resume"
+{ENGINE}"""
+
+TOPICS = ["the sea", "a ferry", "bread", "rain", "a library", "mountains", "the moon", "trains"]
+CONTEXT = " ".join(f"Note {i}: the harbour opens at {6 + i % 4}, its boats are blue." for i in range(20))
+
+
+def request(model: str, index: int, context: str = "") -> dict:
+    """Request ``index``: a short story about its topic, greedy (seeded sampling through a
+    hand-off: tests/engine/test_kv_handoff.py)."""
+    story = f"{context}Write a short story about {TOPICS[index]}."
+    return {"model": model, "max_tokens": 32, "messages": [{"role": "user", "content": story}]}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, smollm2):
+    gateway = Gateway(tmp_path_factory.mktemp("handoff"), CONFIG)
+    yield gateway
+    assert gateway.stop() == 0
+
+
+async def streams(gateway: Gateway, requests: list[dict], kill: int | None = None) -> list[dict]:
+    """``requests`` streamed at once; with ``kill``, ``apart@1``'s engine of that slot is
+    SIGKILLed once some streams show text (all of them, for the decode engine) while, for the
+    prefill engine, others have none yet."""
+    async with aiohttp.ClientSession() as session:
+        seen: list[dict] = [{} for _ in requests]
+        running = [asyncio.ensure_future(stream(session, gateway.url, body, progress=result))
+                   for body, result in zip(requests, seen, strict=True)]
+        if kill is not None:
+            def moment() -> bool:
+                shown = [bool(result.get("text")) for result in seen]
+                return all(shown) if kill else any(shown) and not all(shown)
+
+            await until_asyncio(moment, "the moment to kill the engine", within=180)
+            engine = gateway.ready()["models"]["apart@1"]["workers"][kill]
+            os.kill(engine["pid"], signal.SIGKILL)
+        return await asyncio.gather(*running)
+
+
+def errors(result: dict) -> list:
+    return [data for name, data in result["events"] if name == "error"]
+
+
+def test_streams_through_a_handoff_read_the_colocated_text(gateway):
+    for index in range(4):  # one after another: each finds the one before's prefix on the decode engine
+        colocated, apart = asyncio.run(streams(gateway, [request("colocated@1", index),
+                                                         request("apart@1", index)]))
+        assert colocated["status"] == apart["status"] == 200
+        assert apart["text"] == colocated["text"] and apart["text"]
+        assert errors(apart) == []
+    assert gateway.metric("ferry_engine_kv_handoff_bytes_count", model="apart@1") >= 4
+    assert gateway.metric("ferry_engine_kv_handoff_bytes_sum", model="apart@1") > 4 * 30 * 46080
+    assert gateway.metric("ferry_engine_kv_handoff_seconds_count", model="apart@1") >= 4
+    hits = gateway.metric("ferry_engine_prefix_cache_hits_total", model="apart@1", replica="1")
+    assert hits >= 3 * 16  # the decode engine kept what it received, and the later ones found it
+
+
+@pytest.mark.parametrize(
+    ("slot", "outcome"),
+    [
+        (0, "ferry_engine_reruns_total"),  # what it held had shown nothing: run again, unseen
+        (1, "ferry_engine_resumed_streams_total"),  # what it held had shown text: resumed
+    ],
+    ids=["prefill", "decode"],
+)
+def test_an_engine_killed_mid_handoff_loses_no_stream_and_repeats_no_token(gateway, slot, outcome):
+    expected = asyncio.run(streams(gateway, [request("colocated@1", i, CONTEXT) for i in range(8)]))
+    before = gateway.metric(outcome, model="apart@1")
+    killed = asyncio.run(streams(gateway, [request("apart@1", i, CONTEXT) for i in range(8)], kill=slot))
+    assert [errors(result) for result in killed] == [[]] * 8
+    assert [result["text"] for result in killed] == [result["text"] for result in expected]
+    assert gateway.metric(outcome, model="apart@1") > before
+    assert gateway.metric("ferry_engine_interrupted_streams_total", model="apart@1") == 0
