@@ -1,0 +1,90 @@
+"""A continuous model's pool for long prompts: which replica slots are long, which prompts go
+there, and each slot's step budget. Pure.
+
+A model with ``long_prompt_tokens = N`` and ``long_workers = K`` has its ordinary slots first
+(``workers``, or the scaler's ``max_workers + warm_workers``), then K long slots of their own,
+whose engines run the long table (:meth:`ContinuousModelConfig.long_table`: their own KV cache
+and step budget; every prompt is chunked by the step budget)::
+
+    prompt longer than N?  yes: the long lane    no: the ordinary lane
+    candidates = the lane's replicas taking work, if one of them is up
+                 else the other lane's that are up (its own lane has no engine now: its
+                      replicas died and restart), unless the lane was scaled to zero
+                 else the lane's own (the job waits for one of them, as in a pool with none up)
+
+So an ordinary prompt never lands on a long replica while an ordinary replica is up, and the
+estimates (queued tokens, rate, room) are each lane's own: a long prompt's wait is the long
+pool's queue, an ordinary one's the ordinary pool's. The scaler moves the ordinary slots only;
+the long ones are fixed. Why and when to choose it: docs/continuous.md, "A pool for long prompts".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from batcher.continuous.staffing import Staffing
+
+if TYPE_CHECKING:
+    from batcher.continuous.config import ContinuousModelConfig
+
+W = TypeVar("W")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Lanes:
+    """The ordinary slots ``0..ordinary-1`` and the long ones after them (see the module doc)."""
+
+    ordinary: int
+    long: int = 0
+    threshold: int = 0  # prompts longer than this are long (0 with no long slot)
+    step_tokens: tuple[int, int] = (1, 1)  # max_batch_tokens of an ordinary and of a long replica
+
+    @property
+    def long_slots(self) -> range:
+        return range(self.ordinary, self.ordinary + self.long)
+
+    def is_long(self, slot: int) -> bool:
+        return slot >= self.ordinary
+
+    def long_prompt(self, prompt_tokens: int) -> bool:
+        """Whether a prompt of ``prompt_tokens`` goes to the long lane."""
+        return bool(self.long) and prompt_tokens > self.threshold
+
+    def members(self, long: bool) -> range:
+        return self.long_slots if long else range(self.ordinary)
+
+    def budget(self, slot: int) -> int:
+        """The token budget of one step of ``slot``'s engine."""
+        return self.step_tokens[self.is_long(slot)]
+
+    def candidates(self, long: bool, staffing: Staffing, up: Sequence[bool]) -> set[int]:
+        """The slots a job of the ``long`` lane may be routed to (see the module doc), where
+        ``up[i]`` says whether slot ``i``'s engine is up and ``staffing`` which ordinary slots
+        take work (only a stopped one, the next the scaler starts, when it scaled to zero)."""
+        taking = staffing.taking()
+        own = set(self.long_slots) if long else taking
+        if any(up[i] for i in own) or (not long and taking <= staffing.stopped):
+            return own
+        other = taking if long else set(self.long_slots)
+        return {i for i in other if up[i]} or own
+
+
+def split_spawn(lanes: Lanes, ordinary: Callable[[int], W], long: Callable[[int], W]) -> Callable[[int], W]:
+    """One spawn for every slot: the long slots' engines from ``long``, the others' from
+    ``ordinary`` (each given the slot's own index, so each has its own device)."""
+
+    def spawn(slot: int) -> W:
+        return long(slot) if lanes.is_long(slot) else ordinary(slot)
+
+    return spawn
+
+
+def lanes_of(config: ContinuousModelConfig) -> Lanes:
+    """The lanes of ``config``'s pool: its scaler's slots (or ``workers``), then its long ones."""
+    ordinary = config.pool().workers
+    if not config.long_workers:
+        return Lanes(ordinary, step_tokens=(config.max_batch_tokens, config.max_batch_tokens))
+    budgets = (config.max_batch_tokens, config.long_table().max_batch_tokens)
+    return Lanes(ordinary, config.long_workers, config.long_prompt_tokens, budgets)
