@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 
 from batcher.continuous.config import ContinuousModelConfig
+from batcher.continuous.elastic import ContinuousFleet
 from batcher.continuous.long_prompts import Lanes, lanes_of, split_spawn
 from batcher.continuous.pool import open_engine_pool
 from batcher.continuous.staffing import Staffing
@@ -167,7 +168,14 @@ async def test_a_resumed_long_stream_goes_on_in_the_long_pool(autojump_clock):
 
 async def test_the_scaler_sees_and_retires_only_the_ordinary_replicas(autojump_clock):
     async with lanes(workers=2) as (pool, _ordinary, _long):
+        fleet = ContinuousFleet(pool)
+        floods = [Client() for _ in range(6)]
+        for i, client in enumerate(floods):
+            pool.submit(job(i, 200, stream=True, length=1000), client)
+        await until_trio(lambda: pool.replicas[2].live, "the long replica busy", every=0.001)
+        signals = fleet.signals()
+        assert (signals.queued, signals.busy, signals.wait) == (0, 0, 0.0)  # the long backlog is not its
         assert pool.fleet().serving == 2
         pool.retire(3)
         assert pool.staffing.leaving == {0, 1}
-        assert pool.submit(job(1, 10, stream=True, length=LONG + 1), Client()).replica == 2
+        assert pool.submit(job(9, 10, stream=True, length=LONG + 1), Client()).replica == 2
