@@ -341,7 +341,8 @@ class EnginePool:
     def _too_large(self, job: Job) -> TooLarge | None:
         bs = self.config.block_size
         needed = blocks(len(job.prompt_tokens) + job.max_tokens, bs)
-        capacity = max(r.total_blocks for r in self._replicas)
+        lane = self.lanes.members(self.lanes.long_prompt(len(job.prompt_tokens)))  # the long pool's own size
+        capacity = max(self._replicas[i].total_blocks for i in lane)
         if needed <= capacity or not capacity:  # no replica has started yet: none can judge it
             return None
         return TooLarge(

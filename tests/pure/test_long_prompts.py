@@ -19,7 +19,7 @@ from batcher.continuous.pool import open_engine_pool
 from batcher.continuous.staffing import Staffing
 from batcher.core.backend import Failed, Finished, Sampling
 from batcher.core.config import QueueConfig
-from batcher.core.errors import Shed
+from batcher.core.errors import Shed, TooLarge
 from batcher.sim.continuous.engine import EngineSpec, SimulatedEngines
 from gateway.text.tokenizer import ByteTokenizer
 from tests.support.engine_pool import QUEUE, Client, job
@@ -179,3 +179,16 @@ async def test_the_scaler_sees_and_retires_only_the_ordinary_replicas(autojump_c
         pool.retire(3)
         assert pool.staffing.leaving == {0, 1}
         assert pool.submit(job(9, 10, stream=True, length=LONG + 1), Client()).replica == 2
+
+
+async def test_a_prompt_too_large_is_judged_by_its_own_lanes_kv_cache(autojump_clock):
+    async with lanes() as (pool, _ordinary, _long):
+        document, chat = Client(), Client()
+        pool.submit(job(1, 100, stream=False, length=1500), document)  # 100 of the long replica's 256 blocks
+        pool.submit(job(2, 1000, stream=False, length=LONG), chat)  # 75 blocks: the ordinary ones hold 64
+        await document.done.wait()
+        await chat.done.wait()
+    assert isinstance(document.events[-1], Finished) and document.delivered == 100
+    failed = chat.events[-1]
+    assert isinstance(failed, Failed) and isinstance(failed.error, TooLarge)
+    assert "one replica holds 64" in str(failed.error)
