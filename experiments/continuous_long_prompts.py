@@ -15,7 +15,7 @@ streamed text) and their ratio to phase 1's, and how many flood prompts were sen
 (200, whole answer) with their TTFT. Each phase stops by itself (``--seconds`` of arrivals, then
 at most ``--drain`` seconds for the last answers). Run under ``flock -x /work/heavy.lock``.
 
-    python -m experiments.continuous_long_prompts --seconds 60 --rate 1.0 --flood-every 8
+    python -m experiments.continuous_long_prompts --seconds 75 --rate 1.0 --flood-every 20
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 
 import aiohttp
 import numpy as np
 
 from batcher.sim.arrivals import poisson
-from experiments.common import plt, write
+from experiments.common import RESULTS, plt, write
 
 KEY = "long-prompts-experiment"
 MODEL = "smollm2@1"
@@ -77,11 +78,12 @@ temperature = 0.0
 {replicas}"""
 
 
-def start_gateway(path: pathlib.Path) -> tuple[subprocess.Popen, str]:
-    """``ferry serve`` with the file at ``path``, its log beside it; returns once it listens
-    (its engines are up)."""
+def start_gateway(path: pathlib.Path, log_name: str) -> tuple[subprocess.Popen, str]:
+    """``ferry serve`` with the file at ``path``, its log in ``results/LOG_NAME``; returns once it
+    listens (its engines are up)."""
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--port", "0", "--config", str(path)]
-    with open(path.with_suffix(".log"), "w") as log:
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / log_name, "w") as log:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
     for line in process.stdout:  # type: ignore[union-attr]
         if "listening on http://" in line:
@@ -103,10 +105,11 @@ async def ask(session: aiohttp.ClientSession, url: str, content: str, max_tokens
     await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
     body = {"model": MODEL, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}],
             "stream": True, "stream_options": {"include_usage": True}}
-    seen: dict = {"ttft": None, "prompt_tokens": 0, "ok": False}
+    seen: dict = {"ttft": None, "prompt_tokens": 0, "ok": False, "failure": ""}
     try:
         async with session.post(url + "/v1/chat/completions", json=body) as response:
             if response.status != 200:
+                seen["failure"] = str(response.status)
                 return seen
             async for line in response.content:
                 data = line.decode().strip().removeprefix("data: ")
@@ -117,14 +120,15 @@ async def ask(session: aiohttp.ClientSession, url: str, content: str, max_tokens
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
+                    seen["failure"] = chunk["error"].get("type", "error")
                     return seen
                 if chunk.get("usage"):
                     seen["prompt_tokens"] = chunk["usage"]["prompt_tokens"]
                 text = "".join(c["delta"].get("content") or "" for c in chunk.get("choices", ()))
                 if text and seen["ttft"] is None:
                     seen["ttft"] = asyncio.get_running_loop().time() - due
-    except (TimeoutError, aiohttp.ClientError):
-        pass
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        seen["failure"] = type(exc).__name__
     return seen
 
 
@@ -159,6 +163,8 @@ def row(label: str, chats: list[dict], floods: list[dict], alone: float | None) 
         "p50 vs alone": round(p50 / alone, 2) if alone else 1.0,
         "floods sent": len(floods),
         "floods served": sum(f["ok"] for f in floods),
+        "not served (why)": " ".join(f"{why or 'cut'} x{n}" for why, n in Counter(
+            a["failure"] for a in chats + floods if not a["ok"]).items()) or "-",
         "flood prompt tokens": round(float(np.mean([f["prompt_tokens"] for f in floods if f["ok"]])))
         if flood_ttft else 0,
         "flood TTFT p50 ms": percentile(flood_ttft, 50),
@@ -170,7 +176,8 @@ def serve_phases(long_pool: bool, args: argparse.Namespace, floods: tuple[bool, 
     with tempfile.TemporaryDirectory(prefix="ferry-long-") as state:
         path = pathlib.Path(state) / "ferry.toml"
         path.write_text(config(long_pool, state))
-        process, url = start_gateway(path)
+        layout = "pool" if long_pool else "colocated"
+        process, url = start_gateway(path, f"continuous_long_prompts_{layout}.log")
         try:
             asyncio.run(asyncio.sleep(3.0))  # the engines' first steps (allocations) before timing
             return [asyncio.run(phase(url, args, flood)) for flood in floods]
@@ -181,11 +188,11 @@ def serve_phases(long_pool: bool, args: argparse.Namespace, floods: tuple[bool, 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=60.0, help="arrivals per phase, seconds")
+    parser.add_argument("--seconds", type=float, default=75.0, help="arrivals per phase, seconds")
     parser.add_argument("--drain", type=float, default=90.0, help="at most this long after for answers")
     parser.add_argument("--rate", type=float, default=1.0, help="chat requests per second")
     parser.add_argument("--chat-tokens", type=int, default=16, help="max_tokens of a chat request")
-    parser.add_argument("--flood-every", type=float, default=8.0, help="seconds between long prompts")
+    parser.add_argument("--flood-every", type=float, default=20.0, help="seconds between long prompts")
     parser.add_argument("--flood-tokens", type=int, default=3000, help="about this many tokens a long prompt")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
