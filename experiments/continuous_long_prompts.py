@@ -12,8 +12,9 @@ chat stream (Poisson arrivals of short streamed requests):
 
 Reported per phase: the chat requests' TTFT p50/p95 (from the scheduled arrival to the first
 streamed text) and their ratio to phase 1's, and how many flood prompts were sent and served
-(200, whole answer) with their TTFT. Each phase stops by itself (``--seconds`` of arrivals, then
-at most ``--drain`` seconds for the last answers). Run under ``flock -x /work/heavy.lock``.
+(200, whole answer) with their TTFT, and why the others were not (status or error type). Each
+phase stops by itself: ``--seconds`` of arrivals, each request given at most ``--seconds +
+--drain`` seconds. The gateways' logs go to ``results/``. Run under ``flock -x /work/heavy.lock``.
 
     python -m experiments.continuous_long_prompts --seconds 75 --rate 1.0 --flood-every 20
 """
