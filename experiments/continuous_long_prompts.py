@@ -14,7 +14,7 @@ Reported per phase: the chat requests' TTFT p50/p95 (from the scheduled arrival 
 streamed text) and their ratio to phase 1's, and how many flood prompts were sent and served
 (200, whole answer) with their TTFT, and why the others were not (status or error type). Each
 phase stops by itself: ``--seconds`` of arrivals, each request given at most ``--seconds +
---drain`` seconds. The gateways' logs go to ``results/``. Run under ``flock -x /work/heavy.lock``.
+--drain`` seconds. The gateways' logs go to ``results/``. Nothing else should run on the machine meanwhile.
 
     python -m experiments.continuous_long_prompts --seconds 75 --rate 1.0 --flood-every 20
 """
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
         f"same flood makes it {mixed['p50 vs alone']:.2f}x ({mixed['floods served']} of "
         f"{mixed['floods sent']} served). {time.monotonic() - began:.0f} s in all."
     )
-    command = ("flock -x /work/heavy.lock python -m experiments.continuous_long_prompts "
-               + " ".join(argv if argv is not None else sys.argv[1:]))
+    given = sys.argv[1:] if argv is None else argv
+    command = "python -m experiments.continuous_long_prompts " + " ".join(given)
     write("continuous_long_prompts", rows, figure, summary, command)
 
 
