@@ -101,8 +101,9 @@ def flood_prompt(index: int, tokens: int) -> str:
 
 
 async def ask(session: aiohttp.ClientSession, url: str, content: str, max_tokens: int, due: float) -> dict:
-    """One streamed chat request sent at ``due`` (loop time): its TTFT from ``due``, its prompt
-    tokens, and whether it was served whole."""
+    """One streamed chat request sent at ``due`` (loop time): its TTFT from ``due`` (to its first
+    text, or to its end for an answer that is only an end-of-sequence), its prompt tokens, and
+    whether it was served whole."""
     await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
     body = {"model": MODEL, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}],
             "stream": True, "stream_options": {"include_usage": True}}
@@ -116,8 +117,10 @@ async def ask(session: aiohttp.ClientSession, url: str, content: str, max_tokens
                 data = line.decode().strip().removeprefix("data: ")
                 if not data or line.startswith(b":"):
                     continue
-                if data == "[DONE]":
-                    seen["ok"] = seen["ttft"] is not None
+                if data == "[DONE]":  # served; an answer whose first token was its end has no text
+                    if seen["ttft"] is None:
+                        seen["ttft"] = asyncio.get_running_loop().time() - due
+                    seen["ok"] = True
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
@@ -164,7 +167,7 @@ def row(label: str, chats: list[dict], floods: list[dict], alone: float | None) 
         "p50 vs alone": round(p50 / alone, 2) if alone else 1.0,
         "floods sent": len(floods),
         "floods served": sum(f["ok"] for f in floods),
-        "not served (why)": " ".join(f"{why or 'cut'} x{n}" for why, n in Counter(
+        "not served (why)": " ".join(f"{why or 'cut short'} x{n}" for why, n in Counter(
             a["failure"] for a in chats + floods if not a["ok"]).items()) or "-",
         "flood prompt tokens": round(float(np.mean([f["prompt_tokens"] for f in floods if f["ok"]])))
         if flood_ttft else 0,
