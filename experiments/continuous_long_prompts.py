@@ -76,6 +76,7 @@ num_blocks = 640
 max_batch_tokens = 512
 max_seqs = 32
 temperature = 0.0
+stats_timeout_ms = 120000
 {replicas}"""
 
 

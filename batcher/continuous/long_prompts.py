@@ -7,12 +7,18 @@ whose engines run the long table (:meth:`ContinuousModelConfig.long_table`: thei
 and step budget; every prompt is chunked by the step budget)::
 
     prompt longer than N?  yes: the long lane    no: the ordinary lane
-    candidates = the lane's replicas taking work, if one of them is up
-                 else the other lane's that are up (its own lane has no engine now: its
-                      replicas died and restart), unless the lane was scaled to zero
-                 else the lane's own (the job waits for one of them, as in a pool with none up)
+    long lane:     the long replicas, always (with none up, the job waits for one to restart)
+    ordinary lane: the ordinary replicas taking work, if one of them is up
+                   else the long replicas that are up (every ordinary engine died and restarts),
+                        unless the scaler took the ordinary pool to zero (it starts one)
+                   else the ordinary ones (the job waits, as in a pool with none up)
 
-So an ordinary prompt never lands on a long replica while an ordinary replica is up, and the
+Never the other way: long prompts moved onto the ordinary replicas while the long ones restart
+would stall every ordinary request behind their prefills, which the pool is there to prevent
+(measured: a long engine killed mid-flood, its prompts on the ordinary replica, chat TTFT p50
+from 145 ms to 5.7 s; experiments/docs/continuous-long-prompts.md). An ordinary prompt costs a
+long replica little. So an ordinary prompt never lands on a long replica while an ordinary one
+is up, a long prompt never on an ordinary replica, and the
 estimates (queued tokens, rate, room) are each lane's own: a long prompt's wait is the long
 pool's queue, an ordinary one's the ordinary pool's. The scaler moves the ordinary slots only;
 the long ones are fixed. Why and when to choose it: docs/continuous.md, "A pool for long prompts".
@@ -64,11 +70,11 @@ class Lanes:
         ``up[i]`` says whether slot ``i``'s engine is up and ``staffing`` which ordinary slots
         take work (only a stopped one, the next the scaler starts, when it scaled to zero)."""
         taking = staffing.taking()
-        own = set(self.long_slots) if long else taking
-        if any(up[i] for i in own) or (not long and taking <= staffing.stopped):
-            return own
-        other = taking if long else set(self.long_slots)
-        return {i for i in other if up[i]} or own
+        if long:
+            return set(self.long_slots)
+        if any(up[i] for i in taking) or taking <= staffing.stopped:
+            return taking
+        return {i for i in self.long_slots if up[i]} or taking
 
 
 def split_spawn(lanes: Lanes, ordinary: Callable[[int], W], long: Callable[[int], W]) -> Callable[[int], W]:

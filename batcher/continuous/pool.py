@@ -356,7 +356,7 @@ class EnginePool:
         return self.lanes.long_prompt(len(ticket.job.prompt_tokens))
 
     def _candidates(self, ticket: Ticket) -> set[int]:
-        """The slots ``ticket`` may be routed to: its lane's, else the other's that are up."""
+        """The slots ``ticket`` may be routed to: its lane's (an ordinary one's, else long ones up)."""
         return self.lanes.candidates(self._long(ticket), self.staffing, [r.up for r in self._replicas])
 
     def _route(self, ticket: Ticket) -> Replica:

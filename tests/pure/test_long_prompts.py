@@ -83,7 +83,7 @@ def test_the_long_slots_follow_the_scalers_slots():
         2, 0, 0, (512, 512))
 
 
-def test_a_prompt_takes_its_lane_and_the_other_only_while_its_own_has_no_engine_up():
+def test_a_prompt_takes_its_lane_and_an_ordinary_one_the_long_lane_only_while_no_ordinary_engine_is_up():
     lanes = Lanes(2, 1, LONG, (64, 256))
     staffing = Staffing(2, 2, fixed=1)
     assert (lanes.long_prompt(LONG), lanes.long_prompt(LONG + 1)) == (False, True)
@@ -91,8 +91,8 @@ def test_a_prompt_takes_its_lane_and_the_other_only_while_its_own_has_no_engine_
     assert lanes.candidates(True, staffing, [True, True, True]) == {2}
     assert lanes.candidates(False, staffing, [False, True, True]) == {0, 1}  # one ordinary is up
     assert lanes.candidates(False, staffing, [False, False, True]) == {2}  # none: the long one takes it
-    assert lanes.candidates(True, staffing, [False, True, False]) == {1}
-    assert lanes.candidates(True, staffing, [False, False, False]) == {2}  # it waits for its own
+    assert lanes.candidates(True, staffing, [True, True, False]) == {2}  # never on an ordinary one
+    assert lanes.candidates(False, staffing, [False, False, False]) == {0, 1}  # it waits for its own
     scaled_to_zero = Staffing(2, 0, fixed=1)
     assert lanes.candidates(False, scaled_to_zero, [False, False, True]) == {0}  # the scaler starts it
 
@@ -192,3 +192,17 @@ async def test_a_prompt_too_large_is_judged_by_its_own_lanes_kv_cache(autojump_c
     failed = chat.events[-1]
     assert isinstance(failed, Failed) and isinstance(failed.error, TooLarge)
     assert "one replica holds 64" in str(failed.error)
+
+
+async def test_a_long_prompt_waits_for_the_long_replica_to_restart_rather_than_stall_the_ordinary_one(
+    autojump_clock,
+):
+    async with lanes() as (pool, _ordinary, long):
+        long.current(1).kill()
+        await until_trio(lambda: not pool.replicas[1].up, "the long engine down", every=0.001)
+        document, chat = Client(), Client()
+        assert pool.submit(job(1, 20, stream=True, length=LONG + 400), document).replica == 1
+        assert pool.submit(job(2, 20, stream=True, length=30), chat).replica == 0
+        await chat.done.wait()
+        await document.done.wait()
+    assert isinstance(document.events[-1], Finished) and chat.ended < document.ended
