@@ -66,6 +66,13 @@ class ContinuousModelConfig(ModelConfig):
     step_costs: str = ""  # a file `ferry fit` wrote: the prices that hold the tiers' tpot_target_ms
     prefill_workers: int = 0  # with decode_workers, instead of workers: replicas that prefill and hand off
     decode_workers: int = 0  # replicas that decode what the prefill ones hand them (0, 0: colocated)
+    # the long-prompt pool (docs/continuous.md, "A pool for long prompts"): prompts longer than
+    # long_prompt_tokens go to long_workers replicas of their own, sized apart (0: as the others)
+    long_prompt_tokens: int = 0  # 0: no long pool
+    long_workers: int = 0
+    long_num_blocks: int = 0
+    long_kv_memory_gb: float = 0.0
+    long_max_batch_tokens: int = 0
 
     def __post_init__(self) -> None:
         require(bool(self.model) != bool(self.simulated), "model", "a model (or simulated), not both",
@@ -130,6 +137,7 @@ class ContinuousModelConfig(ModelConfig):
         require(not self.compile or self.engine == "vllm", "compile", "false unless engine = \"vllm\"",
                  self.compile)
         self._check_roles()
+        self._check_long_pool()
         self.pool_config()  # checks workers and max_attempts with the pool's own rules
 
     @property
@@ -139,7 +147,8 @@ class ContinuousModelConfig(ModelConfig):
 
     def _check_roles(self) -> None:
         """``prefill_workers`` and ``decode_workers`` together, each >= 1, in place of ``workers``
-        (which becomes their sum), on ferry's engine over a model, at a fixed size."""
+        (which becomes their sum), on ferry's engine over a model, at a fixed size, without a
+        long-prompt pool."""
         if not self.disaggregated:
             return
         for name in ("prefill_workers", "decode_workers"):
@@ -155,6 +164,44 @@ class ContinuousModelConfig(ModelConfig):
         require(not self.scaling(total).elastic, "prefill_workers",
                 "0 with min_workers, max_workers or warm_workers (a pool of two roles does not scale)",
                 self.prefill_workers)
+        require(not self.long_workers, "prefill_workers",
+                "0 with long_workers (a pool of two roles has no long-prompt pool)", self.prefill_workers)
+
+    def _check_long_pool(self) -> None:
+        """The long-prompt pool's keys: both or neither of a threshold and its replicas; sizes
+        only with replicas to size."""
+        require(0 <= self.long_prompt_tokens < self.context_window, "long_prompt_tokens",
+                f"tokens in 0..context_window ({self.context_window}), 0 for no long pool",
+                self.long_prompt_tokens)
+        require(0 <= self.long_workers <= 4096, "long_workers", "0..4096", self.long_workers)
+        require(bool(self.long_prompt_tokens) == bool(self.long_workers),
+                "long_workers" if self.long_prompt_tokens else "long_prompt_tokens",
+                "long_prompt_tokens > 0 and long_workers >= 1 together (a long pool needs both)",
+                self.long_workers if self.long_prompt_tokens else self.long_prompt_tokens)
+        sized = {"long_num_blocks": self.long_num_blocks, "long_kv_memory_gb": self.long_kv_memory_gb,
+                 "long_max_batch_tokens": self.long_max_batch_tokens}
+        for name, value in sized.items():
+            require(not value or self.long_workers > 0, name, "0 unless long_workers >= 1", value)
+        budget = self.long_max_batch_tokens
+        require(not budget or self.max_seqs <= budget <= 1 << 20, "long_max_batch_tokens",
+                f"max_seqs ({self.max_seqs})..1048576, 0 for max_batch_tokens", budget)
+        require(self.long_num_blocks >= 0, "long_num_blocks", ">= 0", self.long_num_blocks)
+        require(0 <= self.long_kv_memory_gb < math.inf, "long_kv_memory_gb", "GiB >= 0",
+                self.long_kv_memory_gb)
+        require(not (self.long_num_blocks and self.long_kv_memory_gb), "long_kv_memory_gb",
+                "long_num_blocks or long_kv_memory_gb, not both", self.long_kv_memory_gb)
+
+    def long_table(self) -> ContinuousModelConfig:
+        """The table of the long pool's replicas: this one with their own KV cache and step
+        budget (each the ordinary replicas' where 0), ``long_workers`` of them, never scaled."""
+        own_cache = bool(self.long_num_blocks or self.long_kv_memory_gb)
+        num_blocks, kv_memory_gb = ((self.long_num_blocks, self.long_kv_memory_gb) if own_cache
+                                    else (self.num_blocks, self.kv_memory_gb))
+        return dataclasses.replace(
+            self, workers=max(1, self.long_workers), num_blocks=num_blocks, kv_memory_gb=kv_memory_gb,
+            max_batch_tokens=self.long_max_batch_tokens or self.max_batch_tokens,
+            long_prompt_tokens=0, long_workers=0, long_num_blocks=0, long_kv_memory_gb=0.0,
+            long_max_batch_tokens=0, min_workers=None, max_workers=None, warm_workers=0)
 
     @property
     def model_dir(self) -> str:

@@ -54,6 +54,7 @@ from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_loss import Fate, fate
 from batcher.continuous.engine_process import EngineWorker
 from batcher.continuous.handoff import Handoffs
+from batcher.continuous.long_prompts import lanes_of
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
@@ -105,10 +106,11 @@ class EnginePool:
         self.counters = ContinuousCounters()
         timeout, pool = config.stats_timeout_ms / 1000, config.pool_config()
         initial = pool.workers if pool.initial is None else pool.initial
-        self._readiness = Readiness(initial)
+        self.lanes = lanes = lanes_of(config)  # the long-prompt pool's slots follow the others
+        self._readiness = Readiness(initial + lanes.long)
         self._replicas = [
             Replica(i, queue, self.counters, self._changed, self._readiness.answered)
-            for i in range(pool.workers)
+            for i in range(lanes.ordinary + lanes.long)
         ]
         for r in self._replicas:
             r.supervisor = Supervisor(
@@ -120,16 +122,17 @@ class EnginePool:
                 on_down=functools.partial(self._lost, r),
                 on_retired=functools.partial(self._retired, r),
             )
-        self._entry = config.prefill_workers or pool.workers  # the replicas new work is routed to: 0..entry-1
-        self.handoffs = Handoffs(self._replicas[self._entry:], config.max_seqs, config.block_size,
+        entry = lanes.ordinary - lanes.decode  # the replicas new work is routed to: 0..entry-1
+        self.handoffs = Handoffs(self._replicas[entry:], config.max_seqs, config.block_size,
                                  self.counters, self._add, self._patience)
-        for r in self._replicas[: self._entry] if config.disaggregated else ():
+        for r in self._replicas[:entry] if config.disaggregated else ():
             r.on_handoff = self.handoffs.take
-        self.router = Router([0] * pool.workers, config.affinity_bound)
-        self.staffing = Staffing(pool.workers, initial)
+        self.router = Router([0] * len(self._replicas), config.affinity_bound)
+        self.staffing = Staffing(pool.workers, initial, lanes.long)
         self._nursery: trio.Nursery | None = None
         self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
-        self._prompts = [0] * len(queue.tiers)  # prompt tokens queued, by tier: prefilled before they start
+        # prompt tokens queued, by lane (ordinary, long) and tier: prefilled before they start
+        self._prompts = [[0] * len(queue.tiers) for _ in range(2)]
         self._rids = itertools.count(1)
         self._wakeup = trio.Event()
 
@@ -145,12 +148,13 @@ class EnginePool:
         hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
         ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
         error: TooLarge | Shed | Starting | None = self._too_large(job)
-        if error is None and not any(r.up for r in self._replicas):
+        if error is None and not any(self._replicas[i].up for i in self._candidates(ticket)):
             error = self.staffing.cold(now, self.queue_config.deadline(tier))
         if error is None:
             replica = self._route(ticket)
             if self.admission is not None:
-                load = self._seen_by(self.load(), tier, job.tenant)
+                long = self._long(ticket)
+                load = self._seen_by(self.load(long), tier, job.tenant, long)
                 error = self.admission.shed(load, tier, now, ticket.cost, job.tenant)
                 if error is not None:
                     self.counters.shed[tier] += 1
@@ -178,25 +182,28 @@ class EnginePool:
     @property
     def queued(self) -> int:
         """Prompt tokens waiting in the replicas' tier queues (0: nothing queued, re-runs aside)."""
-        return sum(self._prompts)
+        return sum(map(sum, self._prompts))
 
-    def load(self) -> TokenLoad:
-        """When a queued job would start: the prompt tokens queued per tier, less what the engines
-        take at once (a job is sent while its engine has seats, KV and under
-        :data:`PREFILL_STEPS` steps of prompt), against the rate at which they prefill: each
-        engine's measured token rate, less the share of its step budget its decodes take."""
-        config, up = self.config, [r for r in self._replicas[: self._entry] if r.up]
-        decoding = [(r.stats.running if r.stats else 0) / config.max_batch_tokens for r in up]
+    def load(self, long: bool = False) -> TokenLoad:
+        """When a queued job of the ordinary (or ``long``) lane would start: the prompt tokens
+        queued in the lane per tier, less what its engines take at once (a job is sent while its
+        engine has seats, KV and under :data:`PREFILL_STEPS` steps of prompt), against the rate
+        at which they prefill: each engine's measured token rate, less the share of its step
+        budget its decodes take. Without a long pool the ordinary lane is every replica."""
+        lanes = self.lanes
+        up = [self._replicas[i] for i in lanes.members(long) if self._replicas[i].up]
+        decoding = [(r.stats.running if r.stats else 0) / lanes.budget(r.index) for r in up]
         rate = sum(r.computed.value * max(0.0, 1.0 - share) for r, share in zip(up, decoding, strict=True))
-        room = sum(max(0, PREFILL_STEPS * config.max_batch_tokens - r.prefilling) for r in up
-                   if len(r.live) < config.max_seqs and r.free_blocks > 0)
+        room = sum(max(0, PREFILL_STEPS * lanes.budget(r.index) - r.prefilling) for r in up
+                   if len(r.live) < self.config.max_seqs and r.free_blocks > 0)
         arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
-        return TokenLoad(tuple(self._prompts), rate, arrivals, room, sum(r.prefilling for r in up))
+        return TokenLoad(tuple(self._prompts[long]), rate, arrivals, room, sum(r.prefilling for r in up))
 
-    def _seen_by(self, load: TokenLoad, tier: int, tenant: str) -> TokenLoad:
+    def _seen_by(self, load: TokenLoad, tier: int, tenant: str, long: bool) -> TokenLoad:
         """``load`` as a new job of ``tenant`` in ``tier`` sees it: of its tier's queued prompts,
-        the part fair shares take before it on each replica (all of them while one tenant queues)."""
-        ahead = sum(r.queue.ahead(tier, tenant) for r in self._replicas)
+        the part fair shares take before it on each replica of its lane (all of them while one
+        tenant queues)."""
+        ahead = sum(self._replicas[i].queue.ahead(tier, tenant) for i in self.lanes.members(long))
         if ahead == load.queued[tier]:
             return load
         return dataclasses.replace(load, queued=(*load.queued[:tier], ahead, *load.queued[tier + 1:]))
@@ -265,7 +272,8 @@ class EnginePool:
         """The replicas by role: up ones serve, staffed ones not yet up are starting; warm ones
         (up or starting) apart."""
         staffing = self.staffing
-        staffed = [r for r in self._replicas if r.index not in staffing.stopped | staffing.leaving]
+        away = staffing.stopped | staffing.leaving | staffing.fixed  # the long pool is not the scaler's
+        staffed = [r for r in self._replicas if r.index not in away]
         serving = [r for r in staffed if r.index not in staffing.warm]
         up = [r for r in serving if r.up]
         warm = [r.up for r in staffed if r.index in staffing.warm]
@@ -291,7 +299,7 @@ class EnginePool:
     def retire(self, count: int) -> None:
         """Route nothing more to ``count`` replicas (starting ones, then idle, then busy); each
         stops once it holds no job (:meth:`_dispatch`)."""
-        away = self.staffing.stopped | self.staffing.leaving | self.staffing.warm
+        away = self.staffing.stopped | self.staffing.leaving | self.staffing.warm | self.staffing.fixed
         staffed = [(r.index, "starting" if not r.up else "busy" if r.live else "idle") for r in self._replicas
                    if r.index not in away]
         self.staffing.leaving.update(leaving(staffed, count))
@@ -307,6 +315,8 @@ class EnginePool:
             return dataclasses.replace(status, state="draining")
         if r.index in self.staffing.warm and r.up:
             return dataclasses.replace(status, state="warm")
+        if self.lanes.is_long(r.index):
+            return dataclasses.replace(status, details={**status.details, "long_pool": 1})
         return status
 
     async def _staff(self, r: Replica) -> None:
@@ -338,7 +348,8 @@ class EnginePool:
     def _too_large(self, job: Job) -> TooLarge | None:
         bs = self.config.block_size
         needed = blocks(len(job.prompt_tokens) + job.max_tokens, bs)
-        capacity = max(r.total_blocks for r in self._replicas)
+        lane = self.lanes.members(self.lanes.long_prompt(len(job.prompt_tokens)))  # the long pool's own size
+        capacity = max(self._replicas[i].total_blocks for i in lane)
         if needed <= capacity or not capacity:  # no replica has started yet: none can judge it
             return None
         return TooLarge(
@@ -347,9 +358,18 @@ class EnginePool:
             f"{capacity} ({capacity * bs} tokens)"
         )
 
+    def _long(self, ticket: Ticket) -> bool:
+        """Whether ``ticket`` is the long lane's (by its prompt: a resumed stream stays in its lane)."""
+        return self.lanes.long_prompt(len(ticket.job.prompt_tokens))
+
+    def _candidates(self, ticket: Ticket) -> set[int]:
+        """The slots ``ticket`` may be routed to: its lane's (an ordinary one's, else long ones up)."""
+        return self.lanes.candidates(self._long(ticket), self.staffing, [r.up for r in self._replicas])
+
     def _route(self, ticket: Ticket) -> Replica:
-        """The replica for ``ticket`` (a down one only when all are down); sets its cost."""
-        taking = {index for index in self.staffing.taking() if index < self._entry}  # prefill ones, if apart
+        """The replica for ``ticket`` among its candidates (a down one only when all are down);
+        sets its cost."""
+        taking = self._candidates(ticket)
         up = any(r.up for r in self._replicas if r.index in taking)
         loads = [r.load if r.index in taking and (r.up or not up) else None for r in self._replicas]
         route = self.router.choose(loads, ticket.hashes)
@@ -369,8 +389,8 @@ class EnginePool:
 
     def _count(self, ticket: Ticket, sign: int) -> None:
         """``ticket`` joins (+1) or leaves (-1) the tier queues: its prompt's tokens (less the
-        prefix its replica holds) are what must be prefilled before it starts."""
-        self._prompts[ticket.tier] += sign * (ticket.cost - ticket.job.max_tokens)
+        prefix its replica holds) are what must be prefilled before it starts, in its lane."""
+        self._prompts[self._long(ticket)][ticket.tier] += sign * (ticket.cost - ticket.job.max_tokens)
 
     def _changed(self) -> None:
         self._wakeup.set()
@@ -397,8 +417,8 @@ class EnginePool:
         """Fail the tickets past their deadline; return the next deadline still to come."""
         expired, timed_out = r.expire(now)
         if expired:
-            load = self.load()
             for ticket in expired:
+                load = self.load(self._long(ticket))
                 retry_after = (self.admission.retry_after(load, ticket.tier, now, tenant=ticket.tenant)
                                if self.admission else 1.0)
                 self._count(ticket, -1)
@@ -413,7 +433,7 @@ class EnginePool:
     def _fill(self, r: Replica, now: float) -> None:
         """Send ``r`` the next tickets while its engine can start them within about two steps."""
         config = self.config
-        while r.can_start(config.max_seqs, PREFILL_STEPS * config.max_batch_tokens):
+        while r.can_start(config.max_seqs, PREFILL_STEPS * self.lanes.budget(r.index)):
             ticket = r.next_ticket(now)
             if ticket is None:
                 return

@@ -2,10 +2,12 @@
 
 A slot is stopped (no worker: the scaler may start one), starting, up, warm (up, sent nothing
 until the scaler promotes it), or leaving (no new work is sent to it; it stops once it holds
-none). A request that finds no worker up waits for one if the measured start time (spawn to
-``ready`` of the last worker the scaler started) fits its tier's wait budget, else it is refused
-with the time to ready as its ``Retry-After`` (:func:`batcher.core.scaler.cold_start`), and the
-scaler starts one all the same. Pure bookkeeping; the mode's pool acts on it."""
+none). The continuous mode's long-prompt pool's slots (:mod:`batcher.continuous.long_prompts`)
+come after the scaler's, ``fixed``: always staffed, never taking ordinary work, never started
+nor retired by the scaler. A request that finds no worker up waits for one if the measured start
+time (spawn to ``ready`` of the last worker the scaler started) fits its tier's wait budget, else
+it is refused with the time to ready as its ``Retry-After`` (:func:`batcher.core.scaler.cold_start`),
+and the scaler starts one all the same. Pure bookkeeping; the mode's pool acts on it."""
 
 from __future__ import annotations
 
@@ -16,14 +18,15 @@ from batcher.core.scaler import cold_start
 class Staffing:
     """The slots of one pool (see the module doc)."""
 
-    def __init__(self, slots: int, initial: int) -> None:
+    def __init__(self, slots: int, initial: int, fixed: int = 0) -> None:
         self.stopped = set(range(initial, slots))
+        self.fixed = set(range(slots, slots + fixed))  # the long pool's: outside the scaler's reach
         self.leaving: set[int] = set()
         self.warm: set[int] = set()  # staffed, but routed nothing until promoted
         self.start_seconds = 0.0  # the last measured start: 0 until one was measured
         self.scaling = ""  # what the scaler last decided, and why (/readyz)
         self.refused = False  # a request was refused for want of a replica since the scaler last looked
-        self._slots = slots
+        self._slots = slots + fixed
         self._starting_at: dict[int, float] = {}
 
     @property
@@ -33,8 +36,8 @@ class Staffing:
     def taking(self) -> set[int]:
         """The slots a new job may be routed to (by the continuous mode's router): staffed, not
         warm and not leaving; else (none is) a warm one, which the scaler promotes at its next
-        tick, or the slot it starts next."""
-        taking = set(range(self._slots)) - self.stopped - self.leaving - self.warm
+        tick, or the slot it starts next. Never a fixed slot."""
+        taking = set(range(self._slots)) - self.stopped - self.leaving - self.warm - self.fixed
         return taking or set(sorted(self.warm)[:1]) or {min(self.stopped, default=0)}
 
     def next_stopped(self, count: int) -> list[int]:
