@@ -23,6 +23,7 @@ from torch import nn
 from workers.engine.checkpoint import LlamaConfig, read_config, read_tensors
 from workers.engine.config import WEIGHTS
 from workers.engine.cpu import kernels as cpu_kernels
+from workers.engine.cpu.int4_linear import Int4Linear
 from workers.engine.cpu.int8_linear import Int8Linear
 from workers.engine.cpu.packed_linear import PackedLinear, can_pack, pack_linears
 
@@ -226,6 +227,7 @@ def placement(dtype: str, device: str | torch.device | None) -> tuple[torch.dtyp
 
 
 LAYER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+LINEARS = {"bf16": PackedLinear, "int8": Int8Linear, "int4": Int4Linear}  # by the weights option
 
 
 def load_llama(
@@ -235,12 +237,13 @@ def load_llama(
     bfloat16 on the CPU, each layer's matrices and the lm_head prepacked for oneDNN
     (:mod:`workers.engine.cpu.packed_linear`). ``kernels``:
     ferry's CPU kernels where they run here (else, or False, torch's operators). ``weights``
-    ``"int8"``: each layer's matrices also in int8, for steps of few rows
-    (:mod:`workers.engine.cpu.int8_linear`; bfloat16 on a CPU only)."""
+    ``"int8"`` or ``"int4"``: each layer's matrices also in that many bits, for steps of few rows
+    (:mod:`workers.engine.cpu.int8_linear`, :mod:`~workers.engine.cpu.int4_linear`; bfloat16 on
+    a CPU only)."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights: expected one of {list(WEIGHTS)}, got {weights!r}")
-    if weights == "int8" and not can_pack(dtype, device):
-        raise ValueError("weights: 'int8' needs dtype bfloat16 on a CPU with oneDNN's bfloat16")
+    if weights != "bf16" and not can_pack(dtype, device):
+        raise ValueError(f"weights: {weights!r} needs dtype bfloat16 on a CPU with oneDNN's bfloat16")
     config = read_config(model_dir)
     tensors = _fused_tensors(model_dir, config)
     cast = {name: tensor.to(device=device, dtype=dtype) for name, tensor in tensors.items()}
@@ -254,7 +257,7 @@ def load_llama(
         model.lm_head.weight = model.embed_tokens.weight
     if can_pack(dtype, device):  # a tied lm_head's packed copy is a second copy of the embedding
         for layer in model.layers:
-            pack_linears(layer, LAYER_LINEARS, Int8Linear if weights == "int8" else PackedLinear)
+            pack_linears(layer, LAYER_LINEARS, LINEARS[weights])
         pack_linears(model, ("lm_head",))
     model.kernels = cpu_kernels.usable(dtype, device) if kernels else None
     return model.eval()
