@@ -47,6 +47,7 @@ from tests.support.vllm_server import VLLM_PYTHON, VllmOpenAIServer, vllm_instal
 from workers.convert import ensure_converted
 from workers.engine.config import WEIGHTS
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 KEY = "sk-bench-0001"
 SERVERS = ("ferry", "ferry+vllm", "vllm", "default")
 WORDS = ("river ledger harbour engine signal quiet amber window orchard copper lantern meadow "
@@ -183,7 +184,9 @@ def start(server: str, model_dir: str, scratch: pathlib.Path, args: argparse.Nam
         return peer.url, model_dir, "none", peer.process.pid, peer.stop
     path = scratch / f"{server}.toml"
     if server == "default":
-        path.write_text(DEFAULT_TOML + f'\n[state]\ndir = "{scratch}"\n')
+        # The embedded default's relative paths are the checkout's; from a file they would be the file's.
+        embedded = DEFAULT_TOML.replace('pythonpath = ["examples/', f'pythonpath = ["{ROOT}/examples/')
+        path.write_text(embedded + f'\n[state]\ndir = "{scratch}"\n')
         model, key = "smollm2", "sk-ferry-demo-paid"
     else:
         engine = "vllm" if server == "ferry+vllm" else "ferry"
