@@ -1,13 +1,14 @@
-"""Weight-only int8 against bfloat16 on SmolLM2-135M-Instruct: quality, and the step's time.
+"""Weight-only int8 or int4 against bfloat16 on SmolLM2-135M-Instruct: quality, and the step's time.
 
-    python -m experiments.int8_quality [--steps 48] [--threads 2] [--rounds 3]
+    python -m experiments.int8_quality [--weights int8] [--steps 48] [--threads 2] [--rounds 3]
 
 Quality: for each of a fixed set of prompts, the bfloat16 engine answers greedily for
-``--steps`` tokens; both runners are then fed that same answer one decode step at a time (one
-row a step: int8's side multiplies with its int8 matrices), and each step's next-token
-distributions are compared: greedy agreement (the share of steps whose most likely token is the
-same) and the mean KL divergence KL(bf16 || int8) in nats. Speed: decode steps of 1, 2, 4, 8 and
-16 sequences on each side, side by side, ``--rounds`` rounds of 6 timed steps, ms min / median
+``--steps`` tokens; both runners (bfloat16, and ``--weights``, int8 or int4) are then fed that
+same answer one decode step at a time (one row a step: the low-bit side multiplies with its
+low-bit matrices), and each step's next-token distributions are compared: greedy agreement (the
+share of steps whose most likely token is the same) and the mean KL divergence KL(bf16 || low)
+in nats. Speed: decode steps of 1, 2, 4, 8 and 16 sequences on each side, side by side,
+``--rounds`` rounds of 6 timed steps, ms min / median
 (experiments/docs/engine-int8.md).
 """
 
@@ -56,14 +57,15 @@ def step(runner: ModelRunner, seqs: list[list[int]], new: list[list[int]]) -> to
 
 
 def quality(runners: dict[str, ModelRunner], prompts: list[list[int]], steps: int) -> dict:
+    low = list(runners)[1]
     agree, kls = [], []
     for prompt in prompts:
         seqs = {name: [list()] for name in runners}
         logits = {name: step(runner, seqs[name], [prompt]) for name, runner in runners.items()}
         for _ in range(steps):
-            bf16, int8 = (torch.log_softmax(logits[name][0], -1) for name in ("bf16", "int8"))
-            agree.append(bool(bf16.argmax() == int8.argmax()))
-            kls.append(float((bf16.exp() * (bf16 - int8)).sum()))
+            bf16, lowbit = (torch.log_softmax(logits[name][0], -1) for name in ("bf16", low))
+            agree.append(bool(bf16.argmax() == lowbit.argmax()))
+            kls.append(float((bf16.exp() * (bf16 - lowbit)).sum()))
             token = int(bf16.argmax())
             logits = {name: step(runner, seqs[name], [[token]]) for name, runner in runners.items()}
     return {"steps compared": len(agree), "greedy agreement": f"{sum(agree) / len(agree):.3f}",
@@ -71,6 +73,7 @@ def quality(runners: dict[str, ModelRunner], prompts: list[list[int]], steps: in
 
 
 def speed(runners: dict[str, ModelRunner], prompts: list[list[int]], rounds: int) -> list[dict]:
+    low = list(runners)[1]
     rows = []
     for count in (1, 2, 4, 8, 16):
         times: dict[str, list[float]] = {name: [] for name in runners}
@@ -86,13 +89,14 @@ def speed(runners: dict[str, ModelRunner], prompts: list[list[int]], rounds: int
         row = {"decodes a step": count}
         for name in runners:
             row[f"{name} ms min / median"] = f"{1e3 * min(times[name]):.1f} / {1e3 * median[name]:.1f}"
-        row["int8 / bf16 (median)"] = f"{median['int8'] / median['bf16']:.2f}"
+        row[f"{low} / bf16 (median)"] = f"{median[low] / median['bf16']:.2f}"
         rows.append(row)
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", choices=("int8", "int4"), default="int8", help="the low-bit side")
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
@@ -105,7 +109,7 @@ def main() -> None:
     prompts = [tokenizer.encode(text).ids for text in PROMPTS]
     runners = {
         weights: ModelRunner(model_dir, dtype="bfloat16", device="cpu", num_blocks=64 * 16, weights=weights)
-        for weights in ("bf16", "int8")
+        for weights in ("bf16", args.weights)
     }
     print(markdown([quality(runners, prompts, args.steps)]))
     print(markdown(speed(runners, prompts, args.rounds)))

@@ -45,7 +45,9 @@ from experiments.http_load import process_cpu, start_gateway
 from gateway.embedded_default import DEFAULT_TOML
 from tests.support.vllm_server import VLLM_PYTHON, VllmOpenAIServer, vllm_installed
 from workers.convert import ensure_converted
+from workers.engine.config import WEIGHTS
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 KEY = "sk-bench-0001"
 SERVERS = ("ferry", "ferry+vllm", "vllm", "default")
 WORDS = ("river ledger harbour engine signal quiet amber window orchard copper lantern meadow "
@@ -69,9 +71,11 @@ def prompts(count: int, seed: int = 0) -> list[list[dict]]:
     return chats
 
 
-def ferry_config(model_dir: str, engine: str, state: str, threads: int, compiled: bool) -> str:
-    """A ferry configuration for the comparison: one SmolLM2 engine, budgets nobody waits past."""
-    python = f'python = "{VLLM_PYTHON}"\ncompile = {str(compiled).lower()}\n' if engine == "vllm" else ""
+def ferry_config(model_dir: str, engine: str, state: str, threads: int, compiled: bool, weights: str) -> str:
+    """A ferry configuration for the comparison: one SmolLM2 engine, budgets nobody waits past;
+    ferry's engine with ``weights`` (bf16 or int8: its option for steps of few rows)."""
+    vllm = f'python = "{VLLM_PYTHON}"\ncompile = {str(compiled).lower()}\n'
+    own = vllm if engine == "vllm" else f'weights = "{weights}"\n'
     return f"""
 [server]
 port = 0
@@ -89,7 +93,7 @@ tier = "paid"
 name = "smollm2@1"
 mode = "continuous"
 engine = "{engine}"
-{python}model = "{model_dir}"
+{own}model = "{model_dir}"
 dtype = "bfloat16"
 threads = {threads}
 workers = 1
@@ -180,11 +184,14 @@ def start(server: str, model_dir: str, scratch: pathlib.Path, args: argparse.Nam
         return peer.url, model_dir, "none", peer.process.pid, peer.stop
     path = scratch / f"{server}.toml"
     if server == "default":
-        path.write_text(DEFAULT_TOML + f'\n[state]\ndir = "{scratch}"\n')
+        # The embedded default's relative paths are the checkout's; from a file they would be the file's.
+        embedded = DEFAULT_TOML.replace('pythonpath = ["examples/', f'pythonpath = ["{ROOT}/examples/')
+        path.write_text(embedded + f'\n[state]\ndir = "{scratch}"\n')
         model, key = "smollm2", "sk-ferry-demo-paid"
     else:
         engine = "vllm" if server == "ferry+vllm" else "ferry"
-        path.write_text(ferry_config(model_dir, engine, str(scratch), args.threads, args.compile))
+        path.write_text(ferry_config(model_dir, engine, str(scratch), args.threads, args.compile,
+                                            args.weights))
         model, key = "smollm2@1", KEY
     process, url = start_gateway(str(path))
 
@@ -225,6 +232,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=1, help="rounds over the servers, in alternating order")
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--compile", action="store_true", help="both vLLM sides compiled (its default)")
+    parser.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
+                        help="ferry's engine's weights (bf16, the default; int8 for steps of few rows)")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                         help="CPU threads of each engine (default: every core this process may use)")
     args = parser.parse_args(argv)

@@ -30,7 +30,7 @@ def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
                         help="fraction of blocks admissions leave free (default %(default)s)")
     engine.add_argument("--device", default=None, help="cpu or cuda (default: cuda where present)")
     engine.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
-                        help="bf16, or int8 too for steps of few rows (bfloat16, CPU; default %(default)s)")
+                        help="bf16; int8 or int4 too for few-row steps (bfloat16, CPU; default %(default)s)")
     engine.add_argument("--prefill-slots", type=int, default=0,
                         help="the pool's slots below this run prefill only and hand each sequence "
                              "off after its first token (default %(default)s: none)")

@@ -308,10 +308,11 @@ def test_smollm2_answers_the_capital_of_france_through_its_chat_template(smollm2
     assert run.finished[0].reason is FinishReason.EOS
 
 
-def test_smollm2_with_int8_weights_for_its_decodes_answers_as_in_bfloat16(smollm2):
-    """``weights = "int8"``: the lone decodes multiply with int8 matrices (the prompt, many rows,
-    with bfloat16's), and the greedy answer is bfloat16's, token for token (the quality over a
-    prompt set: experiments/docs/engine-int8.md)."""
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_smollm2_with_low_bit_weights_for_its_decodes_answers_as_in_bfloat16(smollm2, weights):
+    """``weights = "int8"`` or ``"int4"``: the lone decodes multiply with low-bit matrices (the
+    prompt, many rows, with bfloat16's), and the greedy answer is bfloat16's, token for token (the
+    quality over a prompt set: experiments/docs/engine-int8.md)."""
     tokenizer = tokenizer_of(smollm2)
     text = jinja2.Template(read_chat_template(smollm2).source).render(
         messages=[{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
@@ -320,6 +321,6 @@ def test_smollm2_with_int8_weights_for_its_decodes_answers_as_in_bfloat16(smollm
     answers = [
         drive(engine_over(ModelRunner(smollm2, dtype="bfloat16", device="cpu", num_blocks=64, weights=w)),
               [request]).tokens[0]
-        for w in ("bf16", "int8")
+        for w in ("bf16", weights)
     ]
     assert answers[0] == answers[1] and len(answers[0]) == 16

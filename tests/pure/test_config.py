@@ -143,7 +143,7 @@ def test_a_minimal_file_takes_the_defaults():
         ),
         (
             MINIMAL.replace('worker = ["echo"]', "mode='continuous'\nmodel='smollm2-135m'\nweights='q4'"),
-            "f.toml: models[0].weights: expected one of ['bf16', 'int8'], got 'q4'",
+            "f.toml: models[0].weights: expected one of ['bf16', 'int8', 'int4'], got 'q4'",
         ),
         (
             MINIMAL.replace('worker = ["echo"]', "mode='continuous'\nmodel='smollm2-135m'\nweights='int8'"),

@@ -50,8 +50,9 @@ DTYPES = ("float32", "bfloat16")
 """The precisions the engine computes in (its weights and KV cache)."""
 DTYPE = "float32"
 """The default precision: exact against the float32 reference on any CPU."""
-WEIGHTS = ("bf16", "int8")
-"""How a bfloat16 engine on a CPU holds its layers' matrices: bfloat16 alone, or also in int8
-for steps of few rows (workers/engine/cpu/int8_linear.py); the first is the default."""
+WEIGHTS = ("bf16", "int8", "int4")
+"""How a bfloat16 engine on a CPU holds its layers' matrices: bfloat16 alone, or also in int8 or
+int4 for steps of few rows (workers/engine/cpu/int8_linear.py, int4_linear.py); the first is the
+default."""
 THREADS = 1
 """torch's CPU threads a step uses by default: one never spins on a core the gateway needs."""

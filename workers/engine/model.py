@@ -23,6 +23,7 @@ from torch import nn
 from workers.engine.checkpoint import LlamaConfig, read_config, read_tensors
 from workers.engine.config import WEIGHTS
 from workers.engine.cpu import kernels as cpu_kernels
+from workers.engine.cpu.int4_linear import Int4Linear
 from workers.engine.cpu.int8_linear import Int8Linear
 from workers.engine.cpu.packed_linear import PackedLinear, can_pack, pack_linears
 
@@ -74,6 +75,14 @@ class Attention(Protocol):
     def __call__(self, layer: int, projection: Projection, scale: float) -> torch.Tensor: ...
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: in float32 whatever the model's dtype (bfloat16 sums of squares
+    would drift, and torch's fused ``rms_norm`` rounds bfloat16 otherwise than transformers)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -81,11 +90,38 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # In float32 whatever the model's dtype, as transformers does: bfloat16 sums of squares
-        # would drift (and torch's fused rms_norm rounds bfloat16 otherwise than transformers).
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+class Elementwise(Protocol):
+    """A decoder layer's small operators: torch's (:class:`TorchElementwise`), or ferry's CPU
+    kernels fused each into one pass (:class:`workers.engine.cpu.kernels.Kernels`), the same
+    arithmetic and roundings."""
+
+    def add_rms_norm(
+        self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RMSNorm of ``residual + x`` (of ``residual`` where ``x`` is None), times ``weight``,
+        and that sum, the next residual (``residual`` may be written in place)."""
+        ...
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up``, gate and up the halves of each row of ``gate_up``."""
+        ...
+
+
+class TorchElementwise:
+    """:class:`Elementwise` with torch's operators, as transformers computes it."""
+
+    def add_rms_norm(
+        self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h = residual if x is None else residual + x
+        return rms_norm(h, weight, eps), h
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
 
 class Rotary:
@@ -112,6 +148,9 @@ class Rotary:
         self.cos, self.sin = torch.cat((angles, angles), dim=-1).cos(), torch.cat((-sin, sin), dim=-1)
 
 
+TORCH_ELEMENTWISE = TorchElementwise()
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE, ``x * cos + cat(-x2, x1) * sin``, with ``sin`` from :class:`Rotary`."""
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
@@ -130,12 +169,20 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * ffn, bias=False)
         self.down_proj = nn.Linear(ffn, hidden, bias=False)
 
-    def forward(self, h: torch.Tensor, rope: Rope, attention: Attention, index: int) -> torch.Tensor:
-        qkv = self.qkv_proj(self.input_layernorm(h))
-        projection = Projection(qkv, rope, self.heads, self.kv_heads, self.head_dim)
-        h = h + self.o_proj(attention(index, projection, self.scale))
-        gate, up = self.gate_up_proj(self.post_attention_layernorm(h)).chunk(2, dim=-1)
-        return h + self.down_proj(F.silu(gate) * up)
+    def forward(
+        self, x: torch.Tensor | None, residual: torch.Tensor, rope: Rope, attention: Attention, index: int,
+        ops: Elementwise,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on ``residual + x`` (the last layer's output, None before the first): its MLP's
+        output and its residual, whose sum is the layer's output. The sum is left to the next
+        layer, whose norm takes it in the same pass (:meth:`Elementwise.add_rms_norm`)."""
+        norm = self.input_layernorm
+        normed, residual = ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        projection = Projection(self.qkv_proj(normed), rope, self.heads, self.kv_heads, self.head_dim)
+        attended = self.o_proj(attention(index, projection, self.scale))
+        norm = self.post_attention_layernorm
+        normed, residual = ops.add_rms_norm(attended, residual, norm.weight, norm.eps)
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(normed))), residual
 
 
 class Llama(nn.Module):
@@ -154,11 +201,13 @@ class Llama(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
         """Hidden states [tokens, hidden] before the final norm; ``attention`` stores every
         layer's K and V."""
-        h = self.embed_tokens(input_ids)
+        residual = self.embed_tokens(input_ids)
         rope = Rope(positions, self.rotary)
+        ops: Elementwise = self.kernels or TORCH_ELEMENTWISE
+        x = None
         for index, layer in enumerate(self.layers):
-            h = layer(h, rope, attention, index)
-        return h
+            x, residual = layer(x, residual, rope, attention, index, ops)
+        return residual if x is None else residual + x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the rows asked for: only the tokens that are sampled pay for the
@@ -178,6 +227,7 @@ def placement(dtype: str, device: str | torch.device | None) -> tuple[torch.dtyp
 
 
 LAYER_LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+LINEARS = {"bf16": PackedLinear, "int8": Int8Linear, "int4": Int4Linear}  # by the weights option
 
 
 def load_llama(
@@ -187,12 +237,13 @@ def load_llama(
     bfloat16 on the CPU, each layer's matrices and the lm_head prepacked for oneDNN
     (:mod:`workers.engine.cpu.packed_linear`). ``kernels``:
     ferry's CPU kernels where they run here (else, or False, torch's operators). ``weights``
-    ``"int8"``: each layer's matrices also in int8, for steps of few rows
-    (:mod:`workers.engine.cpu.int8_linear`; bfloat16 on a CPU only)."""
+    ``"int8"`` or ``"int4"``: each layer's matrices also in that many bits, for steps of few rows
+    (:mod:`workers.engine.cpu.int8_linear`, :mod:`~workers.engine.cpu.int4_linear`; bfloat16 on
+    a CPU only)."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights: expected one of {list(WEIGHTS)}, got {weights!r}")
-    if weights == "int8" and not can_pack(dtype, device):
-        raise ValueError("weights: 'int8' needs dtype bfloat16 on a CPU with oneDNN's bfloat16")
+    if weights != "bf16" and not can_pack(dtype, device):
+        raise ValueError(f"weights: {weights!r} needs dtype bfloat16 on a CPU with oneDNN's bfloat16")
     config = read_config(model_dir)
     tensors = _fused_tensors(model_dir, config)
     cast = {name: tensor.to(device=device, dtype=dtype) for name, tensor in tensors.items()}
@@ -206,7 +257,7 @@ def load_llama(
         model.lm_head.weight = model.embed_tokens.weight
     if can_pack(dtype, device):  # a tied lm_head's packed copy is a second copy of the embedding
         for layer in model.layers:
-            pack_linears(layer, LAYER_LINEARS, Int8Linear if weights == "int8" else PackedLinear)
+            pack_linears(layer, LAYER_LINEARS, LINEARS[weights])
         pack_linears(model, ("lm_head",))
     model.kernels = cpu_kernels.usable(dtype, device) if kernels else None
     return model.eval()

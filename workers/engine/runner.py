@@ -31,7 +31,7 @@ class ModelRunner(BatchRunner):
     The cache has ``num_blocks`` blocks of ``block_size`` tokens; without ``num_blocks`` it
     takes ``kv_memory_gb`` (10^9 bytes; default 1) divided by the bytes a block holds.
     ``device`` defaults to CUDA where present, else the CPU. ``kernels``: ferry's CPU kernels
-    where they run (False: torch's operators everywhere). ``weights``: ``"bf16"`` or ``"int8"``
+    where they run (False: torch's operators everywhere). ``weights``: ``"bf16"``, ``"int8"`` or ``"int4"``
     (:func:`~workers.engine.model.load_llama`).
     """
 

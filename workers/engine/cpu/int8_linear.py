@@ -29,23 +29,40 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rounded.contiguous(), magnitude.to(weight.dtype)
 
 
-class Int8Linear(nn.Module):
-    """``x @ weight.T`` for 2-D bfloat16 ``x``: int8 weights up to ``crossover`` rows, else bfloat16."""
+class FewRowsLinear(nn.Module):
+    """``x @ weight.T`` for 2-D bfloat16 ``x``: a low-bit copy of ``weight`` up to ``crossover``
+    rows (:meth:`few_rows`, a subclass's), else the bfloat16 copy prepacked for oneDNN."""
+
+    bits = 16
 
     def __init__(self, weight: torch.Tensor, crossover: int = CROSSOVER) -> None:
         super().__init__()
         self.dense = PackedLinear(weight)
-        self.in_features, self.crossover = weight.shape[1], crossover
-        self.qweight, self.scales = quantize(weight.detach())
+        self.in_features, self.out_features, self.crossover = weight.shape[1], weight.shape[0], crossover
+
+    def few_rows(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"expected [rows, {self.in_features}], got {list(x.shape)}")
         if x.shape[0] > self.crossover:
             return self.dense(x)
-        return torch._weight_int8pack_mm(x.contiguous(), self.qweight, self.scales)
+        return self.few_rows(x.contiguous())
 
     def extra_repr(self) -> str:
-        rows = f"int8 up to {self.crossover} rows"
-        return f"in_features={self.in_features}, out_features={len(self.scales)}, {rows}"
+        rows = f"int{self.bits} up to {self.crossover} rows"
+        return f"in_features={self.in_features}, out_features={self.out_features}, {rows}"
 
+
+class Int8Linear(FewRowsLinear):
+    """Int8 weights (a scale per output row) up to ``crossover`` rows, else bfloat16."""
+
+    bits = 8
+
+    def __init__(self, weight: torch.Tensor, crossover: int = CROSSOVER) -> None:
+        super().__init__(weight, crossover)
+        self.qweight, self.scales = quantize(weight.detach())
+
+    def few_rows(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, self.qweight, self.scales)

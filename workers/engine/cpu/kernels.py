@@ -5,7 +5,9 @@ can run, the engine computes with torch.
     python -m workers.engine.cpu.kernels     build it (``make`` does; quick when up to date)
 
 What they do and why: paged attention that reads the KV blocks in place with RoPE applied as it
-loads Q and K (``paged_attention.cpp``). They take bfloat16 and float32 (docs/engine.md, "On a
+loads Q and K (``paged_attention.cpp``); a decoder layer's small operators fused, one pass each
+instead of a handful of torch operators and their dispatch (``elementwise.cpp``: the residual add
+with the RMSNorm after it, SiLU of the gate times up). They take bfloat16 and float32 (docs/engine.md, "On a
 CPU"; measured in experiments/docs/engine-step.md). Compiled with the system's C++ compiler
 against the installed torch into ``build/`` (an installed wheel: the user's cache,
 ``~/.cache/ferry/kernels``, beside converted models).
@@ -34,6 +36,7 @@ ISAS = {  # torch's name for a CPU capability -> the kernels' namespace for it, 
     "AVX512": ("avx512", ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma")),
     "AVX2": ("avx2", ("-mavx2", "-mfma")),
 }
+OPERATORS = ("paged_attention", "add_rms_norm", "silu_mul")  # as Kernels' fields, each per ISA
 BINDING = "ops.cpp"  # checks the tensors and registers the operators; compiled once, for any x86-64
 
 
@@ -88,10 +91,23 @@ def build() -> Path:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Kernels:
-    """The operators of one ISA (each documented in ``csrc/ops.cpp`` and its source file)."""
+    """The operators of one ISA (each documented in ``csrc/ops.cpp`` and its source file); the
+    elementwise ones as :class:`~workers.engine.model.Elementwise` methods."""
 
     isa: str
     paged_attention: Callable[..., torch.Tensor]
+    _add_rms_norm: Callable[..., torch.Tensor]
+    _silu_mul: Callable[[torch.Tensor], torch.Tensor]
+
+    def add_rms_norm(
+        self, x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``residual + x`` (``residual`` itself, written in place) and its RMSNorm times ``weight``."""
+        return self._add_rms_norm(x, residual, weight, eps), residual
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SiLU of the first half of each row times its second half."""
+        return self._silu_mul(gate_up)
 
 
 def load(capability: str | None = None) -> Kernels | None:
@@ -112,7 +128,7 @@ def _load(capability: str) -> Kernels | None:
         return None
     torch.ops.load_library(str(library()))
     ops, isa = getattr(torch.ops, namespace()), ISAS[capability][0]
-    return Kernels(isa, getattr(ops, f"paged_attention_{isa}"))
+    return Kernels(isa, *(getattr(ops, f"{name}_{isa}") for name in OPERATORS))
 
 
 def usable(dtype: torch.dtype, device: torch.device) -> Kernels | None:

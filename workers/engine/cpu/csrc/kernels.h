@@ -25,9 +25,30 @@ struct PagedAttention {
   Dtype dtype;
 };
 
-#define FERRY_KERNELS_OF(isa) \
-  namespace isa {             \
-  void paged_attention(const PagedAttention& args); \
+// residual += x (x null: residual as it is), then out = weight * RMSNorm(residual); [rows, cols].
+struct AddRmsNorm {
+  const void* x;     // [rows, cols], or null
+  void* residual;    // [rows, cols], written
+  const void* weight;  // [cols]
+  void* out;         // [rows, cols]
+  int64_t rows, cols;
+  float eps;
+  Dtype dtype;
+};
+
+// out = SiLU(gate) * up, gate and up the halves of each row of gate_up.
+struct SiluMul {
+  const void* gate_up;  // [rows, 2 * cols]
+  void* out;            // [rows, cols]
+  int64_t rows, cols;
+  Dtype dtype;
+};
+
+#define FERRY_KERNELS_OF(isa)                        \
+  namespace isa {                                    \
+  void paged_attention(const PagedAttention& args);  \
+  void add_rms_norm(const AddRmsNorm& args);         \
+  void silu_mul(const SiluMul& args);                \
   }
 
 FERRY_KERNELS_OF(avx512)

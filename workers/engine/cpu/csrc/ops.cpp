@@ -10,6 +10,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <optional>
+#include <string>
 
 namespace ferry {
 namespace {
@@ -87,6 +89,44 @@ at::Tensor paged_attention(const at::Tensor& qkv, const at::Tensor& cos, const a
   return out;
 }
 
+void check_rows(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), what, " must be a contiguous [rows, columns]");
+}
+
+// x (or none) and residual [rows, cols], weight [cols], all of one dtype: residual += x, written in
+// place; returns weight * RMSNorm(residual) [rows, cols].
+template <void (*Kernel)(const AddRmsNorm&)>
+at::Tensor add_rms_norm(const std::optional<at::Tensor>& x, at::Tensor residual, const at::Tensor& weight,
+                        double eps) {
+  check_rows(residual, "add_rms_norm: residual");
+  const Dtype dtype = dtype_of(residual, "add_rms_norm");
+  const int64_t rows = residual.size(0), cols = residual.size(1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == cols && weight.is_contiguous() &&
+                  weight.scalar_type() == residual.scalar_type(),
+              "add_rms_norm: weight must be a contiguous [", cols, "] of the residual's dtype");
+  if (x.has_value()) {
+    check_rows(*x, "add_rms_norm: x");
+    TORCH_CHECK(x->sizes() == residual.sizes() && x->scalar_type() == residual.scalar_type(),
+                "add_rms_norm: x must match the residual's shape and dtype");
+  }
+  at::Tensor out = at::empty({rows, cols}, residual.options());
+  Kernel({x.has_value() ? x->data_ptr() : nullptr, residual.data_ptr(), weight.data_ptr(), out.data_ptr(), rows,
+          cols, static_cast<float>(eps), dtype});
+  return out;
+}
+
+// gate_up [rows, 2 * cols] -> SiLU(gate_up[:, :cols]) * gate_up[:, cols:], [rows, cols].
+template <void (*Kernel)(const SiluMul&)>
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "silu_mul: gate_up");
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "silu_mul: gate_up must have an even number of columns");
+  const Dtype dtype = dtype_of(gate_up, "silu_mul");
+  const int64_t rows = gate_up.size(0), cols = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({rows, cols}, gate_up.options());
+  Kernel({gate_up.data_ptr(), out.data_ptr(), rows, cols, dtype});
+  return out;
+}
+
 }  // namespace
 }  // namespace ferry
 
@@ -96,9 +136,18 @@ TORCH_LIBRARY(FERRY_OPS, m) {
            "(Tensor qkv, Tensor cos, Tensor sin, Tensor positions, Tensor slots, Tensor(a!) cache, Tensor starts, "
            "Tensor tables, int heads, float scale) -> Tensor")
               .c_str());
+  for (const char* isa : {"avx512", "avx2"}) {
+    m.def((std::string("add_rms_norm_") + isa + "(Tensor? x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor")
+              .c_str());
+    m.def((std::string("silu_mul_") + isa + "(Tensor gate_up) -> Tensor").c_str());
+  }
 }
 
 TORCH_LIBRARY_IMPL(FERRY_OPS, CPU, m) {
   m.impl("paged_attention_avx512", &ferry::paged_attention<ferry::avx512::paged_attention>);
   m.impl("paged_attention_avx2", &ferry::paged_attention<ferry::avx2::paged_attention>);
+  m.impl("add_rms_norm_avx512", &ferry::add_rms_norm<ferry::avx512::add_rms_norm>);
+  m.impl("add_rms_norm_avx2", &ferry::add_rms_norm<ferry::avx2::add_rms_norm>);
+  m.impl("silu_mul_avx512", &ferry::silu_mul<ferry::avx512::silu_mul>);
+  m.impl("silu_mul_avx2", &ferry::silu_mul<ferry::avx2::silu_mul>);
 }
