@@ -19,6 +19,32 @@ ROOT = pathlib.Path(__file__).parents[2]
 PAID = "sk-test-paid-0001"
 FREE = "sk-test-free-0002"
 
+
+
+def tiers_and_keys(paid_budget_ms: int, free_budget_ms: int) -> str:
+    """The ``[[tiers]]`` paid and free, with these wait budgets, and the ``[[keys]]`` of :data:`PAID`
+    and :data:`FREE` (the free one given by its digest), as most tests' configurations have them."""
+    return f"""
+[[tiers]]
+name = "paid"
+wait_budget_ms = {paid_budget_ms}
+
+[[tiers]]
+name = "free"
+wait_budget_ms = {free_budget_ms}
+
+[[keys]]
+key = "{PAID}"
+tenant = "tests"
+tier = "paid"
+
+[[keys]]
+key_sha256 = "{hashlib.sha256(FREE.encode()).hexdigest()}"
+tenant = "tests"
+tier = "free"
+"""
+
+
 CONFIG = f"""
 [server]
 host = "127.0.0.1"
@@ -27,21 +53,7 @@ max_body_bytes = 65536
 ping_interval_ms = 100
 shutdown_grace_ms = 10000
 
-[[tiers]]
-name = "paid"
-wait_budget_ms = 10000
-[[tiers]]
-name = "free"
-wait_budget_ms = 300
-
-[[keys]]
-key = "{PAID}"
-tenant = "tests"
-tier = "paid"
-[[keys]]
-key_sha256 = "{hashlib.sha256(FREE.encode()).hexdigest()}"
-tenant = "tests"
-tier = "free"
+{tiers_and_keys(10000, 300)}
 
 [[models]]
 name = "sleepy@1"

@@ -7,31 +7,16 @@ in both the Anthropic and OpenAI shapes, while an engine starts for the requests
 
 from __future__ import annotations
 
-import hashlib
 import math
 
-from tests.support.gateway_process import FREE, PAID, Gateway, message
+from tests.support.gateway_process import FREE, Gateway, message, tiers_and_keys
 
 CONFIG = f"""
 [server]
 port = 0
 ping_interval_ms = 200
 
-[[tiers]]
-name = "paid"
-wait_budget_ms = 120000
-[[tiers]]
-name = "free"
-wait_budget_ms = 200
-
-[[keys]]
-key = "{PAID}"
-tenant = "tests"
-tier = "paid"
-[[keys]]
-key_sha256 = "{hashlib.sha256(FREE.encode()).hexdigest()}"
-tenant = "tests"
-tier = "free"
+{tiers_and_keys(120000, 200)}
 
 [[models]]
 name = "smollm2@1"

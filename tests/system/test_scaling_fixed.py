@@ -11,14 +11,13 @@ One worker answers a call of up to 4 requests in 200 ms: 20 requests/s; the burs
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import math
 import threading
 import time
 
 import pytest
 
-from tests.support.gateway_process import FREE, PAID, Gateway, ferry, message
+from tests.support.gateway_process import FREE, PAID, Gateway, ferry, message, tiers_and_keys
 
 CONFIG = f"""
 [server]
@@ -119,23 +118,7 @@ host = "127.0.0.1"
 port = 0
 ping_interval_ms = 100
 
-[[tiers]]
-name = "paid"
-wait_budget_ms = 60000
-
-[[tiers]]
-name = "free"
-wait_budget_ms = 20
-
-[[keys]]
-key = "{PAID}"
-tenant = "tests"
-tier = "paid"
-
-[[keys]]
-key_sha256 = "{hashlib.sha256(FREE.encode()).hexdigest()}"
-tenant = "tests"
-tier = "free"
+{tiers_and_keys(60000, 20)}
 
 [[models]]
 name = "rare@1"

@@ -7,10 +7,9 @@ patient one waits for the slot and is answered once the busy call has ended, whi
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import time
 
-from tests.support.gateway_process import FREE, PAID, Gateway, message
+from tests.support.gateway_process import FREE, Gateway, message, tiers_and_keys
 
 CONFIG = f"""
 [server]
@@ -18,23 +17,7 @@ host = "127.0.0.1"
 port = 0
 ping_interval_ms = 100
 
-[[tiers]]
-name = "paid"
-wait_budget_ms = 60000
-
-[[tiers]]
-name = "free"
-wait_budget_ms = 20
-
-[[keys]]
-key = "{PAID}"
-tenant = "tests"
-tier = "paid"
-
-[[keys]]
-key_sha256 = "{hashlib.sha256(FREE.encode()).hexdigest()}"
-tenant = "tests"
-tier = "free"
+{tiers_and_keys(60000, 20)}
 
 [[pools]]
 name = "rare"
