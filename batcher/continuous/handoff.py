@@ -18,8 +18,9 @@ between: until ``kv_exported`` arrives the ticket is its prefill replica's, whos
 the pool's rule for a lost engine (``on_engine_loss``) to what the client has seen; after, it is
 the decode replica's, and the same rule applies there. A hand-off waiting for a decode engine
 (every one is restarting) waits as long as an admitted job may, then fails (500, as a re-run
-no engine takes); the bytes it holds meanwhile are the prefill replicas' output over that wait.
-A ticket cancelled meanwhile is dropped with its bytes.
+no engine takes). While one waits the prefill replicas start no new sequence (:attr:`stalled`),
+so the bytes held here are at most what their engines held when the decode replicas went down,
+not their output over the whole wait. A ticket cancelled meanwhile is dropped with its bytes.
 
 The cost is counted per hand-off: the bytes moved, and the seconds from ``kv_exported`` reaching
 the pool to the decode replica's next token (the transfer, the import and one decode step:
@@ -60,6 +61,11 @@ class Handoffs:
         self.counters, self._add, self._patience = counters, add, patience
         self._chunks: dict[int, list[KvBlocks]] = {}  # rid -> its kv frames so far
         self._waiting: list[Waiting] = []
+
+    @property
+    def stalled(self) -> bool:
+        """A hand-off waits for a decode replica: the prefill replicas start nothing new meanwhile."""
+        return bool(self._waiting)
 
     def take(self, prefill: Replica, message: Message) -> None:
         """A hand-off frame from ``prefill``'s engine."""

@@ -403,9 +403,10 @@ class EnginePool:
         while True:
             now = trio.current_time()
             wake = self.handoffs.flush(now)
+            stalled = self.handoffs.stalled  # no decode replica takes what a prefill one would make
             for r in self._replicas:
                 wake = min(wake, self._expire(r, now))
-                if r.up:
+                if r.up and not (stalled and r.on_handoff is not None):
                     self._fill(r, now)
                 if self.staffing.drained(r.index, bool(r.live or r.queue.count or r.reruns)):
                     r.supervisor.retire()
