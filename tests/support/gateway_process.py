@@ -21,22 +21,26 @@ FREE = "sk-test-free-0002"
 
 
 
-def tiers_and_keys(paid_budget_ms: int, free_budget_ms: int) -> str:
-    """The ``[[tiers]]`` paid and free, with these wait budgets, and the ``[[keys]]`` of :data:`PAID`
-    and :data:`FREE` (the free one given by its digest), as most tests' configurations have them."""
-    return f"""
+def tiers_and_keys(paid_budget_ms: int, free_budget_ms: int | None = None) -> str:
+    """The ``[[tiers]]`` paid (and free, where it has a budget) with these wait budgets, and the
+    ``[[keys]]`` of :data:`PAID` (and :data:`FREE`, given by its digest), as most tests'
+    configurations have them."""
+    paid = f"""
 [[tiers]]
 name = "paid"
 wait_budget_ms = {paid_budget_ms}
-
-[[tiers]]
-name = "free"
-wait_budget_ms = {free_budget_ms}
 
 [[keys]]
 key = "{PAID}"
 tenant = "tests"
 tier = "paid"
+"""
+    if free_budget_ms is None:
+        return paid
+    return paid + f"""
+[[tiers]]
+name = "free"
+wait_budget_ms = {free_budget_ms}
 
 [[keys]]
 key_sha256 = "{hashlib.sha256(FREE.encode()).hexdigest()}"

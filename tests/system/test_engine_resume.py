@@ -13,21 +13,14 @@ import signal
 
 import aiohttp
 
-from tests.support.gateway_process import PAID, Gateway
+from tests.support.gateway_process import PAID, Gateway, tiers_and_keys
 from tests.support.waiting import until_asyncio
 
 CONFIG = f"""
 [server]
 port = 0
 
-[[tiers]]
-name = "paid"
-wait_budget_ms = 60000
-
-[[keys]]
-key = "{PAID}"
-tenant = "tests"
-tier = "paid"
+{tiers_and_keys(60000)}
 
 [[models]]
 name = "smollm2@1"

@@ -21,7 +21,7 @@ import signal
 import aiohttp
 import pytest
 
-from tests.support.gateway_process import PAID, Gateway
+from tests.support.gateway_process import Gateway, tiers_and_keys
 from tests.support.sse_client import stream
 from tests.support.waiting import until_asyncio
 
@@ -38,14 +38,7 @@ CONFIG = f"""
 [server]
 port = 0
 
-[[tiers]]
-name = "paid"
-wait_budget_ms = 120000
-
-[[keys]]
-key = "{PAID}"
-tenant = "tests"
-tier = "paid"
+{tiers_and_keys(120000)}
 
 [[models]]
 name = "colocated@1"

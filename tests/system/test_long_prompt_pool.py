@@ -6,7 +6,7 @@ prompt is computed by the long replica and the short ones by the ordinary one, a
 
 from __future__ import annotations
 
-from tests.support.gateway_process import PAID, Gateway
+from tests.support.gateway_process import Gateway, tiers_and_keys
 
 LONG = 300  # long_prompt_tokens
 
@@ -14,14 +14,7 @@ CONFIG = f"""
 [server]
 port = 0
 
-[[tiers]]
-name = "paid"
-wait_budget_ms = 60000
-
-[[keys]]
-key = "{PAID}"
-tenant = "tests"
-tier = "paid"
+{tiers_and_keys(60000)}
 
 [[models]]
 name = "smollm2@1"
