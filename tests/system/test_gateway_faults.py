@@ -67,7 +67,11 @@ def test_a_worker_killed_under_load_fails_no_request(tmp_path):
         sleepy = gateway.wait_for(
             lambda models: models["sleepy@1"]["workers"][victim["slot"]]["restarts"] == 1
         )
-        assert sleepy["sleepy@1"]["retries"] >= 1
+        # The batch it held went to another worker: retried, if the kill landed after the worker
+        # accepted the call; re-sent uncounted, if the frame was still unread in its pipe (busy in
+        # /readyz from dispatch on, a worker may be stopped before it reads the frame).
+        handed_on = f"worker {victim['slot']} was gone before batch"
+        assert sleepy["sleepy@1"]["retries"] >= 1 or handed_on in gateway.log.read_text()
         assert gone(victim["pid"])
     finally:
         assert gateway.stop() == 0
