@@ -361,6 +361,7 @@ class KvManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     block_bytes: int
     digest: bytes
     cached_tokens: int
+    segment: str = ""  # the bytes are in this shared-memory file, not kv frames ("": frames)
 
 
 class KvExported(Frame, tag="kv_exported", frozen=True):

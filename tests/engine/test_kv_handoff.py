@@ -3,10 +3,13 @@ frames (:mod:`workers.engine.kv_transfer`), makes the tokens a colocated engine 
 SmolLM2-135M in float32, greedy: with a prefix hit on the decode side (the blocks it kept from an
 earlier hand-off are not written again), a prompt of several chunks, and an answer whose first
 token ends it (no hand-off); and seeded sampling, whose index carries over. Bytes that fail the
-manifest break the protocol.
+manifest break the protocol. The same over shared memory: equal tokens, a refused segment
+unlinked, none left behind, and frames past the bound on the bytes in segments.
 """
 
 from __future__ import annotations
+
+import os
 
 import msgspec
 import pytest
@@ -14,7 +17,7 @@ from tokenizers import Tokenizer
 
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
-from workers.engine.kv_transfer import KvTransfer
+from workers.engine.kv_transfer import SHM_DIR, KvTransfer, discard
 from workers.engine.loop import EngineLoop, step_messages
 from workers.engine.runner import ModelRunner
 from workers.protocol import (
@@ -166,3 +169,75 @@ def test_kv_bytes_that_fail_the_manifest_break_the_protocol(smollm2_runner, deco
     short = msgspec.structs.replace(exported.manifest, kv_tokens=exported.manifest.kv_tokens - 1)
     with pytest.raises(ProtocolError, match="expected KV of 39 tokens"):
         into.take([*chunks, KvHandoff(add, short)])
+
+
+def ferry_segments() -> list[str]:
+    return sorted(path.name for path in SHM_DIR.glob("ferry-kv-*"))
+
+
+def test_over_shared_memory_the_tokens_are_the_colocated_ones_and_no_segment_stays(
+        smollm2, smollm2_runner, decode_runner):
+    tokenizer = Tokenizer.from_file(str(smollm2 / "tokenizer.json"))
+    prompts = [tokenizer.encode(SHARED + text).ids for text in ("Why is the sky blue?", "Name a river.")]
+    expected = colocated(smollm2_runner, prompts, GREEDY)
+    before = ferry_segments()
+    pair = Disaggregated(smollm2_runner, decode_runner)
+    pair.out.shm = True
+    assert pair.run(prompts, GREEDY) == expected
+    assert pair.moved == {}  # no kv frame: the manifests named segments
+    assert ferry_segments() == before and pair.out.outstanding() == 0
+
+
+def exported_to_shm(runner, rid: int, prompt: list[int]) -> tuple[KvExported, Add]:
+    """``prompt`` prefilled on a shm prefill engine: its ``kv_exported`` and the ``add`` to send."""
+    prefill = new_engine(runner)
+    out = KvTransfer(prefill, runner, prefill=True, shm=True)
+    prefill.add(prompt, GREEDY, rid=rid)
+    frames: list[Message] = []
+    while not frames:
+        output = prefill.step()
+        frames = out.exports(output)
+    [exported] = frames
+    assert isinstance(exported, KvExported) and exported.manifest.segment in ferry_segments()
+    add = Add.of(rid, prompt, 0, "", GREEDY.replace(temperature=0.0), output_tokens=[output.tokens[rid]])
+    return exported, add
+
+
+def test_a_shm_segment_that_fails_the_manifest_is_refused_and_unlinked(smollm2_runner, decode_runner):
+    decode = new_engine(decode_runner)
+    into = EngineLoop(decode, 0.0, KvTransfer(decode, decode_runner, prefill=False))
+    exported, add = exported_to_shm(smollm2_runner, 8, list(range(1, 40)))
+    path = SHM_DIR / exported.manifest.segment
+    with open(path, "r+b") as segment:
+        segment.seek(100)
+        byte = segment.read(1)
+        segment.seek(100)
+        segment.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ProtocolError, match="digest"):
+        into.take([KvHandoff(add, exported.manifest)])
+    assert not path.exists()
+    exported, add = exported_to_shm(smollm2_runner, 9, list(range(1, 40)))
+    short = msgspec.structs.replace(exported.manifest, kv_tokens=exported.manifest.kv_tokens - 1)
+    with pytest.raises(ProtocolError, match="expected KV of 39 tokens"):
+        into.take([KvHandoff(add, short)])
+    assert not (SHM_DIR / exported.manifest.segment).exists()
+    elsewhere = msgspec.structs.replace(exported.manifest, segment="../etc/passwd")
+    with pytest.raises(ProtocolError, match="not a hand-off segment"):
+        into.take([KvHandoff(add, elsewhere)])
+
+
+def test_past_its_bound_a_prefill_engine_sends_frames(smollm2_runner):
+    prefill = new_engine(smollm2_runner)
+    out = KvTransfer(prefill, smollm2_runner, prefill=True, shm=True)
+    prompt = list(range(1, 16 * 40))  # 40 blocks of the runner's 64: a second one is past the bound
+    kinds = []
+    for rid in (1, 2):
+        prefill.add(prompt, GREEDY, rid=rid)
+        frames: list[Message] = []
+        while not frames:
+            frames = out.exports(prefill.step())
+        kinds.append((frames[-1].manifest.segment != "", len(frames) > 1))  # type: ignore[attr-defined]
+    assert kinds == [(True, False), (False, True)]
+    assert out.outstanding() == 40 * smollm2_runner.block_bytes
+    discard(f"ferry-kv-{os.getpid()}-1")  # as the pool does with one no engine will take
+    assert out.outstanding() == 0

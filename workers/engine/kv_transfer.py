@@ -16,13 +16,27 @@ Any engine takes a hand-off. Bytes that fail the manifest's checks break the pro
 engine exits and the pool's rule for a lost engine applies); a hand-off that finds no seat or no
 free blocks waits as a resumed sequence and is computed again there: slower, never lost. The
 bytes waiting for their ``kv_handoff`` are bounded by the engine's own cache size.
+
+Shared memory, on one host: a prefill engine made with ``shm=True`` writes a sequence's KV into a
+file in ``/dev/shm`` (named ``ferry-kv-<pid>-<rid>``, created exclusively) instead of ``kv``
+frames, and its manifest names the segment; the pool forwards the manifest alone and the decode
+engine reads the file, unlinks it (before its checks: a refused hand-off leaves nothing behind)
+and imports as from frames. The bytes an engine has in segments not yet taken are bounded by
+its own cache size (:meth:`KvTransfer.outstanding`); past that it sends frames: never more.
+A segment whose hand-off never reaches a decode engine is unlinked by the pool
+(:func:`discard`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import time
+from pathlib import Path
 from typing import Protocol
+
+import msgspec
 
 from workers.engine.block_manager import cdiv
 from workers.engine.engine import Engine
@@ -33,6 +47,17 @@ from workers.protocol import KvBlocks, KvExported, KvHandoff, KvManifest, Messag
 CHUNK_BYTES = 8 << 20
 """The most KV bytes in one ``kv`` frame (whole blocks; one block at least), well under the
 frame limit, so that a long prompt's KV is many frames rather than one too large."""
+
+SHM_DIR = Path("/dev/shm")
+SEGMENT = re.compile(r"ferry-kv-[0-9]+-[0-9]+")
+"""The only names a decode engine opens or the pool unlinks: its own kind of segment in SHM_DIR."""
+
+
+def discard(segment: str) -> None:
+    """Unlink a hand-off's segment that no engine will take (nothing if there is none)."""
+    if SEGMENT.fullmatch(segment):
+        (SHM_DIR / segment).unlink(missing_ok=True)
+
 
 class KvCache(Protocol):
     """A runner whose KV cache can be read and written by block (``ModelRunner``)."""
@@ -55,8 +80,9 @@ def digest(data: bytes | bytearray) -> bytes:
 class KvTransfer:
     """Hand-offs into and, for a prefill engine, out of ``engine``, over ``cache``."""
 
-    def __init__(self, engine: Engine, cache: KvCache, prefill: bool) -> None:
-        self.engine, self.cache, self.prefill = engine, cache, prefill
+    def __init__(self, engine: Engine, cache: KvCache, prefill: bool, shm: bool = False) -> None:
+        self.engine, self.cache, self.prefill, self.shm = engine, cache, prefill, shm
+        self._segments: dict[str, int] = {}  # segment -> bytes, written here, maybe not yet taken
         self._incoming: dict[int, bytearray] = {}  # rid -> the KV bytes sent so far
         self._buffered = 0
 
@@ -81,11 +107,37 @@ class KvTransfer:
         data = self.cache.read_blocks(blocks)
         size = self.cache.block_bytes
         step = max(1, CHUNK_BYTES // size) * size
-        frames: list[Message] = [KvBlocks(seq.rid, data[i : i + step]) for i in range(0, len(data), step)]
         manifest = KvManifest(kv_tokens, len(blocks), size, digest(data), seq.num_cached)
+        frames: list[Message] = []
+        segment = self._write(seq.rid, data) if self.shm else ""
+        if segment:
+            manifest = msgspec.structs.replace(manifest, segment=segment)
+        else:
+            frames = [KvBlocks(seq.rid, data[i : i + step]) for i in range(0, len(data), step)]
         self.engine.scheduler.release(seq)
         frames.append(KvExported(seq.rid, manifest, time.perf_counter() - started))
         return frames
+
+    def outstanding(self) -> int:
+        """The bytes in this engine's segments that no decode engine has taken yet."""
+        self._segments = {name: n for name, n in self._segments.items() if (SHM_DIR / name).exists()}
+        return sum(self._segments.values())
+
+    def _write(self, rid: int, data: bytes) -> str:
+        """``data`` in a new segment, its name; "" (send frames) past the bound or if it fails."""
+        if self.outstanding() + len(data) > self.cache.num_blocks * self.cache.block_bytes:
+            return ""
+        name = f"ferry-kv-{os.getpid()}-{rid}"
+        try:
+            with open(SHM_DIR / name, "xb") as segment:
+                segment.write(data)
+        except FileExistsError:  # left by an earlier engine of this pid: not ours to touch
+            return ""
+        except OSError:  # /dev/shm full, or none: frames instead
+            discard(name)
+            return ""
+        self._segments[name] = len(data)
+        return name
 
     # --- in (any engine) ----------------------------------------------------------------
 
@@ -106,6 +158,8 @@ class KvTransfer:
         add, manifest = handoff.add, handoff.manifest
         data = self._incoming.pop(add.rid, bytearray())
         self._buffered -= len(data)
+        if manifest.segment:
+            data = self._read(add.rid, manifest.segment, manifest.blocks * manifest.block_bytes)
         self._check(handoff, data)
         engine = self.engine
         try:
@@ -121,6 +175,20 @@ class KvTransfer:
         size = manifest.block_bytes
         if held < manifest.blocks:
             self.cache.write_blocks(seq.block_table[held : manifest.blocks], data[held * size :])
+
+    def _read(self, rid: int, segment: str, size: int) -> bytearray:
+        """A hand-off's bytes from its segment, which is unlinked (read or refused)."""
+        if not SEGMENT.fullmatch(segment):
+            raise ProtocolError(f"kv_handoff {rid}: not a hand-off segment")
+        path = SHM_DIR / segment
+        try:
+            with open(path, "rb") as file:
+                data = bytearray(file.read(size + 1))  # one more: a longer file fails the count
+        except OSError:
+            raise ProtocolError(f"kv_handoff {rid}: its segment cannot be read") from None
+        finally:
+            path.unlink(missing_ok=True)
+        return data
 
     def _check(self, handoff: KvHandoff, data: bytearray) -> None:
         """The bytes against the manifest: counts, then digest (ProtocolError naming the first
