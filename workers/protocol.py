@@ -56,8 +56,9 @@ Prefill and decode on separate engines (the KV hand-off, ``workers/engine/kv_tra
     pool -> worker   kv      {rid, data}                  the same bytes, forwarded to a decode engine
     pool -> worker   kv_handoff {add, manifest}           run ``add`` over the KV just sent
 
-A manifest (``kv_tokens, blocks, block_bytes, digest, cached_tokens``) lets the receiving engine
-check the bytes by count and by hash before it uses them.
+A manifest (``kv_tokens, blocks, block_bytes, digest, cached_tokens, segment``) lets the receiving
+engine check the bytes by count and hash before it uses them; ``segment`` names the shared-memory
+file that holds them instead of ``kv`` frames (engines on one host).
 
 A rid's last ``tokens`` frame precedes its ``finished`` frame. For ``eos`` and ``stop_token`` the
 stop token itself is not sent (it is not text): ``finished``'s ``output_tokens`` counts it, so
@@ -73,29 +74,15 @@ from typing import ClassVar, Literal
 
 import msgspec
 
+from workers.protocol_errors import ModelUnloadable as ModelUnloadable
+from workers.protocol_errors import NotDelivered as NotDelivered
+from workers.protocol_errors import ProtocolError as ProtocolError
+from workers.protocol_errors import WorkerLost as WorkerLost
+
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame body either side accepts: 50 inputs of a 1 MB prompt each fit with room."""
 
 _HEADER = struct.Struct(">I")
-
-
-class ProtocolError(Exception):
-    """A frame broke the protocol: too large, not msgpack, not a map, unknown kind, bad fields."""
-
-
-class WorkerLost(Exception):
-    """The worker's end of the pipe closed: it exited, crashed or was killed."""
-
-
-class ModelUnloadable(WorkerLost):
-    """The worker said it could not build its model (an ``unloadable`` frame) and exited: its
-    message names the exception's type and message."""
-
-
-class NotDelivered(WorkerLost):
-    """The worker was gone before it accepted a call (its pipe closed on send, or before the
-    ``accepted`` frame): the call cannot have caused its death, so it does not count against
-    the call's inputs."""
 
 
 class Frame(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):

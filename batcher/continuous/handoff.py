@@ -20,7 +20,9 @@ the decode replica's, and the same rule applies there. A hand-off waiting for a 
 (every one is restarting) waits as long as an admitted job may, then fails (500, as a re-run
 no engine takes). While one waits the prefill replicas start no new sequence (:attr:`stalled`),
 so the bytes held here are at most what their engines held when the decode replicas went down,
-not their output over the whole wait. A ticket cancelled meanwhile is dropped with its bytes.
+not their output over the whole wait. A ticket cancelled meanwhile is dropped with its bytes:
+with a shared-memory hand-off (``manifest.segment``, engines on the pool's host) the pool
+unlinks its segment then, as it does for one that waited past its time.
 
 The cost is counted per hand-off: the bytes moved, and the seconds from ``kv_exported`` reaching
 the pool to the decode replica's next token (the transfer, the import and one decode step:
@@ -38,6 +40,7 @@ import trio
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.core.errors import WorkersFailed
+from workers.kv_segment import discard
 from workers.protocol import Add, KvBlocks, KvExported, KvHandoff, Message
 
 
@@ -48,6 +51,7 @@ class Waiting(NamedTuple):
     frames: list[Message]
     blocks: int
     due: float
+    segment: str  # its shared-memory segment ("": its bytes are in frames)
 
 
 class Handoffs:
@@ -83,12 +87,15 @@ class Handoffs:
         chunks = self._chunks.pop(exported.rid, [])
         ticket = prefill.release(exported.rid)
         if ticket is None:  # cancelled while it prefilled: its sequence has left that engine too
+            discard(exported.manifest.segment)
             return
         blocks = -(-(exported.manifest.kv_tokens + 1) // self.block_size)
         handoff = KvHandoff(self._add(ticket, exported.rid), exported.manifest)
-        self.counters.handoff_bytes.observe(sum(len(chunk.data) for chunk in chunks))
+        manifest = exported.manifest
+        self.counters.handoff_bytes.observe(manifest.blocks * manifest.block_bytes)  # frames or segment
         now = trio.current_time()
-        self._waiting.append(Waiting(ticket, [*chunks, handoff], blocks, now + self._patience(ticket.tier)))
+        self._waiting.append(Waiting(ticket, [*chunks, handoff], blocks, now + self._patience(ticket.tier),
+                                     exported.manifest.segment))
         self.flush(now)
 
     def flush(self, now: float) -> float:
@@ -97,15 +104,15 @@ class Handoffs:
         waiting, self._waiting = self._waiting, []
         for handoff in waiting:
             ticket = handoff.ticket
-            if ticket.ended:
-                continue
-            decoder = self._decoder(handoff.blocks)
+            decoder = None if ticket.ended else self._decoder(handoff.blocks)
             if decoder is not None:
                 decoder.receive(ticket, handoff.frames, handoff.blocks, now)
-            elif handoff.due <= now:
-                ticket.state = Stage.ENDED
-                self.counters.timed_out += 1
-                ticket.out.fail(WorkersFailed("no decode engine took the request in time"), False)
+            elif ticket.ended or handoff.due <= now:
+                discard(handoff.segment)
+                if not ticket.ended:
+                    ticket.state = Stage.ENDED
+                    self.counters.timed_out += 1
+                    ticket.out.fail(WorkersFailed("no decode engine took the request in time"), False)
             else:
                 self._waiting.append(handoff)
         return min((handoff.due for handoff in self._waiting), default=math.inf)

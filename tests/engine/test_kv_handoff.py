@@ -17,9 +17,10 @@ from tokenizers import Tokenizer
 
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
-from workers.engine.kv_transfer import SHM_DIR, KvTransfer, discard
+from workers.engine.kv_transfer import KvTransfer
 from workers.engine.loop import EngineLoop, step_messages
 from workers.engine.runner import ModelRunner
+from workers.kv_segment import SHM_DIR, discard
 from workers.protocol import (
     Add,
     FrameDecoder,
@@ -236,7 +237,9 @@ def test_past_its_bound_a_prefill_engine_sends_frames(smollm2_runner):
         frames: list[Message] = []
         while not frames:
             frames = out.exports(prefill.step())
-        kinds.append((frames[-1].manifest.segment != "", len(frames) > 1))  # type: ignore[attr-defined]
+        exported = frames[-1]
+        assert isinstance(exported, KvExported)
+        kinds.append((exported.manifest.segment != "", len(frames) > 1))
     assert kinds == [(True, False), (False, True)]
     assert out.outstanding() == 40 * smollm2_runner.block_bytes
     discard(f"ferry-kv-{os.getpid()}-1")  # as the pool does with one no engine will take

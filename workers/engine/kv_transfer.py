@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
-from pathlib import Path
 from typing import Protocol
 
 import msgspec
@@ -42,22 +40,12 @@ from workers.engine.block_manager import cdiv
 from workers.engine.engine import Engine
 from workers.engine.interface import StepOutput
 from workers.engine.sequence import Sequence
+from workers.kv_segment import SEGMENT, SHM_DIR, discard
 from workers.protocol import KvBlocks, KvExported, KvHandoff, KvManifest, Message, ProtocolError
 
 CHUNK_BYTES = 8 << 20
 """The most KV bytes in one ``kv`` frame (whole blocks; one block at least), well under the
 frame limit, so that a long prompt's KV is many frames rather than one too large."""
-
-SHM_DIR = Path("/dev/shm")
-SEGMENT = re.compile(r"ferry-kv-[0-9]+-[0-9]+")
-"""The only names a decode engine opens or the pool unlinks: its own kind of segment in SHM_DIR."""
-
-
-def discard(segment: str) -> None:
-    """Unlink a hand-off's segment that no engine will take (nothing if there is none)."""
-    if SEGMENT.fullmatch(segment):
-        (SHM_DIR / segment).unlink(missing_ok=True)
-
 
 class KvCache(Protocol):
     """A runner whose KV cache can be read and written by block (``ModelRunner``)."""
