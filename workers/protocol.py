@@ -74,6 +74,7 @@ from typing import ClassVar, Literal
 
 import msgspec
 
+from workers.kv_manifest import KvManifest as KvManifest
 from workers.protocol_errors import ModelUnloadable as ModelUnloadable
 from workers.protocol_errors import NotDelivered as NotDelivered
 from workers.protocol_errors import ProtocolError as ProtocolError
@@ -336,19 +337,6 @@ class KvBlocks(Frame, tag="kv", frozen=True):
 
     rid: int
     data: bytes
-
-
-class KvManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What a hand-off's ``kv`` frames hold: the KV of the first ``kv_tokens`` tokens of the
-    sequence in ``blocks`` blocks of ``block_bytes`` bytes, ``digest`` their BLAKE2b-128; of its
-    prompt, ``cached_tokens`` came from the sending engine's prefix cache (billed as cached)."""
-
-    kv_tokens: int
-    blocks: int
-    block_bytes: int
-    digest: bytes
-    cached_tokens: int
-    segment: str = ""  # the bytes are in this shared-memory file, not kv frames ("": frames)
 
 
 class KvExported(Frame, tag="kv_exported", frozen=True):

@@ -40,7 +40,7 @@ import trio
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.core.errors import WorkersFailed
-from workers.kv_segment import discard
+from workers.kv_manifest import discard
 from workers.protocol import Add, KvBlocks, KvExported, KvHandoff, Message
 
 

@@ -20,7 +20,7 @@ from workers.engine.engine import Engine
 from workers.engine.kv_transfer import KvTransfer
 from workers.engine.loop import EngineLoop, step_messages
 from workers.engine.runner import ModelRunner
-from workers.kv_segment import SHM_DIR, discard
+from workers.kv_manifest import SHM_DIR, discard
 from workers.protocol import (
     Add,
     FrameDecoder,

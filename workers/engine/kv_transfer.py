@@ -40,7 +40,7 @@ from workers.engine.block_manager import cdiv
 from workers.engine.engine import Engine
 from workers.engine.interface import StepOutput
 from workers.engine.sequence import Sequence
-from workers.kv_segment import SEGMENT, SHM_DIR, discard
+from workers.kv_manifest import SEGMENT, SHM_DIR, discard
 from workers.protocol import KvBlocks, KvExported, KvHandoff, KvManifest, Message, ProtocolError
 
 CHUNK_BYTES = 8 << 20

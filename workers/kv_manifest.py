@@ -1,0 +1,34 @@
+"""What a KV hand-off between engines carries (its manifest, re-exported by
+:mod:`workers.protocol`), and where its bytes are on one host: the shared-memory files, their
+names, and unlinking one no engine will take (the pool's part; ``workers/engine/kv_transfer.py``
+writes and reads them). Apart from the engine so that the pool imports no model code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgspec
+
+SHM_DIR = Path("/dev/shm")
+SEGMENT = re.compile(r"ferry-kv-[0-9]+-[0-9]+")
+"""The only names a decode engine opens or the pool unlinks: ``ferry-kv-<engine pid>-<rid>``."""
+
+
+def discard(segment: str) -> None:
+    """Unlink a hand-off's segment that no engine will take (nothing if there is none)."""
+    if SEGMENT.fullmatch(segment):
+        (SHM_DIR / segment).unlink(missing_ok=True)
+
+
+class KvManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a hand-off's ``kv`` frames hold: the KV of the first ``kv_tokens`` tokens of the
+    sequence in ``blocks`` blocks of ``block_bytes`` bytes, ``digest`` their BLAKE2b-128; of its
+    prompt, ``cached_tokens`` came from the sending engine's prefix cache (billed as cached)."""
+
+    kv_tokens: int
+    blocks: int
+    block_bytes: int
+    digest: bytes
+    cached_tokens: int
+    segment: str = ""  # the bytes are in this shared-memory file, not kv frames ("": frames)
