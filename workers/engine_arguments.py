@@ -34,6 +34,9 @@ def add_engine_arguments(kinds: argparse._SubParsersAction) -> None:
     engine.add_argument("--prefill-slots", type=int, default=0,
                         help="the pool's slots below this run prefill only and hand each sequence "
                              "off after its first token (default %(default)s: none)")
+    engine.add_argument("--kv-shm", action="store_true",
+                        help="a prefill engine hands KV off in /dev/shm files, not frames: only "
+                             "when every decode engine runs on this host")
     engine.add_argument(
         "--step-costs", metavar="FILE", default=None,
         help="step costs `ferry fit` wrote: the prices that hold the tiers' TPOT targets "

@@ -80,7 +80,7 @@ def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -
     handoffs = None
     if not args.simulated:  # a model's runner: its cache is read and written by block
         cache = cast(KvCache, runner)
-        handoffs = KvTransfer(engine, cache, prefill=prefills(args.prefill_slots))
+        handoffs = KvTransfer(engine, cache, prefill=prefills(args.prefill_slots), shm=args.kv_shm)
     return serve(engine, name, protocol_in, protocol_out, "engine worker", handoffs)
 
 
