@@ -21,6 +21,35 @@ def discard(segment: str) -> None:
         (SHM_DIR / segment).unlink(missing_ok=True)
 
 
+def write_segment(name: str, data: bytes) -> str:
+    """``data`` in a new segment ``name`` (created exclusively), its name; "" if it cannot be
+    (an old one of that name, not ours to touch; /dev/shm full or absent): send frames then."""
+    try:
+        with open(SHM_DIR / name, "xb") as segment:
+            segment.write(data)
+    except FileExistsError:
+        return ""
+    except OSError:
+        discard(name)
+        return ""
+    return name
+
+
+def read_segment(segment: str, size: int) -> bytearray:
+    """At most ``size`` + 1 bytes of ``segment`` (one more: a longer file fails a count check),
+    which is unlinked, read or not; ValueError: not a hand-off segment, or unreadable."""
+    if not SEGMENT.fullmatch(segment):
+        raise ValueError("not a hand-off segment")
+    path = SHM_DIR / segment
+    try:
+        with open(path, "rb") as file:
+            return bytearray(file.read(size + 1))
+    except OSError:
+        raise ValueError("its segment cannot be read") from None
+    finally:
+        path.unlink(missing_ok=True)
+
+
 class KvManifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What a hand-off's ``kv`` frames hold: the KV of the first ``kv_tokens`` tokens of the
     sequence in ``blocks`` blocks of ``block_bytes`` bytes, ``digest`` their BLAKE2b-128; of its

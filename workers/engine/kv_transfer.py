@@ -40,7 +40,7 @@ from workers.engine.block_manager import cdiv
 from workers.engine.engine import Engine
 from workers.engine.interface import StepOutput
 from workers.engine.sequence import Sequence
-from workers.kv_manifest import SEGMENT, SHM_DIR, discard
+from workers.kv_manifest import SHM_DIR, read_segment, write_segment
 from workers.protocol import KvBlocks, KvExported, KvHandoff, KvManifest, Message, ProtocolError
 
 CHUNK_BYTES = 8 << 20
@@ -115,16 +115,9 @@ class KvTransfer:
         """``data`` in a new segment, its name; "" (send frames) past the bound or if it fails."""
         if self.outstanding() + len(data) > self.cache.num_blocks * self.cache.block_bytes:
             return ""
-        name = f"ferry-kv-{os.getpid()}-{rid}"
-        try:
-            with open(SHM_DIR / name, "xb") as segment:
-                segment.write(data)
-        except FileExistsError:  # left by an earlier engine of this pid: not ours to touch
-            return ""
-        except OSError:  # /dev/shm full, or none: frames instead
-            discard(name)
-            return ""
-        self._segments[name] = len(data)
+        name = write_segment(f"ferry-kv-{os.getpid()}-{rid}", data)
+        if name:
+            self._segments[name] = len(data)
         return name
 
     # --- in (any engine) ----------------------------------------------------------------
@@ -147,7 +140,10 @@ class KvTransfer:
         data = self._incoming.pop(add.rid, bytearray())
         self._buffered -= len(data)
         if manifest.segment:
-            data = self._read(add.rid, manifest.segment, manifest.blocks * manifest.block_bytes)
+            try:
+                data = read_segment(manifest.segment, manifest.blocks * manifest.block_bytes)
+            except ValueError as exc:
+                raise ProtocolError(f"kv_handoff {add.rid}: {exc}") from None
         self._check(handoff, data)
         engine = self.engine
         try:
@@ -163,20 +159,6 @@ class KvTransfer:
         size = manifest.block_bytes
         if held < manifest.blocks:
             self.cache.write_blocks(seq.block_table[held : manifest.blocks], data[held * size :])
-
-    def _read(self, rid: int, segment: str, size: int) -> bytearray:
-        """A hand-off's bytes from its segment, which is unlinked (read or refused)."""
-        if not SEGMENT.fullmatch(segment):
-            raise ProtocolError(f"kv_handoff {rid}: not a hand-off segment")
-        path = SHM_DIR / segment
-        try:
-            with open(path, "rb") as file:
-                data = bytearray(file.read(size + 1))  # one more: a longer file fails the count
-        except OSError:
-            raise ProtocolError(f"kv_handoff {rid}: its segment cannot be read") from None
-        finally:
-            path.unlink(missing_ok=True)
-        return data
 
     def _check(self, handoff: KvHandoff, data: bytearray) -> None:
         """The bytes against the manifest: counts, then digest (ProtocolError naming the first
