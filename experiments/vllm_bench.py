@@ -14,7 +14,9 @@ embedded default (its demo key and wait budgets), to see what a burst does to it
 Loopback only. vLLM's side needs ``make vllm-env``. Both vLLM runs are eager (no torch.compile,
 so that they start in seconds) unless ``--compile`` compiles both (vLLM's own default, slower to
 start); either way they compare like with like. Every engine gets ``--threads`` CPU threads
-(default: every core this process may use, as vLLM's server takes them). Figures:
+(default: every core this process may use, as vLLM's server takes them). A server is stopped
+with everything it started (vLLM's engine core can outlive its API server's exit), and the next
+starts once the cores are quiet (what was left is logged on stderr). Figures:
 experiments/docs/vllm.md::
 
     .venv/bin/python experiments/vllm_bench.py --levels 1 8 32 --per-client 2 --rounds 1
@@ -211,7 +213,8 @@ def descendants(pid: int) -> set[int]:
             parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (ValueError, OSError):
             continue
-    found, frontier = set(), {pid}
+    found: set[int] = set()
+    frontier = {pid}
     while frontier:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
@@ -236,14 +239,15 @@ def _name(pid: int) -> str:
         return "gone"
 
 
-def _cpu(pids: list[int]) -> float:
-    total = 0.0
+def _cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds so far of each of ``pids`` still alive."""
+    spent = {}
     for pid in pids:
         try:
-            total += process_cpu(pid)
+            spent[pid] = process_cpu(pid)
         except OSError:
             pass
-    return total
+    return spent
 
 
 def stop_quietly(server: str, pid: int, stop, quiet: float = 0.5, within: float = 30.0) -> dict:
@@ -256,7 +260,8 @@ def stop_quietly(server: str, pid: int, stop, quiet: float = 0.5, within: float 
     names = collections.Counter(_name(p) for p in leftover)
     spent = _cpu(leftover)
     time.sleep(1.0)
-    spinning = _cpu(leftover) - spent  # CPU seconds the leftovers burnt in that second
+    after = _cpu(leftover)  # CPU seconds the leftovers alive through that second burnt in it:
+    spinning = sum(after[p] - spent[p] for p in after if p in spent)
     for child in leftover:
         try:
             os.kill(child, signal.SIGKILL)
@@ -269,7 +274,7 @@ def stop_quietly(server: str, pid: int, stop, quiet: float = 0.5, within: float 
     while busy[-1] > quiet and time.monotonic() < deadline:
         busy.append(cpu_busy())
     return {"stopped": server, "tree": len(tree), "left_over": dict(names),
-            "left_over_cpu_s_per_s": round(spinning, 2),
+            "left_over_cpu_s_per_s": round(spinning, 2), "left_over_alive_after_1_s": len(after),
             "busy_after_s": [round(b, 2) for b in busy]}
 
 
