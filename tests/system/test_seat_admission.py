@@ -22,7 +22,7 @@ from tests.support.sse_client import stream
 from workers.engine.cost_model import SMOLLM2_135M, UNBOUNDED, CostModel, Overhead
 from workers.engine.fit import cost_fit
 
-STORY = {"model": "smollm2@1", "max_tokens": 256,
+STORY = {"model": "smollm2@1", "max_tokens": 128,
          "messages": [{"role": "user", "content": "Write a long story about a ship that crosses the sea."}]}
 
 
