@@ -35,8 +35,8 @@ async def test_a_tenant_holding_every_seat_is_shed_at_arrival_and_a_light_one_an
             while not pool.ready:
                 await trio.sleep(0.01)
         heavy = [Client() for _ in range(3)]
-        for seed, client in enumerate(heavy):
-            pool.submit(dataclasses.replace(job(seed, 200, True, length=100), tenant="H"), client)
+        for n, client in enumerate(heavy):
+            pool.submit(dataclasses.replace(job(n, 200, True, length=100), tenant="H"), client)
         while not all(any(isinstance(e, Delta) for e in c.events) for c in heavy):
             await trio.sleep(0.01)  # each of H's sequences holds a seat
         fourth, light = Client(), Client()
