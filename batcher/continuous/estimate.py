@@ -59,9 +59,9 @@ class Estimates:
 
     def __init__(self, config: ContinuousModelConfig, queue: QueueConfig, replicas: list[Replica],
                  lanes: Lanes, admission: AdmissionControl | None, prompts: list[list[int]],
-                 router: Router, staffing: Staffing) -> None:
+                 staffing: Staffing) -> None:
         self.config, self.queue, self.replicas, self.lanes = config, queue, replicas, lanes
-        self.admission, self.prompts, self.router, self.staffing = admission, prompts, router, staffing
+        self.admission, self.prompts, self.staffing = admission, prompts, staffing
         self.price = step_price(config)
 
     def long(self, ticket: Ticket) -> bool:
@@ -72,13 +72,13 @@ class Estimates:
         """The slots ``ticket`` may be routed to: its lane's (an ordinary one's, else long ones up)."""
         return self.lanes.candidates(self.long(ticket), self.staffing, [r.up for r in self.replicas])
 
-    def route(self, ticket: Ticket) -> Replica:
-        """The replica for ``ticket`` among its candidates (a down one only when all are down);
-        sets its cost."""
+    def route(self, ticket: Ticket, router: Router) -> Replica:
+        """The replica ``router`` picks for ``ticket`` among its candidates (a down one only when
+        all are down); sets its cost. The pool's router, passed each time: a replay may wrap it."""
         taking = self.candidates(ticket)
         up = any(r.up for r in self.replicas if r.index in taking)
         loads = [r.load if r.index in taking and (r.up or not up) else None for r in self.replicas]
-        route = self.router.choose(loads, ticket.hashes)
+        route = router.choose(loads, ticket.hashes)
         ticket.replica = route.replica
         job = ticket.job
         ticket.cost = len(job.prompt_tokens) - route.held_blocks * self.config.block_size + job.max_tokens

@@ -118,7 +118,7 @@ class EnginePool:
         self.router = Router([0] * len(self._replicas), config.affinity_bound)
         self.staffing = Staffing(pool.workers, initial, lanes.long)
         self.estimates = Estimates(config, queue, self._replicas, lanes, self.admission, self._prompts,
-                                   self.router, self.staffing)
+                                   self.staffing)
         self.handoffs = Handoffs(self._replicas[entry:], config.max_seqs, config.block_size,
                                  self.counters, self._add, self.estimates.patience)
         for r in self._replicas[:entry] if config.disaggregated else ():
@@ -141,7 +141,7 @@ class EnginePool:
         if error is None and not any(self._replicas[i].up for i in self.estimates.candidates(ticket)):
             error = self.staffing.cold(now, self.queue_config.deadline(tier))
         if error is None:
-            replica = self.estimates.route(ticket)
+            replica = self.estimates.route(ticket, self.router)
             if self.admission is not None:
                 error = self.estimates.shed(ticket, self.estimates.long(ticket), now)
                 if error is not None:
@@ -302,7 +302,7 @@ class EnginePool:
 
     def _rerun(self, ticket: Ticket) -> None:
         """Queue a ticket lost with its engine at the front of another replica's work."""
-        self.estimates.route(ticket).queue_rerun(ticket)
+        self.estimates.route(ticket, self.router).queue_rerun(ticket)
 
     def _count(self, ticket: Ticket, sign: int) -> None:
         """``ticket`` joins (+1) or leaves (-1) the tier queues: its prompt's tokens (less the
@@ -425,7 +425,7 @@ class EnginePool:
         for ticket in reruns:  # a re-run still waiting stays one
             self._rerun(ticket)
         for ticket in queued:
-            self._enqueue(self.estimates.route(ticket), ticket)
+            self._enqueue(self.estimates.route(ticket, self.router), ticket)
         self._changed()
 
 
