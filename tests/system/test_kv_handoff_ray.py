@@ -13,9 +13,8 @@ import asyncio
 
 import pytest
 
-from tests.support.gateway_process import Gateway
-from tests.system.test_kv_handoff import ENGINE, errors, request, streams
-from tests.system.test_scaling_ray import on_ray
+from tests.support.gateway_process import Gateway, on_ray
+from tests.support.kv_handoff import ENGINE, errors, request, streams
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
