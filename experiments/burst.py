@@ -34,6 +34,7 @@ import bisect
 import dataclasses
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -58,6 +59,7 @@ from gateway.embedded_default import DEFAULT_TOML
 KEYS = {"paid": "sk-ferry-demo-paid", "free": "sk-ferry-demo-free"}
 BUDGET = {tier.name: tier.wait_budget_ms / 1000 for tier in default_config().tiers}  # seconds
 SERVICE = 0.2
+AHEAD_SETTING = re.compile(r"^dispatch_ahead_ms = .*\n", re.MULTILINE)
 
 
 @dataclasses.dataclass(slots=True)
@@ -70,6 +72,7 @@ class Shot:
     retry_after: float = 0.0  # seconds, from retry-after-ms
     expired: bool = False  # a 529 for a request that was queued, then passed its deadline
     request_id: str = ""  # from the request-id header: its usage record
+    dispatched: float | None = None  # when its batch took it, where known (in virtual time)
 
 
 async def fire(
@@ -109,9 +112,10 @@ async def fire(
 
 
 def left_queue(shot: Shot, call: float) -> float | None:
-    """When an admitted request left the queue: dispatched (its answer less one call) or expired."""
+    """When an admitted request left the queue: dispatched (when its batch took it, else its
+    answer less one call, which is later by the wait in its worker's pipe) or expired."""
     if shot.status == 200:
-        return shot.answered - call
+        return shot.answered - call if shot.dispatched is None else shot.dispatched
     return shot.answered if shot.expired else None
 
 
@@ -198,15 +202,19 @@ def schedule(args: argparse.Namespace) -> list[Shot]:
     return [Shot(tier, float(t)) for t, tier in zip(times, tiers, strict=False)]
 
 
-def configured(workers: int, state: str | None = None) -> str:
-    """The embedded default with ``workers`` workers (and its usage records kept in ``state``)."""
+def configured(workers: int, state: str | None = None, ahead_ms: float | None = None) -> str:
+    """The embedded default with ``workers`` workers (its usage records kept in ``state``, and
+    its ``dispatch_ahead_ms`` set to ``ahead_ms`` where given)."""
     config = fixed_only(DEFAULT_TOML).replace("workers = 8", f"workers = {workers}")
+    if ahead_ms is not None:
+        config = AHEAD_SETTING.sub("", config).replace(
+            "max_batch = 50", f"max_batch = 50\ndispatch_ahead_ms = {ahead_ms}", 1)
     return config + (f'\n[state]\ndir = "{state}"\n' if state else "")
 
 
 def virtual(args: argparse.Namespace) -> dict:
     """The same burst through the embedded default's batcher in virtual time (no HTTP)."""
-    config = parse_config(configured(args.workers), "<burst>")
+    config = parse_config(configured(args.workers, ahead_ms=args.dispatch_ahead_ms), "<burst>")
     model = config.models[0]
     shots = schedule(args)
     names = [tier.name for tier in config.tiers]
@@ -222,6 +230,7 @@ def virtual(args: argparse.Namespace) -> dict:
         shot = by_arrival[request.arrival]
         shot.scheduled = shot.sent = request.arrival
         shot.answered = request.finished_at
+        shot.dispatched = request.dispatched_at
         shot.status = 200 if request.state is RequestState.DONE else 529
         if isinstance(request.error, Overloaded):
             shot.retry_after = request.error.retry_after
@@ -254,7 +263,7 @@ async def burst(args: argparse.Namespace, scratch: str) -> dict:
     shots = schedule(args)
     config = os.path.join(scratch, "ferry.toml")
     with open(config, "w") as out:
-        out.write(configured(args.workers, scratch))
+        out.write(configured(args.workers, scratch, args.dispatch_ahead_ms))
     process, url = start_gateway(config)
     body = json.dumps({"model": "ferry-fixed", "max_tokens": 64,
                        "messages": [{"role": "user", "content": "the quick brown fox"}]}).encode()
@@ -281,7 +290,8 @@ async def burst(args: argparse.Namespace, scratch: str) -> dict:
         process.terminate()
         process.wait(60)  # SIGTERM: the gateway flushes its usage records before it exits
     records = read_usage(os.path.join(scratch, "usage.sqlite"))
-    ahead = parse_config(configured(args.workers), "<burst>").models[0].pool_config().dispatch_ahead
+    model = parse_config(configured(args.workers, ahead_ms=args.dispatch_ahead_ms), "<burst>").models[0]
+    ahead = model.pool_config().dispatch_ahead
     report = summarize(shots, lag, cpu, on_server_clock(shots, records), call, ahead)
     for tier, count in over.items():
         report[tier]["queue_waits_over_budget"] = count
@@ -315,6 +325,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--paid-share", type=float, default=0.5)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dispatch-ahead-ms", type=float, default=None,
+                        help="the fixed model's dispatch_ahead_ms (default: the embedded default's)")
     parser.add_argument("--virtual", action="store_true", help="virtual time, no HTTP (see above)")
     parser.add_argument("--json", help="also write the report here")
     return parser.parse_args(argv)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import pathlib
 import random
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import aiohttp
 import numpy as np
@@ -47,10 +49,15 @@ WORDS = ("harbour", "ticket", "engine", "deck", "tide", "gull", "rope", "cabin",
          "cargo", "bridge", "anchor", "wave", "north", "lantern", "passenger", "timetable", "crossing")
 
 
-def config(long_pool: bool, state: str) -> str:
-    """The gateway's file: two SmolLM2 engines, one ordinary and one long, or two ordinary."""
-    replicas = (f"workers = 1\nlong_prompt_tokens = {LONG_PROMPT_TOKENS}\nlong_workers = 1\n" if long_pool
-                else "workers = 2\n")
+def replicas(long_pool: bool) -> str:
+    """Two SmolLM2 engines, one ordinary and one long, or two ordinary."""
+    return (f"workers = 1\nlong_prompt_tokens = {LONG_PROMPT_TOKENS}\nlong_workers = 1\n" if long_pool
+            else "workers = 2\n")
+
+
+def gateway_file(replicas: str, state: str) -> str:
+    """A gateway serving SmolLM2 (float32, a torch thread per engine) on the replicas ``replicas``
+    declares (TOML lines of the model's table), one paid key."""
     return f"""
 [server]
 port = 0
@@ -103,12 +110,13 @@ def flood_prompt(index: int, tokens: int) -> str:
 
 async def ask(session: aiohttp.ClientSession, url: str, content: str, max_tokens: int, due: float) -> dict:
     """One streamed chat request sent at ``due`` (loop time): its TTFT from ``due`` (to its first
-    text, or to its end for an answer that is only an end-of-sequence), its prompt tokens, and
-    whether it was served whole."""
+    text, or to its end for an answer that is only an end-of-sequence), when its last text came
+    (``last``), its prompt and output tokens, and whether it was served whole."""
     await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
     body = {"model": MODEL, "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}],
             "stream": True, "stream_options": {"include_usage": True}}
-    seen: dict = {"ttft": None, "prompt_tokens": 0, "ok": False, "failure": ""}
+    seen: dict = {"ttft": None, "last": None, "prompt_tokens": 0, "output_tokens": 0, "ok": False,
+                  "failure": ""}
     try:
         async with session.post(url + "/v1/chat/completions", json=body) as response:
             if response.status != 200:
@@ -129,9 +137,12 @@ async def ask(session: aiohttp.ClientSession, url: str, content: str, max_tokens
                     return seen
                 if chunk.get("usage"):
                     seen["prompt_tokens"] = chunk["usage"]["prompt_tokens"]
+                    seen["output_tokens"] = chunk["usage"]["completion_tokens"]
                 text = "".join(c["delta"].get("content") or "" for c in chunk.get("choices", ()))
-                if text and seen["ttft"] is None:
-                    seen["ttft"] = asyncio.get_running_loop().time() - due
+                if text:
+                    seen["last"] = asyncio.get_running_loop().time() - due
+                    if seen["ttft"] is None:
+                        seen["ttft"] = seen["last"]
     except (TimeoutError, aiohttp.ClientError) as exc:
         seen["failure"] = type(exc).__name__
     return seen
@@ -176,19 +187,27 @@ def row(label: str, chats: list[dict], floods: list[dict], alone: float | None) 
     }
 
 
-def serve_phases(long_pool: bool, args: argparse.Namespace, floods: tuple[bool, ...]) -> list:
-    """Start a gateway (with a long pool or colocated), run its phases, stop it."""
-    with tempfile.TemporaryDirectory(prefix="ferry-long-") as state:
+@contextlib.contextmanager
+def serving(replicas: str, log_name: str) -> Iterator[str]:
+    """A gateway on ``replicas`` (:func:`gateway_file`) while the block runs: its URL, after its
+    engines' first steps. Its log: ``results/LOG_NAME``."""
+    with tempfile.TemporaryDirectory(prefix="ferry-experiment-") as state:
         path = pathlib.Path(state) / "ferry.toml"
-        path.write_text(config(long_pool, state))
-        layout = "pool" if long_pool else "colocated"
-        process, url = start_gateway(path, f"continuous_long_prompts_{layout}.log")
+        path.write_text(gateway_file(replicas, state))
+        process, url = start_gateway(path, log_name)
         try:
             asyncio.run(asyncio.sleep(3.0))  # the engines' first steps (allocations) before timing
-            return [asyncio.run(phase(url, args, flood)) for flood in floods]
+            yield url
         finally:
             process.terminate()
             process.wait(60)
+
+
+def serve_phases(replicas: str, log_name: str, args: argparse.Namespace, floods: tuple[bool, ...]
+                 ) -> list[tuple[list[dict], list[dict]]]:
+    """One :func:`phase` for each of ``floods`` (with the flood or without) on one gateway."""
+    with serving(replicas, log_name) as url:
+        return [asyncio.run(phase(url, args, flood)) for flood in floods]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -202,8 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     began = time.monotonic()
-    (alone, with_pool) = serve_phases(True, args, (False, True))
-    (colocated,) = serve_phases(False, args, (True,))
+    (alone, with_pool) = serve_phases(replicas(True), "continuous_long_prompts_pool.log", args, (False, True))
+    (colocated,) = serve_phases(replicas(False), "continuous_long_prompts_colocated.log", args, (True,))
     base = row("alone (1 ordinary + 1 long)", *alone, None)
     rows = [base, row("flood, long pool", *with_pool, base["chat TTFT p50 ms"]),
             row("flood, colocated (2 ordinary)", *colocated, base["chat TTFT p50 ms"])]

@@ -14,7 +14,9 @@ embedded default (its demo key and wait budgets), to see what a burst does to it
 Loopback only. vLLM's side needs ``make vllm-env``. Both vLLM runs are eager (no torch.compile,
 so that they start in seconds) unless ``--compile`` compiles both (vLLM's own default, slower to
 start); either way they compare like with like. Every engine gets ``--threads`` CPU threads
-(default: every core this process may use, as vLLM's server takes them). Figures:
+(default: every core this process may use, as vLLM's server takes them). A server is stopped
+with everything it started (vLLM's engine core can outlive its API server's exit), and the next
+starts once the cores are quiet (what was left is logged on stderr). Figures:
 experiments/docs/vllm.md::
 
     .venv/bin/python experiments/vllm_bench.py --levels 1 8 32 --per-client 2 --rounds 1
@@ -32,6 +34,7 @@ import json
 import os
 import pathlib
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -201,6 +204,80 @@ def start(server: str, model_dir: str, scratch: pathlib.Path, args: argparse.Nam
     return url, model, key, process.pid, stop
 
 
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (vLLM's server forks its engine core, which forks compile
+    workers), from the parent pids in ``/proc/*/stat``."""
+    parents: dict[int, int] = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError):
+            continue
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def cpu_busy(window: float = 1.0) -> float:
+    """The machine's busy fraction of all cores over ``window`` seconds (``/proc/stat``)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+    total, idle = sample()
+    time.sleep(window)
+    total2, idle2 = sample()
+    return 1 - (idle2 - idle) / max(1, total2 - total)
+
+
+def _name(pid: int) -> str:
+    try:
+        return pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "gone"
+
+
+def _cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds so far of each of ``pids`` still alive."""
+    spent = {}
+    for pid in pids:
+        try:
+            spent[pid] = process_cpu(pid)
+        except OSError:
+            pass
+    return spent
+
+
+def stop_quietly(server: str, pid: int, stop, quiet: float = 0.5, within: float = 30.0) -> dict:
+    """Stop a server and everything it started, then wait (up to ``within`` s) until the cores are
+    below ``quiet`` busy, so that the next server's round does not share them with the last one's
+    leftovers. Returns what it found, for the log."""
+    tree = descendants(pid)
+    stop()
+    leftover = sorted(p for p in tree if pathlib.Path(f"/proc/{p}").exists())
+    names = collections.Counter(_name(p) for p in leftover)
+    spent = _cpu(leftover)
+    time.sleep(1.0)
+    after = _cpu(leftover)  # CPU seconds the leftovers alive through that second burnt in it:
+    spinning = sum(after[p] - spent[p] for p in after if p in spent)
+    for child in leftover:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + within
+    while any(pathlib.Path(f"/proc/{p}").exists() for p in leftover) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    busy = [cpu_busy()]
+    while busy[-1] > quiet and time.monotonic() < deadline:
+        busy.append(cpu_busy())
+    return {"stopped": server, "tree": len(tree), "left_over": dict(names),
+            "left_over_cpu_s_per_s": round(spinning, 2), "left_over_alive_after_1_s": len(after),
+            "busy_after_s": [round(b, 2) for b in busy]}
+
+
 async def main(args: argparse.Namespace) -> list[dict]:
     model_dir = str(ensure_converted("smollm2-135m", log=lambda line: None))
     chats = prompts(max(args.levels) * args.per_client)
@@ -219,7 +296,7 @@ async def main(args: argparse.Namespace) -> list[dict]:
                         print(json.dumps(row), flush=True)
                         rows.append(row)
                 finally:
-                    stop()
+                    print(json.dumps(stop_quietly(server, pid, stop)), file=sys.stderr, flush=True)
     return rows
 
 

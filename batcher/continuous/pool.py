@@ -15,11 +15,7 @@ One replica per GPU, each an engine worker (``python -m workers engine``) kept a
 the fixed mode's aging); its engine gets a job only while it has room for it now: fewer than
 ``max_seqs`` sequences, less than :data:`PREFILL_STEPS` steps' token budget of prompt not yet
 prefilled, and free KV blocks by its last report. So a job waits in the pool. **Admission fails
-fast**: the tier's wait budget is judged at arrival, where a job the estimate says cannot start
-within it gets 529 with its Retry-After at once; an admitted job then waits until it starts,
-never failing for having waited its budget (only a job's own deadline, or the queue's 30 s
-backstop, can pass in the queue: 529 :class:`~batcher.core.errors.Expired` before it has cost a
-prefill). Once sent, a job runs to its end.
+fast**, at arrival (:mod:`batcher.continuous.estimate`). Once sent, a job runs to its end.
 
 **Routing** happens at arrival (:mod:`batcher.continuous.router`): the load of a replica is the tokens it
 still owes its jobs, queued here or running there; the prefix is the request's block hashes.
@@ -53,6 +49,7 @@ import trio
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.engine_loss import Fate, fate
 from batcher.continuous.engine_process import EngineWorker
+from batcher.continuous.estimate import PREFILL_STEPS, Estimates, blocks
 from batcher.continuous.handoff import Handoffs
 from batcher.continuous.long_prompts import lanes_of
 from batcher.continuous.metrics import ContinuousCounters
@@ -81,15 +78,6 @@ from workers.prefix_hash import prefix_hashes
 from workers.protocol import Add
 
 log = logging.getLogger("ferry.engines")
-
-PREFILL_STEPS = 2
-"""Steps' worth of prompt an engine is given ahead: the next step's chunk is already there while
-this one runs (with one, every other step of a burst would wait for the frames of the next)."""
-
-
-def blocks(tokens: int, block_size: int) -> int:
-    """The KV blocks that hold ``tokens`` tokens (the engine's own count: a partly full block is one)."""
-    return -(-tokens // block_size)
 
 
 class EnginePool:
@@ -123,16 +111,18 @@ class EnginePool:
                 on_retired=functools.partial(self._retired, r),
             )
         entry = lanes.ordinary - lanes.decode  # the replicas new work is routed to: 0..entry-1
-        self.handoffs = Handoffs(self._replicas[entry:], config.max_seqs, config.block_size,
-                                 self.counters, self._add, self._patience)
-        for r in self._replicas[:entry] if config.disaggregated else ():
-            r.on_handoff = self.handoffs.take
-        self.router = Router([0] * len(self._replicas), config.affinity_bound)
-        self.staffing = Staffing(pool.workers, initial, lanes.long)
         self._nursery: trio.Nursery | None = None
         self.admission = AdmissionControl(queue.wait_budgets) if queue.wait_budgets is not None else None
         # prompt tokens queued, by lane (ordinary, long) and tier: prefilled before they start
         self._prompts = [[0] * len(queue.tiers) for _ in range(2)]
+        self.router = Router([0] * len(self._replicas), config.affinity_bound)
+        self.staffing = Staffing(pool.workers, initial, lanes.long)
+        self.estimates = Estimates(config, queue, self._replicas, lanes, self.admission, self._prompts,
+                                   self.staffing)
+        self.handoffs = Handoffs(self._replicas[entry:], config.max_seqs, config.block_size,
+                                 self.counters, self._add, self.estimates.patience)
+        for r in self._replicas[:entry] if config.disaggregated else ():
+            r.on_handoff = self.handoffs.take
         self._rids = itertools.count(1)
         self._wakeup = trio.Event()
 
@@ -144,18 +134,16 @@ class EnginePool:
         tier = (
             len(self.queue_config.tiers) - 1 if job.tier is None else self.queue_config.tier_index(job.tier)
         )
-        wait = job.deadline if job.deadline is not None else self._patience(tier)
+        wait = job.deadline if job.deadline is not None else self.estimates.patience(tier)
         hashes = prefix_hashes(job.prompt_tokens, self.config.block_size, self.config.name, job.tenant)
         ticket = Ticket(Output(job, on_event, self.tokenizer), tier, now, now + wait, hashes)
-        error: TooLarge | Shed | Starting | None = self._too_large(job)
-        if error is None and not any(self._replicas[i].up for i in self._candidates(ticket)):
+        error: TooLarge | Shed | Starting | None = self.estimates.too_large(job)
+        if error is None and not any(self._replicas[i].up for i in self.estimates.candidates(ticket)):
             error = self.staffing.cold(now, self.queue_config.deadline(tier))
         if error is None:
-            replica = self._route(ticket)
+            replica = self.estimates.route(ticket, self.router)
             if self.admission is not None:
-                long = self._long(ticket)
-                load = self._seen_by(self.load(long), tier, job.tenant, long)
-                error = self.admission.shed(load, tier, now, ticket.cost, job.tenant)
+                error = self.estimates.shed(ticket, self.estimates.long(ticket), now)
                 if error is not None:
                     self.counters.shed[tier] += 1
         if error is not None:
@@ -185,28 +173,8 @@ class EnginePool:
         return sum(map(sum, self._prompts))
 
     def load(self, long: bool = False) -> TokenLoad:
-        """When a queued job of the ordinary (or ``long``) lane would start: the prompt tokens
-        queued in the lane per tier, less what its engines take at once (a job is sent while its
-        engine has seats, KV and under :data:`PREFILL_STEPS` steps of prompt), against the rate
-        at which they prefill: each engine's measured token rate, less the share of its step
-        budget its decodes take. Without a long pool the ordinary lane is every replica."""
-        lanes = self.lanes
-        up = [self._replicas[i] for i in lanes.members(long) if self._replicas[i].up]
-        decoding = [(r.stats.running if r.stats else 0) / lanes.budget(r.index) for r in up]
-        rate = sum(r.computed.value * max(0.0, 1.0 - share) for r, share in zip(up, decoding, strict=True))
-        room = sum(max(0, PREFILL_STEPS * lanes.budget(r.index) - r.prefilling) for r in up
-                   if len(r.live) < self.config.max_seqs and r.free_blocks > 0)
-        arrivals = self.admission.arrivals(trio.current_time()) if self.admission is not None else ()
-        return TokenLoad(tuple(self._prompts[long]), rate, arrivals, room, sum(r.prefilling for r in up))
-
-    def _seen_by(self, load: TokenLoad, tier: int, tenant: str, long: bool) -> TokenLoad:
-        """``load`` as a new job of ``tenant`` in ``tier`` sees it: of its tier's queued prompts,
-        the part fair shares take before it on each replica of its lane (all of them while one
-        tenant queues)."""
-        ahead = sum(self._replicas[i].queue.ahead(tier, tenant) for i in self.lanes.members(long))
-        if ahead == load.queued[tier]:
-            return load
-        return dataclasses.replace(load, queued=(*load.queued[:tier], ahead, *load.queued[tier + 1:]))
+        """When a queued job of the ordinary (or ``long``) lane would start (:class:`Estimates`)."""
+        return self.estimates.load(long)
 
     def snapshot(self) -> Snapshot[ContinuousCounters]:
         """Each replica's engine as last reported, the pool's counters, the load in tokens."""
@@ -222,17 +190,9 @@ class EnginePool:
             {"token_rate": load.rate, "cancelled": counters.cancelled, "expired": counters.expired,
              "reruns": counters.reruns, "interrupted": counters.interrupted, "resumed": counters.resumed,
              "start_seconds": staffing.start_seconds},
-            top_tenants(self._backlogs()), scaling=staffing.scaling,
+            top_tenants(self.estimates.backlogs()), scaling=staffing.scaling,
         )
         return Snapshot(self.config.mode, status, counters, load)
-
-    def _backlogs(self) -> dict[str, float]:
-        """The prompt tokens each tenant has queued, over every replica."""
-        work: dict[str, float] = {}
-        for r in self._replicas:
-            for tenant, tokens in r.queue.backlogs().items():
-                work[tenant] = work.get(tenant, 0.0) + tokens
-        return work
 
     def retune(self, queue: QueueConfig) -> None:
         """The tiers' new wait budgets, for arrivals from now on: admission judges by them and
@@ -241,7 +201,7 @@ class EnginePool:
         opened = self.queue_config.tiers
         if queue.tiers != opened:
             raise ValueError(f"tiers: expected {list(opened)} as opened, got {list(queue.tiers)}")
-        self.queue_config = queue
+        self.queue_config = self.estimates.queue = queue
         for r in self._replicas:
             r.queue.reweigh(queue.weights)
         if self.admission is not None and queue.wait_budgets is not None:
@@ -335,49 +295,6 @@ class EnginePool:
 
     # --- placement ----------------------------------------------------------------------
 
-    def _patience(self, tier: int) -> float:
-        """How long a job of ``tier`` (with no deadline of its own) may wait in the pool. With
-        admission on, its tier's budget is judged once, at arrival: a job the estimate says will
-        start within it is admitted and then waits until it starts, up to the queue's timeout
-        (the backstop for an estimate gone wrong, an engine that slowed down), rather than fail
-        after waiting its whole budget; the rest are shed at once, with their Retry-After."""
-        if self.admission is None:
-            return self.queue_config.deadline(tier)
-        return max(self.queue_config.deadline(tier), self.queue_config.queue_timeout)
-
-    def _too_large(self, job: Job) -> TooLarge | None:
-        bs = self.config.block_size
-        needed = blocks(len(job.prompt_tokens) + job.max_tokens, bs)
-        lane = self.lanes.members(self.lanes.long_prompt(len(job.prompt_tokens)))  # the long pool's own size
-        capacity = max(self._replicas[i].total_blocks for i in lane)
-        if needed <= capacity or not capacity:  # no replica has started yet: none can judge it
-            return None
-        return TooLarge(
-            f"prompt is too long for this model's KV cache: {len(job.prompt_tokens)} prompt tokens + "
-            f"max_tokens {job.max_tokens} need {needed} blocks of {bs} tokens; one replica holds "
-            f"{capacity} ({capacity * bs} tokens)"
-        )
-
-    def _long(self, ticket: Ticket) -> bool:
-        """Whether ``ticket`` is the long lane's (by its prompt: a resumed stream stays in its lane)."""
-        return self.lanes.long_prompt(len(ticket.job.prompt_tokens))
-
-    def _candidates(self, ticket: Ticket) -> set[int]:
-        """The slots ``ticket`` may be routed to: its lane's (an ordinary one's, else long ones up)."""
-        return self.lanes.candidates(self._long(ticket), self.staffing, [r.up for r in self._replicas])
-
-    def _route(self, ticket: Ticket) -> Replica:
-        """The replica for ``ticket`` among its candidates (a down one only when all are down);
-        sets its cost."""
-        taking = self._candidates(ticket)
-        up = any(r.up for r in self._replicas if r.index in taking)
-        loads = [r.load if r.index in taking and (r.up or not up) else None for r in self._replicas]
-        route = self.router.choose(loads, ticket.hashes)
-        ticket.replica = route.replica
-        job = ticket.job
-        ticket.cost = len(job.prompt_tokens) - route.held_blocks * self.config.block_size + job.max_tokens
-        return self._replicas[route.replica]
-
     def _enqueue(self, r: Replica, ticket: Ticket) -> None:
         r.enqueue(ticket)
         self._count(ticket, +1)
@@ -385,12 +302,13 @@ class EnginePool:
 
     def _rerun(self, ticket: Ticket) -> None:
         """Queue a ticket lost with its engine at the front of another replica's work."""
-        self._route(ticket).queue_rerun(ticket)
+        self.estimates.route(ticket, self.router).queue_rerun(ticket)
 
     def _count(self, ticket: Ticket, sign: int) -> None:
         """``ticket`` joins (+1) or leaves (-1) the tier queues: its prompt's tokens (less the
         prefix its replica holds) are what must be prefilled before it starts, in its lane."""
-        self._prompts[self._long(ticket)][ticket.tier] += sign * (ticket.cost - ticket.job.max_tokens)
+        prompt = ticket.cost - ticket.job.max_tokens
+        self._prompts[self.estimates.long(ticket)][ticket.tier] += sign * prompt
 
     def _changed(self) -> None:
         self._wakeup.set()
@@ -419,9 +337,7 @@ class EnginePool:
         expired, timed_out = r.expire(now)
         if expired:
             for ticket in expired:
-                load = self.load(self._long(ticket))
-                retry_after = (self.admission.retry_after(load, ticket.tier, now, tenant=ticket.tenant)
-                               if self.admission else 1.0)
+                retry_after = self.estimates.retry_after(ticket, self.estimates.long(ticket), now)
                 self._count(ticket, -1)
                 self.counters.expired += 1
                 error = Expired(f"not started within {now - ticket.arrival:.3f}s of arrival", retry_after)
@@ -492,7 +408,7 @@ class EnginePool:
                     ticket.rerun_due = now + self.queue_config.deadline(ticket.tier)
                 else:  # its client is reading: it waits for an engine as long as an admitted job may
                     self.counters.resumed += 1
-                    ticket.rerun_due = now + self._patience(ticket.tier)
+                    ticket.rerun_due = now + self.estimates.patience(ticket.tier)
                 self._rerun(ticket)
                 continue
             ticket.state = Stage.ENDED
@@ -509,7 +425,7 @@ class EnginePool:
         for ticket in reruns:  # a re-run still waiting stays one
             self._rerun(ticket)
         for ticket in queued:
-            self._enqueue(self._route(ticket), ticket)
+            self._enqueue(self.estimates.route(ticket, self.router), ticket)
         self._changed()
 
 

@@ -41,6 +41,7 @@ import trio
 
 from batcher.continuous.engine_process import EngineWorker
 from batcher.continuous.metrics import ContinuousCounters, ReplicaStats
+from batcher.continuous.seat_wait import SeatBook
 from batcher.continuous.token_load import TokenRate
 from batcher.continuous.token_stream import Output
 from batcher.core.backend import Job, Usage, WorkerStatus
@@ -152,6 +153,7 @@ class Replica:
                                                     weights=queue.weights, cost=prompt_of)
         self.reruns: deque[Ticket] = deque()  # lost by another replica: they go first
         self.live: dict[int, Ticket] = {}  # rid -> ticket, sent to the engine
+        self.seated = SeatBook()  # the live tickets, summed for the seat wait
         self.load = 0
         self.prefilling = 0  # prompt tokens sent with no token back yet
         self.free_blocks = 0  # the engine's last report, less the blocks of what was sent since
@@ -170,6 +172,8 @@ class Replica:
     def owe(self, ticket: Ticket, tokens: int) -> None:
         """``ticket`` is now owed ``tokens`` here (0: it left)."""
         self.load += tokens - ticket.remaining
+        if self.live.get(ticket.rid) is ticket:
+            self.seated.owed += tokens - ticket.remaining
         ticket.remaining = tokens
 
     # --- the tickets given to it ---------------------------------------------------------
@@ -238,7 +242,7 @@ class Replica:
         """Send ``ticket`` to the engine as ``add``, holding ``blocks`` of its free ones."""
         ticket.state, ticket.rid, ticket.dispatched_at = Stage.PREFILLING, add.rid, now
         ticket.rerun_due = math.inf
-        self.live[add.rid] = ticket
+        self._sit(ticket)
         ticket.prefill = len(add.prompt_tokens) + len(add.output_tokens)
         self.prefilling += ticket.prefill
         self.free_blocks -= blocks
@@ -248,7 +252,7 @@ class Replica:
     def release(self, rid: int) -> Ticket | None:
         """Sequence ``rid`` left the engine for another (a hand-off): its ticket, owing nothing
         here, or None if it has ended (its caller went away)."""
-        ticket = self.live.pop(rid, None)
+        ticket = self._unseat(rid)
         if ticket is None:
             return None
         self._prefilled(ticket)
@@ -259,7 +263,7 @@ class Replica:
         """``ticket``, prefilled elsewhere, is decoded here from the KV in ``frames``, holding
         ``blocks`` of its free ones."""
         ticket.replica, ticket.state, ticket.handed_at = self.index, Stage.RUNNING, now
-        self.live[ticket.rid] = ticket
+        self._sit(ticket)
         self.free_blocks -= blocks
         self.owe(ticket, max(0, ticket.job.max_tokens - ticket.out.generated))
         for frame in frames:
@@ -271,6 +275,19 @@ class Replica:
         self._prefilled(ticket)
         ticket.state = Stage.ENDED
         self.send(Abort(ticket.rid))
+
+    def _sit(self, ticket: Ticket) -> None:
+        self.live[ticket.rid] = ticket
+        job = ticket.job
+        self.seated.sit(ticket.tier, ticket.tenant, len(job.prompt_tokens) + job.max_tokens, ticket.remaining)
+
+    def _unseat(self, rid: int) -> Ticket | None:
+        ticket = self.live.pop(rid, None)
+        if ticket is not None:
+            job = ticket.job
+            self.seated.leave(ticket.tier, ticket.tenant, len(job.prompt_tokens) + job.max_tokens,
+                              ticket.remaining)
+        return ticket
 
     def _prefilled(self, ticket: Ticket) -> None:
         if ticket.state is Stage.PREFILLING:
@@ -309,6 +326,7 @@ class Replica:
             self.carried = self.carried.plus_counters(self.stats)
         self.up, self.stats, self._outbox, self.prefilling = False, None, [], 0
         lost, self.live = list(self.live.values()), {}
+        self.seated.clear()
         for ticket in lost:
             self.owe(ticket, 0)
         return lost
@@ -363,7 +381,7 @@ class Replica:
         self.owe(ticket, max(0, job.max_tokens - ticket.out.generated))
 
     def _finished(self, frame: SequenceFinished) -> None:
-        ticket = self.live.pop(frame.rid, None)
+        ticket = self._unseat(frame.rid)
         if ticket is None:
             return
         self._prefilled(ticket)

@@ -47,7 +47,8 @@ class WorkerPool:
         """What every answer must be (a reply of another kind fails its call)."""
         self.counters = counters if counters is not None else BatchCounters()
         self.on_idle: Callable[[], None] = lambda: None
-        """Called when a worker frees up with no retry to take: the batcher's wake-up."""
+        """Called when a worker frees up with no retry to take, or starts the batch that waited
+        in its pipe (it may then be sent the next one ahead): the batcher's wake-up."""
         self.on_answer: Callable[[int, float], None] = lambda size, seconds: None
         """Called with (batch size, seconds) for every call answered in full: policy feedback."""
         self.call_seconds = 0.0
@@ -107,11 +108,14 @@ class WorkerPool:
 
     def free_in(self, now: float) -> list[float]:
         """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
-        call at the recent call time (0 once overdue), and of the batch waiting to follow it.
-        Admission plans with it (``BatchLoad``)."""
+        call at the recent call time (0 once overdue), and of the batch waiting to follow it,
+        less ``dispatch_ahead`` where a batch may be framed ahead: a request leaves the queue
+        when its batch is framed, not when its call starts. Admission plans with it
+        (``BatchLoad``), so its waits and Retry-Afters count to that moment."""
         seconds, busy = self.call_seconds, SlotState.BUSY
-        return [max(0.0, s.busy_since + seconds * (1 if s.ahead is None else 2) - now) if s.state is busy
-                else 0.0 for s in self._slots if self._taking(s)]
+        lead = self.config.dispatch_ahead if self._ahead_allowed() else 0.0
+        return [max(0.0, s.busy_since + seconds * (1 if s.ahead is None else 2) - lead - now)
+                if s.state is busy else 0.0 for s in self._slots if self._taking(s)]
 
     def takers(self, now: float) -> int:
         """Workers that may be sent a batch now: the idle ones, and those whose call ends within
@@ -309,6 +313,7 @@ class WorkerPool:
                 self._frame(slot, batch)
             else:  # sent while the call before it ran: it has started in the worker already
                 slot.busy_since = trio.current_time()
+                self.on_idle()  # its pipe is empty again: it may take the next batch ahead
             started = trio.current_time()
             timeout = self._hang_timeout(batch)
             slot.call, slot.call_ends = batch, started + timeout

@@ -23,6 +23,7 @@ from experiments.chaos.checks import Verdict, judge
 from experiments.chaos.faults import Clock, Run
 from experiments.chaos.leaving import unreceived
 from experiments.chaos.ray_nodes import RayNodes
+from experiments.chaos.ray_partition import PartitionedNodes, unavailable
 from experiments.chaos.scenarios import (
     BY_NAME,
     KEYS,
@@ -53,14 +54,20 @@ manager's) grow under a node loss and shrink after; a leaked thread stays."""
 async def run(scenario: Scenario, params: Params, workdir: pathlib.Path) -> Verdict:
     """One row: start the gateway (and its Redis), send the traffic beside the fault, judge
     every answer."""
-    redis = ray = None
+    if scenario.partition and (why := unavailable()):
+        verdict = Verdict(scenario.name)
+        verdict.notes.append(f"skipped: {why}")
+        return verdict
+    redis: RedisServer | None = None
+    ray: RayNodes | PartitionedNodes | None = None
     if scenario.redis:
         redis = RedisServer(workdir / "redis")
         (workdir / "redis").mkdir(parents=True, exist_ok=True)
         redis.start()
     try:
         if scenario.ray:
-            ray = RayNodes(scenario.workers or params.workers)  # this thread: Ray's daemons die with theirs
+            nodes = PartitionedNodes if scenario.partition else RayNodes
+            ray = nodes(scenario.workers or params.workers)  # this thread: Ray's daemons die with theirs
         with collector_off():  # a pause of this process's collector would be timed as the gateway's
             return await _run(scenario, params, workdir, redis, ray)
     finally:
@@ -71,10 +78,10 @@ async def run(scenario: Scenario, params: Params, workdir: pathlib.Path) -> Verd
 
 
 async def _run(scenario: Scenario, params: Params, workdir: pathlib.Path, redis: RedisServer | None,
-               ray: RayNodes | None) -> Verdict:
+               ray: RayNodes | PartitionedNodes | None) -> Verdict:
     began = time.monotonic()
     try:
-        toml = scenario.toml(params, redis and redis.url, ray and ray.address)
+        toml = scenario.toml(params, redis.url if redis else None, ray.address if ray else None)
         server = await asyncio.to_thread(Server, toml, workdir)
     except StartFailed as exc:
         verdict = Verdict(scenario.name)

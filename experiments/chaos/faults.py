@@ -18,6 +18,7 @@ import signal
 import socket
 
 from experiments.chaos.ray_nodes import RayNodes
+from experiments.chaos.ray_partition import PartitionedNodes
 from experiments.chaos.server import Server
 from tests.support.redis_server import RedisServer
 
@@ -42,7 +43,7 @@ class Run:
     duration: float  # seconds of traffic
     seed: int = 0
     redis: RedisServer | None = None
-    ray: RayNodes | None = None
+    ray: RayNodes | PartitionedNodes | None = None
 
 
 def kill(pid: int) -> bool:
@@ -80,12 +81,45 @@ async def kill_idle_fleet(run: Run, at: float) -> None:
 async def lose_node(run: Run, at: float) -> None:
     """Kill the raylet of the Ray node that holds the most workers: its actors die with it, and
     every request with budget left must still be answered by the other node's workers."""
-    assert run.ray is not None, "a node loss needs a row with ray = True"
+    assert isinstance(run.ray, RayNodes), "a node loss needs a row with ray = True"
     await asyncio.sleep(at)
-    models = (await asyncio.to_thread(run.server.get, "/readyz"))[1].get("models", {})
-    placements = [w.get("placement", "") for model in models.values() for w in model.get("workers", [])]
-    await asyncio.to_thread(run.ray.lose, placements)
+    await asyncio.to_thread(run.ray.lose, await _placements(run))
     run.clock.mark()
+
+
+async def _placements(run: Run) -> list[str]:
+    models = (await asyncio.to_thread(run.server.get, "/readyz"))[1].get("models", {})
+    return [w.get("placement", "") for model in models.values() for w in model.get("workers", [])]
+
+
+async def partition_node(run: Run, at: float, length: float, settle: float) -> None:
+    """Cut the namespace's Ray node off (its link down for ``length`` seconds, then up): its
+    workers are lost to the gateway, which must replace them on the other node; within ``settle``
+    seconds of the link's return the fleet must be whole again, none of it on the cut node, and
+    the gateway's named actors no more than its workers (the cut node's are not counted twice)."""
+    assert isinstance(run.ray, PartitionedNodes), "a partition needs a row with ray = 'partition'"
+    await asyncio.sleep(at)
+    before = await _placements(run)
+    run.clock.mark()
+    node = await asyncio.to_thread(run.ray.cut, length)
+    on_cut = sum(p.endswith(node) for p in before)
+    run.clock.notes.append(f"link down {length:.1f} s: {on_cut} of {len(before)} workers on the cut node")
+    loop = asyncio.get_running_loop()
+    returned = loop.time()
+    while True:
+        placements = await _placements(run)
+        actors = await asyncio.to_thread(run.ray.gateway_actors)
+        whole = len(placements) == len(before) and not any(p.endswith(node) for p in placements)
+        if whole and actors == len(before):
+            run.clock.notes.append(f"{loop.time() - returned:.1f} s after the link returned: "
+                                   f"{len(placements)} workers, none on the cut node, "
+                                   f"{actors} actors named by the gateway")
+            return
+        if loop.time() - returned > settle:
+            run.clock.problems.append(f"{settle:.0f} s after the link returned: placements {placements}, "
+                                      f"{actors} actors named by the gateway for {len(before)} workers")
+            return
+        await asyncio.sleep(0.25)
 
 
 async def watch_not_ready(run: Run, after: float, every: float = 0.05) -> None:

@@ -119,6 +119,7 @@ class Scenario:
     exit_code: int = 0  # what ``ferry serve`` must exit with at the end
     start_fails: bool = False  # the gateway must refuse to start, saying why
     ray: bool = False  # the workers are Ray actors on a cluster of two worker nodes the row starts
+    partition: bool = False  # with ray: one of the two nodes in a network namespace, behind a veth link
     closes: bool = False  # the fault ends the gateway: a request not answered by then may go unanswered
     per_minute: dict[str, int] | None = None  # requests a minute of each tier's key the row limits
     rate: float | None = None  # requests/s, if not the run's own
@@ -171,6 +172,7 @@ def _redis_out(run: Run, freeze: bool) -> Awaitable[None]:
 SLEEP = ("sleep", "--latency-ms", "200")
 PAID_PER_MINUTE = 600  # bites within seconds at any rate the row runs (half of its requests paid)
 BUSY_RATE, BUSY_SECONDS = 2000.0, 8.0  # a busy gateway's charges; docs/STORES.md has what 2 cores make of it
+PARTITION_SETTLE = 30.0  # seconds after the link returns for the fleet to be whole and counted once
 ELASTIC = functools.partial(scaling.elastic_model, fixed_model)
 FLEET_DOWN = Rules(statuses=frozenset({500, 529}), expected=None, answer_within=_budget_plus_hang)
 
@@ -221,6 +223,10 @@ SCENARIOS = [
              ray=True),
     Scenario("ray-node-loss", "Ray placement: the node holding most workers is lost (raylet killed)",
              fault=_at(0.4, faults.lose_node), ray=True, rules=Rules(statuses=frozenset({500, 529}))),
+    Scenario("ray-partition", "Ray placement: one node's network link down for a fifth of the run, then up",
+             fault=lambda run: faults.partition_node(run, at=run.duration * 0.3, length=run.duration * 0.2,
+                                                     settle=PARTITION_SETTLE),
+             ray=True, partition=True, rules=Rules(statuses=frozenset({500, 529}))),
     Scenario("scale-down-under-load", "scaler at 1..4 workers: a 4x burst grows the fleet, then workers "
              "leave while traffic flows", model=ELASTIC, workers=4, fault=scaling.watch_scale_down,
              plan={"burst": (0.1, 0.3, 4.0)}),

@@ -21,7 +21,6 @@ from typing import TypeVar
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from batcher.core.backend import Job
 from gateway.accounting.auth import KeyRing, Principal
@@ -32,7 +31,7 @@ from gateway.accounting.limiter import Limiter, open_limiter
 from gateway.accounting.usage import UsageLog
 from gateway.bridge import Bridge, Handle
 from gateway.config import FerryConfig
-from gateway.http import rows
+from gateway.http import rows, service
 from gateway.http.access_log import ENTRY, access_log
 from gateway.http.connections import key_before_body, read_body
 from gateway.http.request_id import (
@@ -52,7 +51,7 @@ from gateway.tracing import Tracing, mark
 from gateway.wire import anthropic, api, openai
 from gateway.wire.anthropic import Messages
 from gateway.wire.codec import Call, Codec, Head, LimitHeaders
-from gateway.wire.errors import error_middleware, speaks_anthropic
+from gateway.wire.errors import error_middleware
 
 log = logging.getLogger("ferry.gateway")
 
@@ -345,50 +344,6 @@ class Gateway:
         if answer.blocked is not None:
             self.metrics.safety_blocks.labels(model.name, "output").inc()
 
-    async def metrics_text(self, request: web.Request) -> web.Response:
-        """Prometheus text format: every ferry_* family (docs/admission.md, "Metrics")."""
-        snapshots = await self.bridge.snapshots() if self.bridge.running else {}
-        return web.Response(
-            body=self.metrics.exposition(snapshots), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
-
-    async def models(self, request: web.Request) -> web.Response:
-        """The versions that take traffic, then the aliases, in the shape the client speaks."""
-        self.keys.authenticate(request.headers)
-        served = self.catalog.windows()
-        if speaks_anthropic(request):
-            return _json(anthropic.models_body(served, self.created_at))
-        return _json(openai.models_body(served, self.created))
-
-    async def model(self, request: web.Request) -> web.Response:
-        """``GET /v1/models/{id}``: one version or alias (the SDKs' ``models.retrieve``); 404 if
-        it is not served."""
-        self.keys.authenticate(request.headers)
-        name = request.match_info["model_id"]
-        window = self.catalog.window(name)
-        if speaks_anthropic(request):
-            return _json(anthropic.model_info(name, self.created_at, window))
-        return _json(openai.model_info(name, self.created, window))
-
-    async def healthz(self, request: web.Request) -> web.Response:
-        """Alive: this process answers, and its trio core still runs."""
-        if not self.bridge.running:
-            return _error(503, api.INTERNAL, "the scheduling core has stopped")
-        return web.json_response({"status": "ok"})  # the bytes it always had: spaced
-
-    async def readyz(self, request: web.Request) -> web.Response:
-        """Ready: every model's backend says so (fixed mode: a worker up and not hung, and a call
-        answered since every slot last lost its worker). The body details each model's status,
-        and says why a model that is not ready is not."""
-        snapshots = await self.bridge.snapshots() if self.bridge.running else {}
-        models = {name: snapshot.status.body() for name, snapshot in snapshots.items()}
-        waiting = [f"{name}: {snap.status.reason}" for name, snap in snapshots.items() if not snap.ready]
-        if models and not waiting:
-            return _json({"ready": True, "models": models})
-        why = "; ".join(waiting) if waiting else "the scheduling core is not running"
-        body = {**api.error_body(api.INTERNAL, f"not ready: {why}"), "ready": False, "models": models}
-        return _json(body, 503)
-
 
 GATEWAY = web.AppKey("ferry", Gateway)
 
@@ -426,14 +381,6 @@ class _AnswerId(msgspec.Struct):
 _ANSWER_ID = msgspec.json.Decoder(_AnswerId)  # the id of a stored answer, read without the rest
 
 
-def _json(value: object, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=api.dumps(value), content_type="application/json")
-
-
-def _error(status: int, kind: api.ErrorKind, message: str) -> web.Response:
-    return _json(api.error_body(kind, message), status)
-
-
 class _LiveKeys:
     """The keys in force now, for the check made before a body is read (a reload replaces them)."""
 
@@ -467,10 +414,6 @@ def make_app(config: FerryConfig, bridge: Bridge, tracer: object = None) -> web.
     app.router.add_post("/v1/messages/count_tokens", gateway.count_tokens, expect_handler=expect)
     app.router.add_post("/v1/chat/completions", gateway.chat_completions, expect_handler=expect)
     app.router.add_post("/v1/completions", gateway.completions, expect_handler=expect)
-    app.router.add_get("/metrics", gateway.metrics_text)
-    app.router.add_get("/v1/models", gateway.models)
-    app.router.add_get("/v1/models/{model_id}", gateway.model)
-    app.router.add_get("/healthz", gateway.healthz)
-    app.router.add_get("/readyz", gateway.readyz)
+    service.add_routes(app, gateway)  # /metrics, /v1/models, /healthz, /readyz
     rows.add_routes(app, gateway, expect)  # /v1/embeddings and the Open Inference Protocol
     return app

@@ -125,3 +125,21 @@ async def test_a_call_whose_every_request_was_cancelled_in_the_pipe_runs_nothing
     assert len(fleet.calls(0)) == 3 and fleet.calls(0)[2] == texts("s", 50)  # the empty call ran nothing
     assert batcher.pool.call_seconds == pytest.approx(SERVICE)  # nor counted as a call time
     assert [r.finished_at for r in later] == [pytest.approx(3 * SERVICE)] * 50  # sent at 0.4, at once
+
+
+async def test_admission_plans_a_queued_request_for_the_moment_a_worker_frames_it_ahead(autojump_clock):
+    """A worker takes its next batch ``dispatch_ahead`` before its call ends, so that is when a
+    queued request leaves the queue; planning for the call's end instead makes every predicted
+    wait, and every 529's Retry-After, ``dispatch_ahead`` too long (a round too long at the edge)."""
+    async with ahead(Spawner()) as batcher:
+        outcomes = Outcomes(batcher)
+        requests = outcomes.add(texts("r", 200))  # A at 0, B at 0.2, C framed at 0.38, D at 0.58
+        paid = batcher.config.tier_index("paid")
+        predicted = []
+        for at in (0.3, 0.39):  # B running; then B running with C in the pipe
+            await trio.sleep_until(at)
+            predicted.append(at + batcher.load().dispatch_in(paid))  # when the queue's last is taken
+        await outcomes.wait(200)
+    last = requests[-1].dispatched_at
+    assert last == pytest.approx(3 * SERVICE - AHEAD)
+    assert predicted == [pytest.approx(last), pytest.approx(last)]

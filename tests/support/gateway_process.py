@@ -176,3 +176,10 @@ def ferry(gateway: Gateway, *args: str) -> subprocess.CompletedProcess:
 
 def message(text: str = "hello", model: str = "echo", **fields) -> dict:
     return {"model": model, "max_tokens": 200, "messages": [{"role": "user", "content": text}], **fields}
+
+
+def on_ray(address: str, models: str) -> str:
+    """The shared test gateway's server, tiers and keys, its workers on the session's cluster;
+    paid waits out a real model's cold start."""
+    head = CONFIG.split("[[models]]")[0].replace("wait_budget_ms = 10000", "wait_budget_ms = 180000")
+    return head + f'[ray]\naddress = "{address}"\nnamespace = "ferry-tests"\n\n' + models

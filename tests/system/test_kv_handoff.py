@@ -15,24 +15,11 @@ throughout: the Messages route takes no seed.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 
-import aiohttp
 import pytest
 
 from tests.support.gateway_process import Gateway, tiers_and_keys
-from tests.support.sse_client import stream
-from tests.support.waiting import until_asyncio
-
-ENGINE = """
-mode = "continuous"
-model = "smollm2-135m"
-threads = 1
-num_blocks = 512
-max_seqs = 16
-temperature = 0.0
-"""
+from tests.support.kv_handoff import ENGINE, errors, request, streams
 
 CONFIG = f"""
 [server]
@@ -51,15 +38,7 @@ decode_workers = 1
 on_engine_loss = "resume"
 {ENGINE}"""
 
-TOPICS = ["the sea", "a ferry", "bread", "rain", "a library", "mountains", "the moon", "trains"]
 CONTEXT = " ".join(f"Note {i}: the harbour opens at {6 + i % 4}, its boats are blue." for i in range(20))
-
-
-def request(model: str, index: int, context: str = "") -> dict:
-    """Request ``index``: a short story about its topic, greedy (seeded sampling through a
-    hand-off: tests/engine/test_kv_handoff.py)."""
-    story = f"{context}Write a short story about {TOPICS[index]}."
-    return {"model": model, "max_tokens": 32, "messages": [{"role": "user", "content": story}]}
 
 
 @pytest.fixture(scope="module")
@@ -67,29 +46,6 @@ def gateway(tmp_path_factory, smollm2):
     gateway = Gateway(tmp_path_factory.mktemp("handoff"), CONFIG)
     yield gateway
     assert gateway.stop() == 0
-
-
-async def streams(gateway: Gateway, requests: list[dict], kill: int | None = None) -> list[dict]:
-    """``requests`` streamed at once; with ``kill``, ``apart@1``'s engine of that slot is
-    SIGKILLed once some streams show text (all of them, for the decode engine) while, for the
-    prefill engine, others have none yet."""
-    async with aiohttp.ClientSession() as session:
-        seen: list[dict] = [{} for _ in requests]
-        running = [asyncio.ensure_future(stream(session, gateway.url, body, progress=result))
-                   for body, result in zip(requests, seen, strict=True)]
-        if kill is not None:
-            def moment() -> bool:
-                shown = [bool(result.get("text")) for result in seen]
-                return all(shown) if kill else any(shown) and not all(shown)
-
-            await until_asyncio(moment, "the moment to kill the engine", within=180)
-            engine = gateway.ready()["models"]["apart@1"]["workers"][kill]
-            os.kill(engine["pid"], signal.SIGKILL)
-        return await asyncio.gather(*running)
-
-
-def errors(result: dict) -> list:
-    return [data for name, data in result["events"] if name == "error"]
 
 
 def test_streams_through_a_handoff_read_the_colocated_text(gateway):

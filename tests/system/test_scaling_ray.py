@@ -25,7 +25,7 @@ from batcher.placement.spawn import placed
 from gateway.text.tokenizer import ByteTokenizer
 from tests.support.engine_pool import Client, job
 from tests.support.fixed_batcher import submit_all
-from tests.support.gateway_process import CONFIG, Gateway, message
+from tests.support.gateway_process import Gateway, message, on_ray
 from tests.support.waiting import until_trio
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -69,13 +69,6 @@ async def test_a_continuous_model_on_ray_at_zero_starts_an_actor_for_its_first_r
         await until_trio(lambda: not pool.snapshot().status.workers, "the actor stopped", within=60)
     assert empty == () and isinstance(first.events[-1], Finished)
     assert started.workers[0].placement.startswith("ray:") and started.details["start_seconds"] > 0
-
-
-def on_ray(address: str, models: str) -> str:
-    """The shared test gateway's server, tiers and keys, its workers on the session's cluster;
-    paid waits out a real model's cold start."""
-    head = CONFIG.split("[[models]]")[0].replace("wait_budget_ms = 10000", "wait_budget_ms = 180000")
-    return head + f'[ray]\naddress = "{address}"\nnamespace = "ferry-tests"\n\n' + models
 
 
 SMOLLM2_AT_ZERO = """[[models]]

@@ -11,61 +11,23 @@ takes one of them (a preemption by recompute of H's newest) rather than waiting 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import threading
 
 import aiohttp
 import pytest
 
-from tests.support.gateway_process import FREE, PAID, Gateway
+from tests.support.gateway_process import FREE
 from tests.support.sse_client import stream
-from workers.engine.cost_model import SMOLLM2_135M, UNBOUNDED, CostModel, Overhead
-from workers.engine.fit import cost_fit
+from tests.support.tpot_gateway import tpot_gateway
 
 LABELS = {"model": "smollm2@1", "replica": "0"}
 STORY = {"model": "smollm2@1", "max_tokens": 96,
          "messages": [{"role": "user", "content": "Write a long story about a ship that crosses the sea."}]}
 
 
-def config(tmp, costs: str) -> str:
-    return f"""
-[server]
-port = 0
-
-[[tiers]]
-name = "paid"
-wait_budget_ms = 60000
-tpot_target_ms = 35
-
-[[keys]]
-key = "{PAID}"
-tenant = "H"
-tier = "paid"
-[[keys]]
-key_sha256 = "{hashlib.sha256(FREE.encode()).hexdigest()}"
-tenant = "L"
-tier = "paid"
-
-[[models]]
-name = "smollm2@1"
-mode = "continuous"
-model = "smollm2-135m"
-kv_memory_gb = 0.25
-temperature = 0.0
-stats_timeout_ms = 60000
-step_costs = "{costs}"
-
-[state]
-dir = "{tmp}"
-"""
-
-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tpot")
-    costs = tmp / "costs.json"
-    cost_fit.save(str(costs), CostModel(SMOLLM2_135M, UNBOUNDED, Overhead(seq=0.010)))
-    server = Gateway(tmp, config(tmp, str(costs)))
+    server = tpot_gateway(tmp_path_factory.mktemp("tpot"), budget_ms=60000, target_ms=35)
     yield server
     assert server.stop() == 0
 

@@ -8,9 +8,9 @@ import pytest
 from experiments import burst
 
 
-def run(paid_share: float) -> dict:
+def run(paid_share: float, *more: str) -> dict:
     args = burst.parse_args(["--virtual", "--workers", "2", "--rate", "1500", "--duration", "10",
-                             "--paid-share", str(paid_share)])
+                             "--paid-share", str(paid_share), *more])
     return burst.virtual(args)
 
 
@@ -43,3 +43,14 @@ def test_paid_over_capacity_is_shed_too_with_retry_after_right_for_every_529():
     report = run(0.5)  # paid alone at 150 % of capacity
     assert report["paid"]["statuses"]["529"] > 0 and report["paid"]["max_ms"] <= 1200
     assert report["retry_after_vs_drain"]["within_25_percent"] >= 0.99
+
+
+def test_dispatch_ahead_keeps_retry_after_as_right_as_without_it():
+    """A batch framed ahead takes its requests out of the queue ``dispatch_ahead`` before the
+    call before it ends: admission plans for that moment, so Retry-After is as right as without
+    (it was 77 % within a quarter while admission planned for the call's end)."""
+    report = run(0.25, "--dispatch-ahead-ms", "20")
+    drain = report["retry_after_vs_drain"]
+    assert drain["median_ratio"] == pytest.approx(1.0, abs=0.05)
+    assert drain["within_25_percent"] >= 0.85
+    assert report["free"]["max_ms"] <= report["free"]["bound_ms"]

@@ -7,8 +7,11 @@ from gateway.config import parse_config
 
 
 def test_the_two_gateways_are_one_ordinary_and_one_long_replica_against_two_ordinary_ones():
-    pool = parse_config(experiment.config(True, "/tmp"), "pool.toml").models[0]
-    colocated = parse_config(experiment.config(False, "/tmp"), "colocated.toml").models[0]
+    def model(long_pool: bool):
+        text = experiment.gateway_file(experiment.replicas(long_pool), "/tmp")
+        return parse_config(text, "ferry.toml").models[0]
+
+    pool, colocated = model(True), model(False)
     assert (pool.workers, pool.long_workers, pool.long_prompt_tokens) == (1, 1, experiment.LONG_PROMPT_TOKENS)
     assert (colocated.workers, colocated.long_workers) == (2, 0)
     assert (pool.threads, colocated.threads, pool.num_blocks) == (1, 1, colocated.num_blocks)
