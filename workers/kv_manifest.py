@@ -15,6 +15,11 @@ SEGMENT = re.compile(r"ferry-kv-[0-9]+-[0-9]+")
 """The only names a decode engine opens or the pool unlinks: ``ferry-kv-<engine pid>-<rid>``."""
 
 
+def segment_name(pid: int, rid: int) -> str:
+    """The segment an engine of ``pid`` writes sequence ``rid``'s KV to."""
+    return f"ferry-kv-{pid}-{rid}"
+
+
 def discard(segment: str) -> None:
     """Unlink a hand-off's segment that no engine will take (nothing if there is none)."""
     if SEGMENT.fullmatch(segment):

@@ -249,6 +249,8 @@ class ContinuousModelConfig(ModelConfig):
                  "--max-seqs", str(self.max_seqs), "--model-version", self.name]
         if self.prefill_workers:
             argv += ["--prefill-slots", str(self.prefill_workers)]  # slots 0..P-1 prefill, the rest decode
+            if self.placement == "local":  # every engine on the gateway's host: KV through /dev/shm
+                argv += ["--kv-shm"]
         if self.num_blocks:
             argv += ["--num-blocks", str(self.num_blocks)]
         elif self.kv_memory_gb:

@@ -40,7 +40,7 @@ import trio
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.core.errors import WorkersFailed
-from workers.kv_manifest import discard
+from workers.kv_manifest import discard, segment_name
 from workers.protocol import Add, KvBlocks, KvExported, KvHandoff, Message
 
 
@@ -78,10 +78,18 @@ class Handoffs:
         elif isinstance(message, KvExported):
             self._hand(prefill, message)
 
-    def forget(self, prefill: Replica, rids: Sequence[int]) -> None:
-        """``prefill``'s engine died: the bytes of its sequences (``rids``) will not be used."""
-        for rid in rids:
-            self._chunks.pop(rid, None)
+    def forget(self, replica: Replica, tickets: Sequence[Ticket]) -> None:
+        """``replica``'s engine died under ``tickets``: the bytes of their sequences will not be
+        used. Their frames held here go; so do the shared-memory segments a decode engine was
+        handed and may not have read, and those a prefill engine of this host may have written
+        and not yet announced (the names it would have given them)."""
+        worker = replica.supervisor.worker
+        pid = worker.pid if worker is not None and worker.placement == "local" else None
+        for ticket in tickets:
+            self._chunks.pop(ticket.rid, None)
+            discard(ticket.segment)
+            if pid is not None:
+                discard(segment_name(pid, ticket.rid))
 
     def _hand(self, prefill: Replica, exported: KvExported) -> None:
         chunks = self._chunks.pop(exported.rid, [])
@@ -106,6 +114,7 @@ class Handoffs:
             ticket = handoff.ticket
             decoder = None if ticket.ended else self._decoder(handoff.blocks)
             if decoder is not None:
+                ticket.segment = handoff.segment
                 decoder.receive(ticket, handoff.frames, handoff.blocks, now)
             elif ticket.ended or handoff.due <= now:
                 discard(handoff.segment)

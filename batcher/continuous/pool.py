@@ -388,7 +388,7 @@ class EnginePool:
         if r.index not in self.staffing.leaving:
             self._readiness.lost(r.index)
         self.router.forget(r.index)
-        self.handoffs.forget(r, list(r.live))
+        self.handoffs.forget(r, list(r.live.values()))
         lost = r.down()
         reruns, queued = r.evacuate(now)  # placed again elsewhere below
         for ticket in queued:

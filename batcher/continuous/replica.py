@@ -97,6 +97,7 @@ class Ticket:
         "replica",
         "rerun_due",
         "rid",
+        "segment",
         "state",
         "tenant",
         "tier",
@@ -115,6 +116,7 @@ class Ticket:
         self.rerun_due = math.inf  # a re-run that no engine takes by then fails
         self.prefill = 0  # tokens its engine computes before its first token (a resumed one's output too)
         self.handed_at = math.inf  # when its KV was handed to a decode replica, until that one's next token
+        self.segment = ""  # the shared-memory segment of its KV handed to a decode replica ("": none)
 
     @property
     def job(self) -> Job:

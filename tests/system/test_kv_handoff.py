@@ -15,11 +15,13 @@ throughout: the Messages route takes no seed.
 from __future__ import annotations
 
 import asyncio
+import pathlib
 
 import pytest
 
 from tests.support.gateway_process import Gateway, tiers_and_keys
 from tests.support.kv_handoff import ENGINE, errors, request, streams
+from workers.kv_manifest import SHM_DIR
 
 CONFIG = f"""
 [server]
@@ -78,3 +80,7 @@ def test_an_engine_killed_mid_handoff_loses_no_stream_and_repeats_no_token(gatew
     assert [result["text"] for result in killed] == [result["text"] for result in expected]
     assert gateway.metric(outcome, model="apart@1") > before
     assert gateway.metric("ferry_engine_interrupted_streams_total", model="apart@1") == 0
+    # the KV went through /dev/shm (local engines), and the killed engine left no segment there
+    prefill = gateway.ready()["models"]["apart@1"]["workers"][0]
+    assert "--kv-shm" in pathlib.Path(f"/proc/{prefill['pid']}/cmdline").read_text().split("\0")
+    assert sorted(SHM_DIR.glob("ferry-kv-*")) == []

@@ -40,7 +40,7 @@ from workers.engine.block_manager import cdiv
 from workers.engine.engine import Engine
 from workers.engine.interface import StepOutput
 from workers.engine.sequence import Sequence
-from workers.kv_manifest import SHM_DIR, read_segment, write_segment
+from workers.kv_manifest import SHM_DIR, read_segment, segment_name, write_segment
 from workers.protocol import KvBlocks, KvExported, KvHandoff, KvManifest, Message, ProtocolError
 
 CHUNK_BYTES = 8 << 20
@@ -115,7 +115,7 @@ class KvTransfer:
         """``data`` in a new segment, its name; "" (send frames) past the bound or if it fails."""
         if self.outstanding() + len(data) > self.cache.num_blocks * self.cache.block_bytes:
             return ""
-        name = write_segment(f"ferry-kv-{os.getpid()}-{rid}", data)
+        name = write_segment(segment_name(os.getpid(), rid), data)
         if name:
             self._segments[name] = len(data)
         return name
