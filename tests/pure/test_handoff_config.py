@@ -14,12 +14,15 @@ def model(**fields: object) -> ContinuousModelConfig:
     return ContinuousModelConfig(name="m@1", model="smollm2-135m", **fields)  # type: ignore[arg-type]
 
 
-def test_prefill_and_decode_workers_replace_workers_and_name_the_prefill_slots():
+def test_prefill_and_decode_workers_replace_workers_name_the_prefill_slots_and_the_kv_path():
     apart = model(prefill_workers=2, decode_workers=3)
     assert apart.workers == 5 and apart.disaggregated and apart.pool_config().workers == 5
     argv = apart.engine_argv()
     assert argv[argv.index("--prefill-slots") + 1] == "2"
     assert "--prefill-slots" not in model(workers=2).engine_argv() and not model().disaggregated
+    # local engines share the gateway's host: KV through /dev/shm; under Ray, as frames
+    assert "--kv-shm" in argv and "--kv-shm" not in model(workers=2).engine_argv()
+    assert "--kv-shm" not in model(prefill_workers=1, decode_workers=1, placement="ray").engine_argv()
 
 
 @pytest.mark.parametrize(
