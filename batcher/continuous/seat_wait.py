@@ -20,8 +20,8 @@ requests started together frees its seat. A light tenant beside a heavy one that
 seat is not priced behind it: its share takes a seat at once, as the engine will give it.
 
 A :class:`SeatBook` keeps one replica's held sequences as sums (count, contexts, owed tokens,
-seats per tier and per tenant), so an estimate costs a lookup per tenant of the tier and a
-binary search of the seat count, never a pass over the sequences."""
+seats per tier and per tenant), so an estimate costs a look per tenant of the tier and one
+priced step, never a pass over the sequences."""
 
 from __future__ import annotations
 
