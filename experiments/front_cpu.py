@@ -26,6 +26,7 @@ dependency: it runs from a scratch venv added to the path (``--granian-path``)::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import os
 import socket
@@ -117,6 +118,25 @@ class GranianFront:
         protocol.response_bytes(status, [("content-type", JSON)], payload)
 
 
+def announce(front: str, port: int) -> None:
+    print(f"front_cpu: {front} pid {os.getpid()} listening on http://127.0.0.1:{port}", flush=True)
+
+
+async def serve_aiohttp(app: web.Application, front: str) -> None:
+    """``app`` on a socket bound and listening before its URL is printed, until cancelled."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(4096)
+    try:
+        await web.SockSite(runner, listening, backlog=4096).start()
+        announce(front, listening.getsockname()[1])
+        await asyncio.Event().wait()  # until the process is stopped
+    finally:
+        await runner.cleanup()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -131,20 +151,19 @@ async def main(args: argparse.Namespace) -> None:
         bridge = Bridge(open_backend, config.models, config.queue())
         await bridge.start()
         handler = fixed_route(config, bridge)
-    port = free_port()
     gc.freeze()  # as ferry serve does once it is up: a collection scans only what requests leave
     gc.set_threshold(*GC_THRESHOLDS)
-    print(f"front_cpu: {args.front} pid {os.getpid()} listening on http://127.0.0.1:{port}", flush=True)
     try:
         if args.front == "aiohttp":
-            await web._run_app(aiohttp_front(handler), host="127.0.0.1", port=port, print=None,
-                               access_log=None, backlog=4096)
+            await serve_aiohttp(aiohttp_front(handler), args.front)
         else:
             from granian.constants import Interfaces, TaskImpl  # type: ignore[import-not-found]
             from granian.server.embed import Server  # type: ignore[import-not-found]
 
+            port = free_port()
             server = Server(GranianFront(handler), port=port, interface=Interfaces.RSGI, backlog=4096,
                             log_access=False, log_level="warning", task_impl=TaskImpl(args.task_impl))
+            announce(args.front, port)  # granian binds as it starts serving: a client retries until then
             await server.serve()
     finally:
         if bridge is not None:
