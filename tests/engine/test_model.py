@@ -283,11 +283,12 @@ def test_partition_pads_alike_sequences_together():
     assert partition([1] * 4, [16, 32, 48, 64], 16) == [[0, 1, 2, 3]]
 
 
-def test_groups_of_one_step_each_read_their_own_contexts(tiny_checkpoint):
+@pytest.mark.parametrize("device", DEVICES)
+def test_groups_of_one_step_each_read_their_own_contexts(tiny_checkpoint, device):
     """Decodes of very different contexts and prefill chunks of very different sizes land in
     separate padded calls of one step, a whole prompt long enough alone and causal; each sampled
-    row still equals the naive model."""
-    runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=320)
+    row still equals the naive model (on the CPU and, where there is one, on CUDA)."""
+    runner = ModelRunner(tiny_checkpoint, block_size=4, num_blocks=320, device=device)
     rng = random.Random(8)
     lengths = {"long": 601, "s1": 6, "s2": 8, "p": 20, "p2": 2, "whole": 70}
     tokens = {
@@ -334,7 +335,7 @@ def test_groups_of_one_step_each_read_their_own_contexts(tiny_checkpoint):
     plan = plan_attention(step, runner.cache_shape, torch.float32, runner.device)
     assert [g.num_seqs for g in plan.groups] == [2, 1, 2]  # s1 s2 | long | p p2 (p2 padded to 20 rows)
     assert plan.fresh == ((22, 70),)  # after s1's 1, p's 20 and long's 1 tokens
-    logits = runner.logits(step)
+    logits = runner.logits(step).cpu()
     naive = NaiveLlama(tiny_checkpoint)
     for row, name in enumerate(["s1", "p", "long", "whole", "p2", "s2"]):
         torch.testing.assert_close(logits[row], naive.logits(tokens[name])[-1], atol=1e-4, rtol=1e-4)
