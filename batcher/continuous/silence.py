@@ -8,12 +8,13 @@ for that step the limit becomes::
 
     max(stats_timeout, min(max_step, STEP_SLACK x expected))
 
-from the moment the announcement arrives; the next ``stats`` frame (or announcement) sets it
-again. ``STEP_SLACK`` leaves room for a CPU busier than when the engine measured its steps.
-``max_step`` bounds what any announcement buys: an engine cannot announce its way out of the
-watch (inf or a huge figure is ``max_step``), so a hung engine is killed at the latest
-``max_step`` (or ``stats_timeout``, if longer) after its last word. An engine that announces
-nothing (vLLM's, or a short step) is held to ``stats_timeout`` as before.
+from the moment the announcement arrives; the next ``stats`` frame (which an engine sends as an
+announced step ends) or announcement sets it again. ``STEP_SLACK`` leaves room for a CPU busier
+than when the engine measured its steps. ``max_step`` bounds what any announcement buys: an
+engine cannot announce its way out of the watch (inf or a huge figure is ``max_step``), so a
+hung engine is killed at the latest ``max_step`` (or ``stats_timeout``, if longer) after its
+last word. An engine that announces nothing (vLLM's, or a short step) is held to
+``stats_timeout`` as before.
 """
 
 from __future__ import annotations

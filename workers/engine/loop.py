@@ -21,12 +21,22 @@ is ignored.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Protocol
 
 from workers.engine.interface import EngineCore, SequenceEnd, StepOutput, StepWatch
 from workers.engine.sequence import FinishReason
-from workers.protocol import Abort, Add, EngineStats, Message, ProtocolError, SequenceFinished, Tokens
+from workers.protocol import (
+    Abort,
+    Add,
+    EngineStats,
+    Message,
+    ProtocolError,
+    SequenceFinished,
+    StepBegun,
+    Tokens,
+)
 
 STATS_INTERVAL = 0.2
 STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)  # ended by a stop token: its id is not sent
@@ -73,6 +83,13 @@ class EngineLoop:
     def step(self) -> StepOutput | None:
         """One step, or None while the engine has no work (the loop waits for a frame or stats)."""
         return self.engine.step(self.watch) if self.engine.has_work else None
+
+    def announce(self, seconds: float) -> StepBegun:
+        """The ``step`` frame of a step starting that should take ``seconds``. The step's end is
+        reported with ``stats`` at once, whenever the last were sent, so that the pool's limit is
+        the stats timeout again as soon as the step is over."""
+        self.next_stats = -math.inf
+        return StepBegun(seconds=seconds)
 
     def stats(self, now: float) -> EngineStats | None:
         """The ``stats`` frame, if one is due at ``now``."""

@@ -36,7 +36,7 @@ from workers.engine.loop import EngineLoop, Handoffs, step_messages
 from workers.engine.simulated import SimulatedRunner
 from workers.engine.step_forecast import StepForecast
 from workers.faults import instance_from_env
-from workers.protocol import FrameDecoder, KvBlocks, ProtocolError, Ready, StepBegun, encode
+from workers.protocol import FrameDecoder, KvBlocks, ProtocolError, Ready, encode
 
 READ_LIMIT = 1 << 20
 BAD_START, PROTOCOL_FAULT = 2, 2
@@ -131,7 +131,7 @@ def run(
     poller.register(protocol_in, select.POLLIN)
 
     def announce(seconds: float) -> None:
-        out.write(encode(StepBegun(seconds=seconds)))
+        out.write(encode(loop.announce(seconds)))
         out.flush()
 
     loop = EngineLoop(engine, clock(), handoffs, StepForecast(announce, clock, cost))
