@@ -339,8 +339,11 @@ NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 class StepBegun(Frame, tag="step", frozen=True):
     """The engine starts a step it expects to take ``seconds`` (inf: it has measured no step to
     tell by), so that a silence that long is not a hang: no ``stats`` frame comes until the step
-    ends. Sent only for a step that would delay the next ``stats`` frame; the pool bounds what it
-    allows whatever the figure (``batcher.continuous.silence``). NaN and negative figures are refused."""
+    ends. Sent only for a step that would delay the next ``stats`` frame, and followed by
+    ``stats`` as the step ends; the pool bounds what it allows whatever the figure
+    (``batcher.continuous.silence``). NaN and negative figures are refused. A frame of its own,
+    not a field of ``stats``: ``stats`` come after a step, at most once in 200 ms, and this must
+    reach the pool before the step, each time one starts that will be long."""
 
     seconds: Annotated[float, msgspec.Meta(ge=0.0)]
 
