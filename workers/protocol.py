@@ -48,6 +48,9 @@ Continuous mode (``python -m workers engine``; a step is one forward pass)::
     worker -> pool   stats   {step, running, waiting, free_blocks, used_blocks, total_blocks,
                               cached_blocks, preemptions, prefix_queries, prefix_hits,
                               computed_tokens, generated_tokens}   every ~200 ms
+    worker -> pool   step    {seconds}                    as a step starts that it expects to take
+                                                          longer than that: how long (inf: it has
+                                                          measured no step to tell by)
 
 Prefill and decode on separate engines (the KV hand-off, ``workers/engine/kv_transfer.py``)::
 
@@ -70,7 +73,7 @@ from __future__ import annotations
 import math
 import struct
 import typing
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 
@@ -332,6 +335,19 @@ class EngineStats(Frame, tag="stats", frozen=True):
 NO_ENGINE_STATS = EngineStats(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 """All zero: a replica before its first engine, and the gauges of one whose engine is gone."""
 
+
+class StepBegun(Frame, tag="step", frozen=True):
+    """The engine starts a step it expects to take ``seconds`` (inf: it has measured no step to
+    tell by), so that a silence that long is not a hang: no ``stats`` frame comes until the step
+    ends. Sent only for a step that would delay the next ``stats`` frame, and followed by
+    ``stats`` as the step ends; the pool bounds what it allows whatever the figure
+    (``batcher.continuous.silence``). NaN and negative figures are refused. A frame of its own,
+    not a field of ``stats``: ``stats`` come after a step, at most once in 200 ms, and this must
+    reach the pool before the step, each time one starts that will be long."""
+
+    seconds: Annotated[float, msgspec.Meta(ge=0.0)]
+
+
 class KvBlocks(Frame, tag="kv", frozen=True):
     """Part of sequence ``rid``'s KV on its way to another engine: the bytes of whole blocks."""
 
@@ -358,7 +374,7 @@ class KvHandoff(Frame, tag="kv_handoff", frozen=True):
 
 Message = (
     Ready | Unloadable | RunBatch | Skip | Accepted | Result | Error
-    | Add | Abort | Tokens | SequenceFinished | EngineStats | KvBlocks | KvExported | KvHandoff
+    | Add | Abort | Tokens | SequenceFinished | EngineStats | StepBegun | KvBlocks | KvExported | KvHandoff
 )
 _DECODER: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 _ENCODER = msgspec.msgpack.Encoder()

@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from workers.engine.interface import SequenceEnd, StepOutput
+from workers.engine.interface import SequenceEnd, StepOutput, StepWatch
 from workers.engine.loop import STOPS
 from workers.engine.sequence import FinishReason
 from workers.engine.serve import BAD_START, serve
@@ -147,8 +147,9 @@ class VllmEngine:
         self._ended.append(SequenceEnd(rid, FinishReason.ABORTED, seq.usage))
         return True
 
-    def step(self) -> StepOutput:
-        """One vLLM step: each sequence's new token, and what ended."""
+    def step(self, watch: StepWatch | None = None) -> StepOutput:
+        """One vLLM step: each sequence's new token, and what ended. ``watch`` is not called:
+        vLLM schedules inside its own step, so what a step computes is known only after it."""
         tokens: dict[int, int] = {}
         finished, self._ended = self._ended, []
         outputs = self.engine.step() if self.live else []

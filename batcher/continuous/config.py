@@ -7,6 +7,7 @@ import dataclasses
 import math
 import os
 
+from batcher.continuous.silence import SilenceLimit
 from batcher.core.config import ModelConfig, PoolConfig, require
 from workers.engine.config import DEFAULTS, DTYPE, DTYPES, THREADS, WEIGHTS
 
@@ -58,6 +59,7 @@ class ContinuousModelConfig(ModelConfig):
     compile: bool = False  # engine = "vllm": torch.compile the model (a slower start, faster steps)
     affinity_bound: int = 2048  # tokens: a prefix holder busier than the least loaded by more loses it
     stats_timeout_ms: float = 5000.0  # an engine silent this long (no stats frame) is dead: killed
+    max_step_ms: float = 60_000.0  # the most silence a step the engine announced as long is allowed
     start_timeout_ms: float = 120_000.0  # an engine not ready this long after spawn did not start
     max_attempts: int = 3  # a request whose engine died under it this many times fails (500)
     temperature: float = 1.0  # of a request that names none (the Messages API's default); 0: greedy
@@ -115,6 +117,7 @@ class ContinuousModelConfig(ModelConfig):
             "milliseconds > 0",
             self.stats_timeout_ms,
         )
+        require(0 < self.max_step_ms < math.inf, "max_step_ms", "milliseconds > 0", self.max_step_ms)
         require(0 < self.start_timeout_ms < math.inf, "start_timeout_ms", "milliseconds > 0",
                 self.start_timeout_ms)
         require(0.0 <= self.temperature <= 1.0, "temperature", "a number in 0..1", self.temperature)
@@ -213,6 +216,11 @@ class ContinuousModelConfig(ModelConfig):
     def _check_files(self) -> None:
         if self.model not in CONVERTED:  # else written at start, checked when the gateway loads them
             super(ContinuousModelConfig, self)._check_files()
+
+    def silence(self) -> SilenceLimit:
+        """How long an engine may go unheard: ``stats_timeout_ms`` between steps, up to
+        ``max_step_ms`` during a step it announced as long (``batcher.continuous.silence``)."""
+        return SilenceLimit(self.stats_timeout_ms / 1000, self.max_step_ms / 1000)
 
     def pool_config(self) -> PoolConfig:
         """Supervision of the engines: an engine silent for ``stats_timeout_ms`` is hung. A

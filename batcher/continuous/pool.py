@@ -23,16 +23,16 @@ What a replica holds and how its engine's frames become events is :mod:`batcher.
 With prefill and decode replicas apart, new work goes to the prefill ones, and each sequence moves
 to a decode one after its first token (:mod:`batcher.continuous.handoff`).
 
-**A replica that dies** (its process exits, breaks the protocol, or sends no ``stats`` for
-``stats_timeout``: killed) loses what it held. A job that has shown its client nothing (a whole
-answer, or a stream with no delta yet) is re-run on another replica, ahead of that replica's
-queue, and its client never learns of it; one that was lost ``max_attempts`` times fails (500),
-as does one that no replica takes within its tier's budget of the loss (every engine down). A
-stream that has sent deltas ends with :class:`~batcher.core.errors.ReplicaLost` (an SSE ``error`` of
-type ``api_error``, retryable): never a silent restart, never a duplicate token, and the usage
-bills what was delivered; under ``on_engine_loss = "resume"`` it goes on on another replica from
-the ids it had instead (:mod:`batcher.continuous.engine_loss`). Jobs only queued for the dead
-replica go to the others.
+**A replica that dies** (its process exits, breaks the protocol, or goes unheard past its
+:class:`~batcher.continuous.silence.SilenceLimit`: killed) loses what it held. A job that has
+shown its client nothing (a whole answer, or a stream with no delta yet) is re-run on another
+replica, ahead of that replica's queue, and its client never learns of it; one that was lost
+``max_attempts`` times fails (500), as does one that no replica takes within its tier's budget
+of the loss (every engine down). A stream that has sent deltas ends with
+:class:`~batcher.core.errors.ReplicaLost` (an SSE ``error`` of type ``api_error``, retryable):
+never a silent restart, never a duplicate token, and the usage bills what was delivered; under
+``on_engine_loss = "resume"`` it goes on on another replica from the ids it had instead
+(:mod:`batcher.continuous.engine_loss`). Jobs only queued for the dead replica go to the others.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from batcher.continuous.long_prompts import lanes_of
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.continuous.router import Router
+from batcher.continuous.silence import SilenceLimit
 from batcher.continuous.token_load import TokenLoad
 from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl
@@ -92,7 +93,7 @@ class EnginePool:
     ) -> None:
         self.config, self.queue_config, self.tokenizer = config, queue, tokenizer
         self.counters = ContinuousCounters()
-        timeout, pool = config.stats_timeout_ms / 1000, config.pool_config()
+        silence, pool = config.silence(), config.pool_config()
         initial = pool.workers if pool.initial is None else pool.initial
         self.lanes = lanes = lanes_of(config)  # the long-prompt pool's slots follow the others
         self._readiness = Readiness(initial + lanes.long)
@@ -106,7 +107,7 @@ class EnginePool:
                 spawn,
                 pool,
                 self.counters,
-                functools.partial(self._serve, r, timeout),
+                functools.partial(self._serve, r, silence),
                 on_down=functools.partial(self._lost, r),
                 on_retired=functools.partial(self._retired, r),
             )
@@ -376,10 +377,10 @@ class EnginePool:
 
     # --- engines coming and going -------------------------------------------------------
 
-    async def _serve(self, r: Replica, timeout: float, worker: EngineWorker) -> bool:
+    async def _serve(self, r: Replica, silence: SilenceLimit, worker: EngineWorker) -> bool:
         self.staffing.ready(r.index, trio.current_time())
         self.router.resize(r.index, worker.first_stats.total_blocks)
-        return await r.serve(worker, timeout)
+        return await r.serve(worker, silence)
 
     def _lost(self, r: Replica) -> None:
         """``r``'s engine is gone (before anything awaits): re-run what showed its client

@@ -22,6 +22,8 @@ reads its frames back a step at a time (``batcher.continuous.engine_process``):
               measured while the replica is backlogged (work waits here or in its engine), so
               it is what the engine can do, not how little it was asked; and liveness: an
               engine that sends no stats for ``stats_timeout`` is killed
+    step      a step it expects to be long has begun: the silence allowed until the next
+              stats is that step's (``batcher.continuous.silence``)
 
 Its :attr:`load` is the router's measure: the tokens it still owes its tickets, a ticket's
 ``remaining`` being its prompt not yet prefilled (less the prefix the replica holds) plus its
@@ -42,6 +44,7 @@ import trio
 from batcher.continuous.engine_process import EngineWorker
 from batcher.continuous.metrics import ContinuousCounters, ReplicaStats
 from batcher.continuous.seat_wait import SeatBook
+from batcher.continuous.silence import SilenceLimit
 from batcher.continuous.token_load import TokenRate
 from batcher.continuous.token_stream import Output
 from batcher.core.backend import Job, Usage, WorkerStatus
@@ -59,6 +62,7 @@ from workers.protocol import (
     Message,
     ProtocolError,
     SequenceFinished,
+    StepBegun,
     Tokens,
     WorkerLost,
     encode,
@@ -162,6 +166,8 @@ class Replica:
         self.total_blocks = 0
         self.stats: EngineStats | None = None
         self.stats_at = 0.0
+        self.silence = SilenceLimit(math.inf, math.inf)  # set as an engine is served
+        self.silent_at = math.inf  # its engine is killed if it has not been heard from by then
         self.busy = False  # it had a backlog at its last report (work its engine could not start)
         self.computed, self.generated = TokenRate(), TokenRate()
         self.carried = NO_ENGINE_STATS  # the counters of its engines that died
@@ -302,11 +308,13 @@ class Replica:
 
     # --- while an engine lives ---------------------------------------------------------
 
-    async def serve(self, worker: EngineWorker, stats_timeout: float) -> bool:
-        """Talk to a started engine until it must die; True if it finished a sequence."""
+    async def serve(self, worker: EngineWorker, silence: SilenceLimit) -> bool:
+        """Talk to a started engine until it must die (silent past ``silence``); True if it
+        finished a sequence."""
         first = worker.first_stats
-        self.up, self.served, self._outbox = True, False, []
+        self.up, self.served, self._outbox, self.silence = True, False, [], silence
         self.stats, self.stats_at, self.busy = first, trio.current_time(), False
+        self.silent_at = self.stats_at + silence.stats_timeout
         self.free_blocks, self.total_blocks = first.free_blocks, first.total_blocks
         self.computed.restart()
         self.generated.restart()
@@ -314,7 +322,7 @@ class Replica:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write, worker)
-                await self._read(worker, stats_timeout)
+                await self._read(worker)
                 nursery.cancel_scope.cancel()
         except* (WorkerLost, ProtocolError) as group:
             log.warning(
@@ -340,15 +348,14 @@ class Replica:
             frames, self._outbox = self._outbox, []
             await worker.send(b"".join(frames))
 
-    async def _read(self, worker: EngineWorker, timeout: float) -> None:
+    async def _read(self, worker: EngineWorker) -> None:
         while True:
-            with trio.move_on_at(self.stats_at + timeout):
+            with trio.move_on_at(self.silent_at):
                 messages = await worker.receive()
                 self._step(messages, trio.current_time())
                 continue
-            log.warning(
-                "engine %d (pid %s) sent no stats for %.1fs: killing it", self.index, worker.pid, timeout
-            )
+            log.warning("engine %d (pid %s) sent no stats for %.1fs, past its limit: killing it",
+                        self.index, worker.pid, trio.current_time() - self.stats_at)
             return
 
     def _step(self, messages: list[Message], now: float) -> None:
@@ -360,6 +367,8 @@ class Replica:
                 self._finished(message)
             elif isinstance(message, EngineStats):
                 self._report(message, now)
+            elif isinstance(message, StepBegun):
+                self.silent_at = now + self.silence.of_step(message.seconds)
             elif isinstance(message, KvBlocks | KvExported) and self.on_handoff is not None:
                 self.on_handoff(self, message)
             else:
@@ -412,6 +421,7 @@ class Replica:
         self.computed.update(now, stats.computed_tokens, busy and self.busy)
         self.generated.update(now, stats.generated_tokens)
         self.stats, self.stats_at, self.busy, self.free_blocks = stats, now, busy, stats.free_blocks
+        self.silent_at = now + self.silence.stats_timeout
 
     # --- what /readyz and /metrics show ------------------------------------------------
 

@@ -77,6 +77,8 @@ def test_the_embedded_default_is_8_sleep_workers_smollm2_and_minilm_on_loopback_
     directory = converted_dir("smollm2-135m")  # converted at the first start: the gateway reads its tokenizer
     assert (smollm2.model_dir, smollm2.tokenizer, smollm2.chat_template) == (directory, directory, "model")
     assert smollm2.engine_argv()[:3] == ["engine", "--model", directory]
+    # silent 5 s between steps is hung; a step the engine announced as long, 2 minutes at most
+    assert (smollm2.stats_timeout_ms, smollm2.max_step_ms) == (5000, 120_000)
     assert sorted(key.tier for key in config.keys) == ["free", "paid"]
     assert all(key.key for key in config.keys)
     examples = os.path.join(SOURCE_ROOT, "examples", "embeddings")  # user code, outside ferry's packages
@@ -140,6 +142,14 @@ def test_a_minimal_file_takes_the_defaults():
         (
             MINIMAL.replace('worker = ["echo"]', "mode = 'continuous'\nsimulated = 'llama-70b'\nthreads = 0"),
             "f.toml: models[0].threads: expected 1..1024, got 0",
+        ),
+        (
+            MINIMAL.replace('worker = ["echo"]', "mode='continuous'\nsimulated='llama-70b'\nmax_step_ms=0"),
+            "f.toml: models[0].max_step_ms: expected milliseconds > 0, got 0",
+        ),
+        (
+            MINIMAL.replace('worker = ["echo"]', "mode='continuous'\nsimulated='llama-70b'\nmax_step_ms=inf"),
+            "f.toml: models[0].max_step_ms: expected milliseconds > 0, got inf",
         ),
         (
             MINIMAL.replace('worker = ["echo"]', "mode='continuous'\nmodel='smollm2-135m'\nweights='q4'"),

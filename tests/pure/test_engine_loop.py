@@ -10,7 +10,17 @@ from workers.engine.cost_model import PRESETS
 from workers.engine.engine import Engine
 from workers.engine.loop import STATS_INTERVAL, EngineLoop, step_messages
 from workers.engine.simulated import SimulatedRunner
-from workers.protocol import Abort, Add, EngineStats, ProtocolError, Ready, Sampling, SequenceFinished, Tokens
+from workers.protocol import (
+    Abort,
+    Add,
+    EngineStats,
+    ProtocolError,
+    Ready,
+    Sampling,
+    SequenceFinished,
+    StepBegun,
+    Tokens,
+)
 
 EOS = 2
 
@@ -40,6 +50,14 @@ def test_stats_are_due_at_once_then_every_interval():
     assert loop.stats(10.0 + STATS_INTERVAL / 2) is None
     assert loop.stats(10.0 + STATS_INTERVAL) is not None
     assert loop.next_stats == pytest.approx(10.0 + 2 * STATS_INTERVAL)
+
+
+def test_a_step_announced_as_long_is_followed_by_stats_however_recent_the_last():
+    loop = loop_at(10.0)
+    assert isinstance(loop.stats(10.0), EngineStats)
+    assert loop.announce(2.5) == StepBegun(seconds=2.5)
+    assert isinstance(loop.stats(10.0 + STATS_INTERVAL / 2), EngineStats)  # the pool's limit is reset
+    assert loop.stats(10.0 + STATS_INTERVAL) is None  # and the interval runs from there
 
 
 def test_an_abort_ends_its_sequence_at_the_next_step_and_an_unknown_one_is_ignored():

@@ -24,6 +24,7 @@ from workers.protocol import (
     Result,
     RunBatch,
     SequenceFinished,
+    StepBegun,
     Tokens,
     Usage,
     decode_body,
@@ -56,6 +57,8 @@ EVERY_KIND = [
     SequenceFinished(rid=8, reason="too_long", usage=Usage(prompt_tokens=90_000, cached_tokens=0,
                                                            output_tokens=0)),
     STATS,
+    StepBegun(seconds=2.5),
+    StepBegun(seconds=float("inf")),  # it has measured no step: the pool's bound holds it
 ]
 
 
@@ -130,6 +133,9 @@ _RESULT_HEAD = b"\x83" + _pack({"kind": "result", "id": 1})[1:]  # a map of 3 fi
         (_pack({**_FINISHED, "usage": {**_USAGE, "x": 1}}), "unknown field `x` - at `finished.usage`"),
         (_pack({**_FINISHED, "usage": {"prompt_tokens": 1}}), "finished.usage"),
         (_pack({**_fields(STATS), "running": -0.5}), "stats.running"),
+        (_pack({"kind": "step", "seconds": float("nan")}), "Expected `float` >= 0.0 - at `step.seconds`"),
+        (_pack({"kind": "step", "seconds": -1.0}), "Expected `float` >= 0.0 - at `step.seconds`"),
+        (_pack({"kind": "step", "seconds": "1"}), "at `step.seconds`"),
         # a million arrays deep: the field, an unknown one, and a map nested too deep to read
         (_RESULT_HEAD + b"\xa7outputs" + b"\x91" * 10**6 + b"\x01", "outputs\\[0\\]"),
         (_RESULT_HEAD + b"\xa1x" + b"\x91" * 10**6 + b"\x01", "unknown field `x`"),

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from workers.engine.batch import Runner
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import CostModel
-from workers.engine.interface import SequenceEnd, StepOutput
-from workers.engine.scheduler import Scheduler
+from workers.engine.interface import SequenceEnd, StepOutput, StepWatch
+from workers.engine.scheduler import Schedule, Scheduler
 from workers.engine.sequence import Sequence
 from workers.protocol import EngineStats, Sampling, Usage
 
@@ -76,12 +76,17 @@ class Engine:
         """End ``rid`` (False if unknown): its blocks are free before the next step runs."""
         return self.scheduler.abort(rid, self.clock())
 
-    def step(self) -> StepOutput:
+    def step(self, watch: StepWatch | None = None) -> StepOutput:
         scheduler = self.scheduler
         schedule = scheduler.schedule(self.clock())
         tokens: dict[int, int] = {}
         if schedule.seqs:
-            tokens = scheduler.postprocess(schedule, self.runner.run(schedule), self.clock())
+            if watch is not None:
+                watch.begin(schedule.num_tokens, context_lens(schedule))
+            sampled = self.runner.run(schedule)
+            if watch is not None:
+                watch.end()
+            tokens = scheduler.postprocess(schedule, sampled, self.clock())
             self.steps += 1
         scheduled = sum(schedule.num_tokens)
         self.computed_tokens += scheduled
@@ -114,3 +119,8 @@ class Engine:
         detail = self.scheduler.details.pop(seq.rid, "")
         usage = Usage(seq.num_prompt, seq.num_cached, len(seq.output_ids))
         return SequenceEnd(seq.rid, seq.finish_reason, usage, detail)
+
+
+def context_lens(schedule: Schedule) -> list[int]:
+    """The tokens each sequence of ``schedule`` holds once its step has run."""
+    return [seq.num_computed + n for seq, n in zip(schedule.seqs, schedule.num_tokens, strict=True)]

@@ -1,10 +1,11 @@
 """What the serving loop needs of an engine, and what every engine's step returns: pure values.
 
 :class:`EngineCore` (vLLM names its own the same) is the whole of it: ``add`` and ``abort``
-sequences, ``step`` once, report ``stats``, and say whether it ``has_work``. ferry's
-:class:`~workers.engine.engine.Engine`, vLLM's adapter (``workers/vllm_engine.py``) and the
-simulated engine of ``batcher.sim`` implement it, and one loop (:mod:`workers.engine.loop`)
-serves them all. Torch-free and numpy-free: vLLM's interpreter imports it.
+sequences, ``step`` once (a :class:`StepWatch` seeing it begin and end), report ``stats``, and
+say whether it ``has_work``. ferry's :class:`~workers.engine.engine.Engine`, vLLM's adapter
+(``workers/vllm_engine.py``) and the simulated engine of ``batcher.sim`` implement it, and one
+loop (:mod:`workers.engine.loop`) serves them all. Torch-free and numpy-free: vLLM's interpreter
+imports it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ class StepOutput(NamedTuple):
     scheduled_tokens: int
 
 
+class StepWatch(Protocol):
+    """What sees each step's start and end: the forecast that tells the pool of a long step
+    before it runs (:class:`workers.engine.step_forecast.StepForecast`)."""
+
+    def begin(self, query_lens: list[int], context_lens: list[int]) -> None:
+        """A step starts that computes ``query_lens[i]`` tokens of sequence ``i``, which then
+        holds ``context_lens[i]``."""
+
+    def end(self) -> None:
+        """The step begun last has ended."""
+
+
 class EngineCore(Protocol):
     """An engine as the serving loop drives it, one call at a time."""
 
@@ -65,8 +78,9 @@ class EngineCore(Protocol):
     def abort(self, rid: int) -> bool:
         """End ``rid`` at the next step (False if it holds no such sequence)."""
 
-    def step(self) -> StepOutput:
-        """Run one step."""
+    def step(self, watch: StepWatch | None = None) -> StepOutput:
+        """Run one step; ``watch`` sees it begin (once the engine knows what it computes) and
+        end, where the engine can say (vLLM's adapter cannot: its steps are not watched)."""
 
     def stats(self) -> EngineStats:
         """Its load now, and its counters since it started."""

@@ -3,8 +3,11 @@
 Each turn takes the ``add`` and ``abort`` frames that have arrived, runs one step while the
 engine has work, and hands out that step's frames (:func:`step_messages`) and, once
 :data:`STATS_INTERVAL` has passed, ``stats``; while idle it waits for a frame or the next
-``stats``. Two shells drive it: the worker process (``workers/engine/serve.py``: the pipe and
-the wall clock) and the simulated engine of ``batcher.sim`` (trio's virtual clock).
+``stats``. A step that should delay the next ``stats`` is announced as it starts (a ``step``
+frame, from the shell's :class:`~workers.engine.interface.StepWatch`), so that the pool does not
+take the silence for a hang. Two shells drive it: the worker process
+(``workers/engine/serve.py``: the pipe and the wall clock) and the simulated engine of
+``batcher.sim`` (trio's virtual clock, whose steps cannot hang and are not announced).
 
 An engine that takes part in prefill -> decode hand-offs has a :class:`Handoffs`
 (:mod:`workers.engine.kv_transfer`): it takes the hand-off frames, and after each step says
@@ -18,12 +21,22 @@ is ignored.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Protocol
 
-from workers.engine.interface import EngineCore, SequenceEnd, StepOutput
+from workers.engine.interface import EngineCore, SequenceEnd, StepOutput, StepWatch
 from workers.engine.sequence import FinishReason
-from workers.protocol import Abort, Add, EngineStats, Message, ProtocolError, SequenceFinished, Tokens
+from workers.protocol import (
+    Abort,
+    Add,
+    EngineStats,
+    Message,
+    ProtocolError,
+    SequenceFinished,
+    StepBegun,
+    Tokens,
+)
 
 STATS_INTERVAL = 0.2
 STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)  # ended by a stop token: its id is not sent
@@ -40,10 +53,12 @@ class Handoffs(Protocol):
 
 
 class EngineLoop:
-    """One engine's loop (see the module doc); ``now`` is when it starts, its first ``stats`` due."""
+    """One engine's loop (see the module doc); ``now`` is when it starts, its first ``stats`` due.
+    ``watch`` sees every step begin and end (a worker process's forecast of long steps)."""
 
-    def __init__(self, engine: EngineCore, now: float, handoffs: Handoffs | None = None) -> None:
-        self.engine, self.handoffs = engine, handoffs
+    def __init__(self, engine: EngineCore, now: float, handoffs: Handoffs | None = None,
+                 watch: StepWatch | None = None) -> None:
+        self.engine, self.handoffs, self.watch = engine, handoffs, watch
         self.next_stats = now
 
     def take(self, messages: Iterable[Message]) -> None:
@@ -67,7 +82,14 @@ class EngineLoop:
 
     def step(self) -> StepOutput | None:
         """One step, or None while the engine has no work (the loop waits for a frame or stats)."""
-        return self.engine.step() if self.engine.has_work else None
+        return self.engine.step(self.watch) if self.engine.has_work else None
+
+    def announce(self, seconds: float) -> StepBegun:
+        """The ``step`` frame of a step starting that should take ``seconds``. The step's end is
+        reported with ``stats`` at once, whenever the last were sent, so that the pool's limit is
+        the stats timeout again as soon as the step is over."""
+        self.next_stats = -math.inf
+        return StepBegun(seconds=seconds)
 
     def stats(self, now: float) -> EngineStats | None:
         """The ``stats`` frame, if one is due at ``now``."""

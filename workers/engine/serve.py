@@ -4,10 +4,12 @@ The process shell of the serving loop (:mod:`workers.engine.loop`). While the en
 each turn takes whatever frames have already arrived (``poll`` with timeout 0, at most 1 MiB
 besides the frame in progress, so a flood of ``add`` frames cannot stall running decodes; a
 hand-off's ``kv`` bytes do not count: they are copied, not computed, and at most the cache's
-worth waits, so a long prompt's KV is not spread over hundreds of steps), runs one step, and writes that
-step's ``tokens`` and ``finished`` frames, plus ``stats`` when 200 ms have passed, in one write.
-While idle it blocks on the pipe, waking only to send ``stats``. EOF on the pipe ends it (exit
-0); the parent watchdog of ``workers/__main__.py`` ends it when the gateway dies.
+worth waits, so a long prompt's KV is not spread over hundreds of steps), runs one step, and
+writes that step's ``tokens`` and ``finished`` frames, plus ``stats`` when 200 ms have passed, in
+one write; a step that should be long is announced (``step``, written as it starts: see
+:mod:`workers.engine.step_forecast`). While idle it blocks on the pipe, waking only to send
+``stats``. EOF on the pipe ends it (exit 0); the parent watchdog of ``workers/__main__.py`` ends
+it when the gateway dies.
 
 A frame that breaks the protocol (see the loop) exits 2: the gateway validates requests, so
 these are the pool's bugs, and the pool treats that like a crash and restarts the worker.
@@ -32,6 +34,7 @@ from workers.engine.interface import EngineCore, StepOutput
 from workers.engine.kv_transfer import KvCache, KvTransfer
 from workers.engine.loop import EngineLoop, Handoffs, step_messages
 from workers.engine.simulated import SimulatedRunner
+from workers.engine.step_forecast import StepForecast
 from workers.faults import instance_from_env
 from workers.protocol import FrameDecoder, KvBlocks, ProtocolError, Ready, encode
 
@@ -81,7 +84,7 @@ def engine_main(args: argparse.Namespace, protocol_in: int, protocol_out: int) -
     if not args.simulated:  # a model's runner: its cache is read and written by block
         cache = cast(KvCache, runner)
         handoffs = KvTransfer(engine, cache, prefill=prefills(args.prefill_slots), shm=args.kv_shm)
-    return serve(engine, name, protocol_in, protocol_out, "engine worker", handoffs)
+    return serve(engine, name, protocol_in, protocol_out, "engine worker", handoffs, cost)
 
 
 def step_costs(args: argparse.Namespace) -> CostModel | None:
@@ -103,14 +106,15 @@ def prefills(prefill_slots: int) -> bool:
 
 
 def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, who: str,
-          handoffs: Handoffs | None = None) -> int:
+          handoffs: Handoffs | None = None, cost: CostModel | None = None) -> int:
     """Say ``ready`` as model ``name``, then :func:`run` until EOF; the worker's exit code (a frame
-    that breaks the protocol is told on stderr, as ``who``)."""
+    that breaks the protocol is told on stderr, as ``who``). ``cost`` prices the steps it
+    announces, beside what it measures of them."""
     with os.fdopen(protocol_out, "wb") as out:
         out.write(encode(Ready(pid=os.getpid(), model=name)))
         out.flush()
         try:
-            run(engine, protocol_in, out, handoffs=handoffs)
+            run(engine, protocol_in, out, handoffs=handoffs, cost=cost)
         except ProtocolError as exc:
             print(f"{who}: protocol fault: {exc}", file=sys.stderr)
             return PROTOCOL_FAULT
@@ -119,13 +123,18 @@ def serve(engine: EngineCore, name: str, protocol_in: int, protocol_out: int, wh
 
 def run(
     engine: EngineCore, protocol_in: int, out: BinaryIO, clock: Callable[[], float] = time.monotonic,
-    handoffs: Handoffs | None = None,
+    handoffs: Handoffs | None = None, cost: CostModel | None = None,
 ) -> None:
     """Serve frames from ``protocol_in`` until EOF (see the module's docstring)."""
     decoder = FrameDecoder()
     poller = select.poll()
     poller.register(protocol_in, select.POLLIN)
-    loop = EngineLoop(engine, clock(), handoffs)
+
+    def announce(seconds: float) -> None:
+        out.write(encode(loop.announce(seconds)))
+        out.flush()
+
+    loop = EngineLoop(engine, clock(), handoffs, StepForecast(announce, clock, cost))
     while True:
         timeout = 0.0 if engine.has_work else max(0.0, loop.next_stats - clock()) * 1000
         taken = 0

@@ -5,7 +5,8 @@ place of an :class:`~batcher.continuous.engine_process.EngineProcess`, with its 
 the production :class:`~workers.engine.loop.EngineLoop` drives the production
 :class:`~workers.engine.engine.Engine` over a :class:`~workers.engine.simulated.SimulatedRunner`
 under trio's clock: a step's price passes as a ``trio.sleep_until``, while the pool reads (the
-loop runs inside :meth:`receive`). Faults: :meth:`kill`, :meth:`freeze`, :meth:`hold_output`.
+loop runs inside :meth:`receive`). Faults: :meth:`kill`, :meth:`freeze`, :meth:`stall`,
+:meth:`hold_output`.
 With ``jump`` (the replay's) a run of decode steps is waited out at once
 (:mod:`batcher.sim.continuous.plan`), then taken as real steps, and a sequence's tokens go out
 at its first token and its end; :meth:`unread` counts the rest for :class:`ReadAhead`.
@@ -35,6 +36,7 @@ from workers.protocol import (
     Message,
     ProtocolError,
     SequenceFinished,
+    StepBegun,
     Tokens,
     WorkerLost,
 )
@@ -111,6 +113,8 @@ class SimulatedEngine:
         self.loop = EngineLoop(self.engine, trio.current_time())
         self.first_stats: EngineStats
         self.frozen = False
+        self._last_words: list[Message] = []  # frames a stalled engine sends before its silence
+        self._stalled_until = -math.inf
         self._decoder = FrameDecoder()
         self._inbox: list[Message] = []
         self._arrived = trio.Event()
@@ -144,8 +148,13 @@ class SimulatedEngine:
         """Run the engine until it has frames and the pool may read them; return them all."""
         while not self._exited.is_set():
             with trio.CancelScope() as self._reading:
+                if self._last_words:
+                    frames, self._last_words = self._last_words, []
+                    return frames
                 if self.frozen:
                     await trio.sleep_forever()
+                if self._stalled_until > trio.current_time():
+                    await trio.sleep_until(self._stalled_until)
                 try:
                     return await self._run()
                 except ProtocolError:
@@ -168,6 +177,14 @@ class SimulatedEngine:
     def freeze(self) -> None:
         """Stop, like a SIGSTOP: alive, but no step and no frame from now on."""
         self.frozen = True
+        self._reading.cancel()
+
+    def stall(self, expected: float, seconds: float = math.inf) -> None:
+        """Announce a step of ``expected`` seconds and spend ``seconds`` in it before it goes on
+        (inf: hang in it), like a worker in a step it announced as long: its ``step`` frame, then
+        no frame for ``seconds``."""
+        self._last_words = [StepBegun(seconds=expected)]
+        self._stalled_until = trio.current_time() + seconds
         self._reading.cancel()
 
     def hold_output(self, seconds: float) -> None:
