@@ -36,7 +36,8 @@ class Handoffs(Protocol):
         """Take a hand-off's frame; False if ``message`` is not one."""
 
     def exports(self, output: StepOutput) -> list[Message]:
-        """The frames of the sequences that leave the engine after the step that made ``output``."""
+        """After the step that made ``output``: the frames of the hand-offs taken before it, and
+        of the sequences that leave the engine."""
 
 
 class EngineLoop:
