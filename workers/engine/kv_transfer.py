@@ -129,6 +129,11 @@ class KvTransfer:
 
     # --- in (any engine) ----------------------------------------------------------------
 
+    @property
+    def arriving(self) -> bool:
+        """A hand-off's ``kv`` frames have come without their ``kv_handoff`` yet."""
+        return bool(self._incoming)
+
     def take(self, message: Message) -> bool:
         """Take a hand-off's frame (False: ``message`` is not one)."""
         if isinstance(message, KvBlocks):
