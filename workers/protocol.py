@@ -58,6 +58,9 @@ Prefill and decode on separate engines (the KV hand-off, ``workers/engine/kv_tra
     worker -> pool   kv_exported {rid, manifest, seconds} after its first token: it left this engine
     pool -> worker   kv      {rid, data}                  the same bytes, forwarded to a decode engine
     pool -> worker   kv_handoff {add, manifest}           run ``add`` over the KV just sent
+    worker -> pool   kv_taken {rid, seconds, stepped}     with the frames of the step after the
+                                                          import: it took ``seconds``, and the
+                                                          step ``stepped`` more (the pause's parts)
 
 A manifest (``kv_tokens, blocks, block_bytes, digest, cached_tokens, segment``) lets the receiving
 engine check the bytes by count and hash before it uses them; ``segment`` names the shared-memory
@@ -364,6 +367,17 @@ class KvExported(Frame, tag="kv_exported", frozen=True):
     seconds: float
 
 
+class KvTaken(Frame, tag="kv_taken", frozen=True):
+    """This (decode) engine took sequence ``rid``'s hand-off: reading, checking and writing its
+    KV took ``seconds``, and from then to the write of the step after it ``stepped`` (sent with
+    that step's frames, so that the pool can tell its pause apart: see
+    ``batcher/continuous/handoff_phases.py``)."""
+
+    rid: int
+    seconds: float
+    stepped: float
+
+
 class KvHandoff(Frame, tag="kv_handoff", frozen=True):
     """Run ``add`` (its ``output_tokens`` end with the token the prefill engine made) over the
     KV of the ``kv`` frames just sent for its rid, once they pass the manifest's checks."""
@@ -374,7 +388,8 @@ class KvHandoff(Frame, tag="kv_handoff", frozen=True):
 
 Message = (
     Ready | Unloadable | RunBatch | Skip | Accepted | Result | Error
-    | Add | Abort | Tokens | SequenceFinished | EngineStats | StepBegun | KvBlocks | KvExported | KvHandoff
+    | Add | Abort | Tokens | SequenceFinished | EngineStats | StepBegun
+    | KvBlocks | KvExported | KvHandoff | KvTaken
 )
 _DECODER: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 _ENCODER = msgspec.msgpack.Encoder()

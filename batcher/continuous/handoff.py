@@ -24,9 +24,10 @@ not their output over the whole wait. A ticket cancelled meanwhile is dropped wi
 with a shared-memory hand-off (``manifest.segment``, engines on the pool's host) the pool
 unlinks its segment then, as it does for one that waited past its time.
 
-The cost is counted per hand-off: the bytes moved, and the seconds from ``kv_exported`` reaching
-the pool to the decode replica's next token (the transfer, the import and one decode step:
-the pause the hand-off adds to the stream); the ``ferry_engine_kv_handoff_*`` metrics.
+The cost is counted per hand-off: the bytes moved, and the seconds from the hand-off reaching
+a decode replica to that replica's next token (the transfer, the import and one decode step:
+the pause the hand-off adds to the stream), and that pause's parts
+(:mod:`batcher.continuous.handoff_phases`); the ``ferry_engine_kv_handoff_*`` metrics.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import NamedTuple
 
 import trio
 
+from batcher.continuous.handoff_phases import HandoffPause
 from batcher.continuous.metrics import ContinuousCounters
 from batcher.continuous.replica import Replica, Stage, Ticket
 from batcher.core.errors import WorkersFailed
@@ -102,6 +104,7 @@ class Handoffs:
         manifest = exported.manifest
         self.counters.handoff_bytes.observe(manifest.blocks * manifest.block_bytes)  # frames or segment
         now = trio.current_time()
+        ticket.handoff = HandoffPause(now, exported.seconds)
         self._waiting.append(Waiting(ticket, [*chunks, handoff], blocks, now + self._patience(ticket.tier),
                                      exported.manifest.segment))
         self.flush(now)

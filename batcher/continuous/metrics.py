@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from batcher.continuous.handoff_phases import PHASES
 from batcher.core.counters import Counters, Histogram
 from batcher.core.mode import Exported
 from workers.protocol import EngineStats
@@ -48,6 +49,8 @@ class ContinuousCounters(Counters):
     step_tokens: Histogram = dataclasses.field(default_factory=lambda: Histogram(STEP_TOKEN_BOUNDS))
     handoff_bytes: Histogram = dataclasses.field(default_factory=lambda: Histogram(HANDOFF_BYTE_BOUNDS))
     handoff_seconds: Histogram = dataclasses.field(default_factory=lambda: Histogram(HANDOFF_SECOND_BOUNDS))
+    handoff_phases: dict[str, Histogram] = dataclasses.field(  # the pause's parts, by PHASES
+        default_factory=lambda: {phase: Histogram(HANDOFF_SECOND_BOUNDS) for phase in PHASES})
     replicas: tuple[ReplicaStats, ...] = ()
 
 
@@ -89,6 +92,10 @@ def engine_families(backends: Sequence[Exported[ContinuousCounters]]) -> Iterato
         "ferry_engine_kv_handoff_seconds",
         "Per hand-off: from its KV leaving the prefill replica to the decode replica's next token.",
         labels=["model"])
+    parts = HistogramMetricFamily(
+        "ferry_engine_kv_handoff_phase_seconds",
+        "Per hand-off, each part of its pause and of its export (docs/continuous.md).",
+        labels=["model", "phase"])
     families: list[tuple[GaugeMetricFamily | CounterMetricFamily, str]] = [*gauges, *counters]
     for model, _, snapshot in backends:
         counted: ContinuousCounters = snapshot.counters
@@ -100,8 +107,10 @@ def engine_families(backends: Sequence[Exported[ContinuousCounters]]) -> Iterato
         steps.add_metric([model], counted.step_tokens.cumulative(), counted.step_tokens.total)
         moved.add_metric([model], counted.handoff_bytes.cumulative(), counted.handoff_bytes.total)
         paused.add_metric([model], counted.handoff_seconds.cumulative(), counted.handoff_seconds.total)
+        for phase, part in counted.handoff_phases.items():
+            parts.add_metric([model, phase], part.cumulative(), part.total)
         reruns.add_metric([model], counted.reruns)
         interrupted.add_metric([model], counted.interrupted)
         resumed.add_metric([model], counted.resumed)
     yield from (family for family, _ in families)
-    yield from (rate, steps, reruns, interrupted, resumed, moved, paused)
+    yield from (rate, steps, reruns, interrupted, resumed, moved, paused, parts)

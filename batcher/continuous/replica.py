@@ -42,6 +42,7 @@ from collections.abc import Callable
 import trio
 
 from batcher.continuous.engine_process import EngineWorker
+from batcher.continuous.handoff_phases import HandoffPause
 from batcher.continuous.metrics import ContinuousCounters, ReplicaStats
 from batcher.continuous.seat_wait import SeatBook
 from batcher.continuous.silence import SilenceLimit
@@ -59,6 +60,7 @@ from workers.protocol import (
     EngineStats,
     KvBlocks,
     KvExported,
+    KvTaken,
     Message,
     ProtocolError,
     SequenceFinished,
@@ -93,7 +95,7 @@ class Ticket:
         "cost",
         "deadline",
         "dispatched_at",
-        "handed_at",
+        "handoff",
         "hashes",
         "out",
         "prefill",
@@ -119,7 +121,7 @@ class Ticket:
         self.attempts = 0  # times an engine died under it
         self.rerun_due = math.inf  # a re-run that no engine takes by then fails
         self.prefill = 0  # tokens its engine computes before its first token (a resumed one's output too)
-        self.handed_at = math.inf  # when its KV was handed to a decode replica, until that one's next token
+        self.handoff: HandoffPause | None = None  # its hand-off's times, until all its parts are counted
         self.segment = ""  # the shared-memory segment of its KV handed to a decode replica ("": none)
 
     @property
@@ -175,6 +177,7 @@ class Replica:
         self._pool_counters, self._on_change, self._on_answer = counters, on_change, on_answer
         self._outbox: list[bytes] = []
         self._outbox_ready = trio.Event()
+        self._handing: list[HandoffPause] = []  # the hand-offs in the outbox
         self.on_handoff: Callable[[Replica, Message], None] | None = None  # a prefill replica's kv frames
 
     def owe(self, ticket: Ticket, tokens: int) -> None:
@@ -270,7 +273,10 @@ class Replica:
     def receive(self, ticket: Ticket, frames: list[Message], blocks: int, now: float) -> None:
         """``ticket``, prefilled elsewhere, is decoded here from the KV in ``frames``, holding
         ``blocks`` of its free ones."""
-        ticket.replica, ticket.state, ticket.handed_at = self.index, Stage.RUNNING, now
+        ticket.replica, ticket.state = self.index, Stage.RUNNING
+        if ticket.handoff is not None:
+            ticket.handoff.handed_at = now
+            self._handing.append(ticket.handoff)
         self._sit(ticket)
         self.free_blocks -= blocks
         self.owe(ticket, max(0, ticket.job.max_tokens - ticket.out.generated))
@@ -312,7 +318,7 @@ class Replica:
         """Talk to a started engine until it must die (silent past ``silence``); True if it
         finished a sequence."""
         first = worker.first_stats
-        self.up, self.served, self._outbox, self.silence = True, False, [], silence
+        self.up, self.served, self._outbox, self.silence, self._handing = True, False, [], silence, []
         self.stats, self.stats_at, self.busy = first, trio.current_time(), False
         self.silent_at = self.stats_at + silence.stats_timeout
         self.free_blocks, self.total_blocks = first.free_blocks, first.total_blocks
@@ -334,7 +340,7 @@ class Replica:
         """The engine is gone: forget its state; the live tickets it took with it."""
         if self.stats is not None:
             self.carried = self.carried.plus_counters(self.stats)
-        self.up, self.stats, self._outbox, self.prefilling = False, None, [], 0
+        self.up, self.stats, self._outbox, self._handing, self.prefilling = False, None, [], [], 0
         lost, self.live = list(self.live.values()), {}
         self.seated.clear()
         for ticket in lost:
@@ -346,7 +352,10 @@ class Replica:
             await self._outbox_ready.wait()
             self._outbox_ready = trio.Event()
             frames, self._outbox = self._outbox, []
+            handing, self._handing = self._handing, []
             await worker.send(b"".join(frames))
+            for handoff in handing:
+                handoff.sent(trio.current_time())
 
     async def _read(self, worker: EngineWorker) -> None:
         while True:
@@ -371,6 +380,8 @@ class Replica:
                 self.silent_at = now + self.silence.of_step(message.seconds)
             elif isinstance(message, KvBlocks | KvExported) and self.on_handoff is not None:
                 self.on_handoff(self, message)
+            elif isinstance(message, KvTaken):
+                self._taken(message, now)
             else:
                 raise ProtocolError(f"unexpected {message.kind} frame from an engine")
         self._on_change()
@@ -381,15 +392,27 @@ class Replica:
             return
         job = ticket.job
         self._prefilled(ticket)
-        if ticket.handed_at < math.inf:  # the first token since its hand-off
-            self._pool_counters.handoff_seconds.observe(trio.current_time() - ticket.handed_at)
-            ticket.handed_at = math.inf
+        pause = None if ticket.handoff is None else ticket.handoff.first_token(trio.current_time())
+        if pause is not None:  # the first token since its hand-off
+            self._pool_counters.handoff_seconds.observe(pause)
+            self._settle(ticket)
         self.queue.charge(ticket.tier, ticket.tenant, len(frame.ids))  # its share: answer tokens as made
         if ticket.out.push(frame.ids, ticket.queued):  # a whole answer reached a stop sequence
             self.end(ticket)
             usage = Usage(len(job.prompt_tokens), cached_tokens=0, output_tokens=ticket.out.generated)
             ticket.out.finish("end_turn", usage, ticket.queued)
         self.owe(ticket, max(0, job.max_tokens - ticket.out.generated))
+
+    def _taken(self, frame: KvTaken, now: float) -> None:
+        ticket = self.live.get(frame.rid)
+        if ticket is not None and ticket.handoff is not None:
+            ticket.handoff.take(frame, now)
+            self._settle(ticket)
+
+    def _settle(self, ticket: Ticket) -> None:
+        """Count the parts of ``ticket``'s hand-off once they are all known."""
+        if ticket.handoff is not None and ticket.handoff.settle(self._pool_counters.handoff_phases):
+            ticket.handoff = None
 
     def _finished(self, frame: SequenceFinished) -> None:
         ticket = self._unseat(frame.rid)

@@ -4,7 +4,8 @@ SmolLM2-135M in float32, greedy: with a prefix hit on the decode side (the block
 earlier hand-off are not written again), a prompt of several chunks, and an answer whose first
 token ends it (no hand-off); and seeded sampling, whose index carries over. Bytes that fail the
 manifest break the protocol. The same over shared memory: equal tokens, a refused segment
-unlinked, none left behind, and frames past the bound on the bytes in segments.
+unlinked, none left behind, and frames past the bound on the bytes in segments. A decode engine
+tells the pool, after the step that follows a hand-off, what its import and that step took.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from workers.protocol import (
     KvBlocks,
     KvExported,
     KvHandoff,
+    KvTaken,
     Message,
     ProtocolError,
     Sampling,
@@ -202,6 +204,20 @@ def exported_to_shm(runner, rid: int, prompt: list[int]) -> tuple[KvExported, Ad
     assert isinstance(exported, KvExported) and exported.manifest.segment in ferry_segments()
     add = Add.of(rid, prompt, 0, "", GREEDY.replace(temperature=0.0), output_tokens=[output.tokens[rid]])
     return exported, add
+
+
+def test_a_decode_engine_says_after_its_next_step_what_the_import_and_that_step_took(
+        smollm2_runner, decode_runner):
+    decode = new_engine(decode_runner)
+    transfer = KvTransfer(decode, decode_runner, prefill=False)
+    into = EngineLoop(decode, 0.0, transfer)
+    exported, add = exported_to_shm(smollm2_runner, 5, list(range(1, 40)))
+    into.take([KvHandoff(add, exported.manifest)])
+    output = into.step()
+    assert output is not None and 5 in output.tokens  # its first token here, in the step right after
+    [taken] = transfer.exports(output)
+    assert isinstance(taken, KvTaken) and taken.rid == 5 and taken.seconds > 0 and taken.stepped > 0
+    assert transfer.exports(into.step()) == []  # said once
 
 
 def test_a_shm_segment_that_fails_the_manifest_is_refused_and_unlinked(smollm2_runner, decode_runner):

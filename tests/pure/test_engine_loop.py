@@ -1,5 +1,6 @@
 """The serving loop every engine runs, without its shells: frames in, a step's frames out, stats
-on time, and what breaks the protocol."""
+on time, how long a read may wait (a hand-off midway is read to its end before a step), and
+what breaks the protocol."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import pytest
 from workers.engine.config import EngineConfig
 from workers.engine.cost_model import PRESETS
 from workers.engine.engine import Engine
-from workers.engine.loop import STATS_INTERVAL, EngineLoop, step_messages
+from workers.engine.kv_transfer import KvTransfer
+from workers.engine.loop import HANDOFF_READ_WAIT, STATS_INTERVAL, EngineLoop, step_messages
 from workers.engine.simulated import SimulatedRunner
 from workers.protocol import (
     Abort,
     Add,
     EngineStats,
+    KvBlocks,
     ProtocolError,
     Ready,
     Sampling,
@@ -67,6 +70,24 @@ def test_an_abort_ends_its_sequence_at_the_next_step_and_an_unknown_one_is_ignor
     loop.take([Abort(rid=1)])
     (end,) = step_messages(loop.step())
     assert (end.rid, end.reason, end.usage.output_tokens) == (1, "aborted", 1)
+
+
+class Cache:
+    """A KV cache's sizes, for a hand-off's bookkeeping (no bytes are imported here)."""
+
+    block_size, num_blocks, block_bytes = 16, 64, 64
+
+
+def test_a_read_waits_for_a_hand_off_midway_and_else_only_while_the_engine_is_idle():
+    loop = loop_at(0.0)
+    loop.handoffs = KvTransfer(loop.engine, Cache(), prefill=False)  # type: ignore[arg-type]
+    loop.stats(0.0)
+    assert loop.read_wait(0.05, pending=0) == pytest.approx(STATS_INTERVAL - 0.05)  # idle: until stats
+    loop.take([add(1, 50)])
+    assert loop.read_wait(0.0, pending=0) == 0.0  # busy: what has arrived, then the step
+    assert loop.read_wait(0.0, pending=10) == HANDOFF_READ_WAIT  # a frame part-read: its rest comes
+    loop.take([KvBlocks(2, bytes(64))])
+    assert loop.read_wait(0.0, pending=0, more=True) == HANDOFF_READ_WAIT  # kv frames, no kv_handoff yet
 
 
 @pytest.mark.parametrize(

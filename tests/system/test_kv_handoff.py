@@ -4,7 +4,8 @@ one decode replica (``apart@1``, ``on_engine_loss = "resume"``), every request's
 the two engine processes as bytes.
 
 Streams through the hand-off read the colocated model's text token for token, the later ones
-finding the chat template's prefix in the decode engine's cache; then the prefill engine, and
+finding the chat template's prefix in the decode engine's cache, and ``/metrics`` breaks each
+hand-off's pause into parts that add up to it; then the prefill engine, and
 then the decode engine, is SIGKILLed while eight streams run (some still prefilling, some handed
 off): each stream completes with that same text, no error event, no token twice; the prefill
 engine's streams had shown nothing (the first token and the KV leave it in one write) and run
@@ -19,6 +20,7 @@ import pathlib
 
 import pytest
 
+from batcher.continuous.handoff_phases import PHASES
 from tests.support.gateway_process import Gateway, tiers_and_keys
 from tests.support.kv_handoff import ENGINE, errors, request, streams
 from workers.kv_manifest import SHM_DIR
@@ -59,7 +61,15 @@ def test_streams_through_a_handoff_read_the_colocated_text(gateway):
         assert errors(apart) == []
     assert gateway.metric("ferry_engine_kv_handoff_bytes_count", model="apart@1") >= 4
     assert gateway.metric("ferry_engine_kv_handoff_bytes_sum", model="apart@1") > 4 * 30 * 46080
-    assert gateway.metric("ferry_engine_kv_handoff_seconds_count", model="apart@1") >= 4
+    handed = gateway.metric("ferry_engine_kv_handoff_seconds_count", model="apart@1")
+    assert handed >= 4
+    parts = {phase: gateway.metric("ferry_engine_kv_handoff_phase_seconds_sum", model="apart@1", phase=phase)
+             for phase in PHASES}
+    assert {gateway.metric("ferry_engine_kv_handoff_phase_seconds_count", model="apart@1", phase=phase)
+            for phase in PHASES} == {handed}  # every hand-off's parts, each counted once
+    pause = gateway.metric("ferry_engine_kv_handoff_seconds_sum", model="apart@1")
+    assert sum(parts[phase] for phase in ("send", "wait", "import", "step", "after")) == pytest.approx(pause)
+    assert parts["export"] > 0 and parts["import"] > 0 and parts["step"] > 0
     hits = gateway.metric("ferry_engine_prefix_cache_hits_total", model="apart@1", replica="1")
     assert hits >= 3 * 16  # the decode engine kept what it received, and the later ones found it
 

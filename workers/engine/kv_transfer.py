@@ -12,10 +12,13 @@ to a decode engine and sends it a ``kv_handoff`` frame (the sequence's ``add`` a
     decode engine    checks count and digest, takes the blocks its prefix cache holds, writes the
                      rest, and decodes from t0 on (:meth:`KvTransfer.take`)
 
-Any engine takes a hand-off. Bytes that fail the manifest's checks break the protocol (the
-engine exits and the pool's rule for a lost engine applies); a hand-off that finds no seat or no
-free blocks waits as a resumed sequence and is computed again there: slower, never lost. The
-bytes waiting for their ``kv_handoff`` are bounded by the engine's own cache size.
+Any engine takes a hand-off, and says so with the frames of the step after (``kv_taken``: how
+long the import took, and how long from then until that step's frames were written), so that
+the pool can break the hand-off's pause into its parts. Bytes that fail the manifest's checks
+break the protocol (the engine exits and the pool's rule for a lost engine applies); a hand-off
+that finds no seat or no free blocks waits as a resumed sequence and is computed again there:
+slower, never lost. The bytes waiting for their ``kv_handoff`` are bounded by the engine's own
+cache size.
 
 Shared memory, on one host: a prefill engine made with ``shm=True`` writes a sequence's KV into a
 file in ``/dev/shm`` (named ``ferry-kv-<pid>-<rid>``, created exclusively) instead of ``kv``
@@ -41,7 +44,7 @@ from workers.engine.engine import Engine
 from workers.engine.interface import StepOutput
 from workers.engine.sequence import Sequence
 from workers.kv_manifest import SHM_DIR, read_segment, segment_name, write_segment
-from workers.protocol import KvBlocks, KvExported, KvHandoff, KvManifest, Message, ProtocolError
+from workers.protocol import KvBlocks, KvExported, KvHandoff, KvManifest, KvTaken, Message, ProtocolError
 
 CHUNK_BYTES = 8 << 20
 """The most KV bytes in one ``kv`` frame (whole blocks; one block at least), well under the
@@ -73,15 +76,19 @@ class KvTransfer:
         self._segments: dict[str, int] = {}  # segment -> bytes, written here, maybe not yet taken
         self._incoming: dict[int, bytearray] = {}  # rid -> the KV bytes sent so far
         self._buffered = 0
+        self._taken: list[tuple[int, float, float]] = []  # rid, import seconds, when the import ended
 
     # --- out (a prefill engine) ---------------------------------------------------------
 
     def exports(self, output: StepOutput) -> list[Message]:
-        """After a step: every sequence that made its first token here (and goes on) leaves
-        for a decode engine; its frames (nothing on an engine that is not a prefill one)."""
+        """After a step: a ``kv_taken`` for every hand-off taken before it; then, on a prefill
+        engine, every sequence that made its first token here (and goes on) leaves for a decode
+        engine: its frames."""
+        now = time.perf_counter()
+        frames: list[Message] = [KvTaken(rid, seconds, now - done) for rid, seconds, done in self._taken]
+        self._taken = []
         if not self.prefill:
-            return []
-        frames: list[Message] = []
+            return frames
         for rid in output.tokens:
             seq = self.engine.scheduler.sequences.get(rid)
             if seq is not None:  # else it ended with that token: no hand-off
@@ -122,6 +129,11 @@ class KvTransfer:
 
     # --- in (any engine) ----------------------------------------------------------------
 
+    @property
+    def arriving(self) -> bool:
+        """A hand-off's ``kv`` frames have come without their ``kv_handoff`` yet."""
+        return bool(self._incoming)
+
     def take(self, message: Message) -> bool:
         """Take a hand-off's frame (False: ``message`` is not one)."""
         if isinstance(message, KvBlocks):
@@ -136,6 +148,12 @@ class KvTransfer:
         return False
 
     def _receive(self, handoff: KvHandoff) -> None:
+        started = time.perf_counter()
+        self._import(handoff)
+        done = time.perf_counter()
+        self._taken.append((handoff.add.rid, done - started, done))
+
+    def _import(self, handoff: KvHandoff) -> None:
         add, manifest = handoff.add, handoff.manifest
         data = self._incoming.pop(add.rid, bytearray())
         self._buffered -= len(data)

@@ -39,6 +39,9 @@ from workers.protocol import (
 )
 
 STATS_INTERVAL = 0.2
+HANDOFF_READ_WAIT = 0.05
+"""How long the engine waits for the next bytes of a hand-off midway before it steps anyway:
+the pool writes a hand-off in one go, so its rest is on its way unless the pool stalls."""
 STOPS = (FinishReason.EOS, FinishReason.STOP_TOKEN)  # ended by a stop token: its id is not sent
 
 
@@ -49,7 +52,12 @@ class Handoffs(Protocol):
         """Take a hand-off's frame; False if ``message`` is not one."""
 
     def exports(self, output: StepOutput) -> list[Message]:
-        """The frames of the sequences that leave the engine after the step that made ``output``."""
+        """After the step that made ``output``: the frames of the hand-offs taken before it, and
+        of the sequences that leave the engine."""
+
+    @property
+    def arriving(self) -> bool:
+        """A hand-off's ``kv`` frames have come without their ``kv_handoff`` yet."""
 
 
 class EngineLoop:
@@ -79,6 +87,18 @@ class EngineLoop:
                 )
             except ValueError as exc:
                 raise ProtocolError(f"add {message.rid} refused: {exc}") from None
+
+    def read_wait(self, now: float, pending: int, more: bool = False) -> float:
+        """How long the next read of frames may wait, in seconds, with ``pending`` bytes of a
+        frame part-read (``more``: after a read in this turn). A hand-off midway:
+        :data:`HANDOFF_READ_WAIT`, so that its rest is read before the next step rather than a
+        pipe's worth a step. Else none while the engine has work (or after a read: what has
+        arrived is taken, then the step runs), and until the next ``stats`` while it is idle."""
+        if pending or (self.handoffs is not None and self.handoffs.arriving):
+            return HANDOFF_READ_WAIT
+        if more or self.engine.has_work:
+            return 0.0
+        return max(0.0, self.next_stats - now)
 
     def step(self) -> StepOutput | None:
         """One step, or None while the engine has no work (the loop waits for a frame or stats)."""

@@ -7,9 +7,13 @@ hand-off's ``kv`` bytes do not count: they are copied, not computed, and at most
 worth waits, so a long prompt's KV is not spread over hundreds of steps), runs one step, and
 writes that step's ``tokens`` and ``finished`` frames, plus ``stats`` when 200 ms have passed, in
 one write; a step that should be long is announced (``step``, written as it starts: see
-:mod:`workers.engine.step_forecast`). While idle it blocks on the pipe, waking only to send
-``stats``. EOF on the pipe ends it (exit 0); the parent watchdog of ``workers/__main__.py`` ends
-it when the gateway dies.
+:mod:`workers.engine.step_forecast`). A hand-off midway (a frame part-read, or ``kv`` frames
+without their ``kv_handoff``) is read to its end first, each read waiting for the next bytes
+(:meth:`~workers.engine.loop.EngineLoop.read_wait`): the pool writes a hand-off in one go, but
+a pipe holds 64 KiB, and a poll that found it momentarily empty would step, one pipe's worth
+a step (experiments/docs/continuous-pd.md).
+While idle it blocks on the pipe, waking only to send ``stats``. EOF on the pipe ends it (exit
+0); the parent watchdog of ``workers/__main__.py`` ends it when the gateway dies.
 
 A frame that breaks the protocol (see the loop) exits 2: the gateway validates requests, so
 these are the pool's bugs, and the pool treats that like a crash and restarts the worker.
@@ -136,7 +140,7 @@ def run(
 
     loop = EngineLoop(engine, clock(), handoffs, StepForecast(announce, clock, cost))
     while True:
-        timeout = 0.0 if engine.has_work else max(0.0, loop.next_stats - clock()) * 1000
+        timeout = loop.read_wait(clock(), decoder.pending) * 1000
         taken = 0
         while taken - decoder.pending < READ_LIMIT and poller.poll(timeout):
             data = os.read(protocol_in, 1 << 16)
@@ -144,8 +148,9 @@ def run(
                 return
             messages = decoder.feed(data)
             moved = sum(len(message.data) for message in messages if isinstance(message, KvBlocks))
-            taken, timeout = taken + len(data) - moved, 0.0
+            taken = taken + len(data) - moved
             loop.take(messages)
+            timeout = loop.read_wait(clock(), decoder.pending, more=True) * 1000
         output = loop.step()
         frames = [] if output is None else step_frames(output)
         if output is not None and handoffs is not None:
