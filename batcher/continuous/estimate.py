@@ -24,9 +24,10 @@ import trio
 
 from batcher.continuous.config import ContinuousModelConfig
 from batcher.continuous.long_prompts import Lanes
-from batcher.continuous.replica import Replica, Ticket
+from batcher.continuous.replica import Replica
 from batcher.continuous.router import Router
 from batcher.continuous.seat_wait import Arrival, Price, SeatedLoad, seat_wait
+from batcher.continuous.ticket import Ticket
 from batcher.continuous.token_load import TokenLoad
 from batcher.core.admission import AdmissionControl, Load
 from batcher.core.backend import Job

@@ -40,7 +40,8 @@ import trio
 
 from batcher.continuous.handoff_phases import HandoffPause
 from batcher.continuous.metrics import ContinuousCounters
-from batcher.continuous.replica import Replica, Stage, Ticket
+from batcher.continuous.replica import Replica
+from batcher.continuous.ticket import Stage, Ticket
 from batcher.core.errors import WorkersFailed
 from workers.kv_manifest import discard, segment_name
 from workers.protocol import Add, KvBlocks, KvExported, KvHandoff, Message

@@ -53,9 +53,10 @@ from batcher.continuous.estimate import PREFILL_STEPS, Estimates, blocks
 from batcher.continuous.handoff import Handoffs
 from batcher.continuous.long_prompts import lanes_of
 from batcher.continuous.metrics import ContinuousCounters
-from batcher.continuous.replica import Replica, Stage, Ticket
+from batcher.continuous.replica import Replica
 from batcher.continuous.router import Router
 from batcher.continuous.silence import SilenceLimit
+from batcher.continuous.ticket import Stage, Ticket
 from batcher.continuous.token_load import TokenLoad
 from batcher.continuous.token_stream import Output
 from batcher.core.admission import AdmissionControl

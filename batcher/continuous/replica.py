@@ -1,17 +1,11 @@
 """One engine replica as the pool sees it: what it was given, and its engine's frames as events.
 
-A :class:`Replica` holds the jobs routed to it (:class:`Ticket`\\ s): queued in its tier queues
-on the gateway side, waiting to re-run after another replica died, or live in its engine (sent
-as ``add``, known by their rid). A ticket's :class:`Stage` says which, and only this class's
-methods move a ticket between them (its queues, its re-runs, its engine's live set, the prefill
-and free-block budgets that go with it), so those counts cannot drift from the tickets::
-
-    QUEUED ──taken──> PREFILLING ──first token──> RUNNING ──finished──> ENDED
-                          │                          │
-                          └──────────────────────────┴─ its engine died, nothing shown yet
-                                                        ─> RERUN ──started──> PREFILLING
-
-    from any stage: cancelled, expired, failed, or its answer complete ─> ENDED
+A :class:`Replica` holds the jobs routed to it (:class:`~batcher.continuous.ticket.Ticket`\\ s):
+queued in its tier queues on the gateway side, waiting to re-run after another replica died, or
+live in its engine (sent as ``add``, known by their rid). A ticket's
+:class:`~batcher.continuous.ticket.Stage` says which, and only this class's methods move a ticket
+between them (its queues, its re-runs, its engine's live set, the prefill and free-block budgets
+that go with it), so those counts cannot drift from the tickets.
 
 While an engine lives, :meth:`Replica.serve` writes the frames the pool queued for it and
 reads its frames back a step at a time (``batcher.continuous.engine_process``):
@@ -33,7 +27,6 @@ Its :attr:`load` is the router's measure: the tokens it still owes its tickets, 
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 from collections import deque
@@ -46,9 +39,9 @@ from batcher.continuous.handoff_phases import HandoffPause
 from batcher.continuous.metrics import ContinuousCounters, ReplicaStats
 from batcher.continuous.seat_wait import SeatBook
 from batcher.continuous.silence import SilenceLimit
+from batcher.continuous.ticket import Stage, Ticket, prompt_of
 from batcher.continuous.token_load import TokenRate
-from batcher.continuous.token_stream import Output
-from batcher.core.backend import Job, Usage, WorkerStatus
+from batcher.core.backend import Usage, WorkerStatus
 from batcher.core.config import QueueConfig
 from batcher.core.errors import RequestFailed, TooLarge
 from batcher.core.supervisor import Supervisor
@@ -74,78 +67,6 @@ log = logging.getLogger("ferry.engines")
 
 STOP_REASONS = {"eos": "end_turn", "stop_token": "end_turn", "max_tokens": "max_tokens"}
 """An engine's finish reasons as the Messages API's stop reasons."""
-
-
-class Stage(enum.Enum):
-    """Where a ticket stands (see the module doc)."""
-
-    QUEUED = "queued"  # in its replica's tier queues
-    RERUN = "rerun"  # lost with its engine before it showed anything: first in a replica's work
-    PREFILLING = "prefilling"  # sent to its engine, no token back yet
-    RUNNING = "running"  # its engine is making its tokens
-    ENDED = "ended"  # its caller has had its last event, or has gone (its engine may still abort it)
-
-
-class Ticket:
-    """One submitted job and where it stands: what :meth:`EnginePool.submit` returns."""
-
-    __slots__ = (
-        "arrival",
-        "attempts",
-        "cost",
-        "deadline",
-        "dispatched_at",
-        "handoff",
-        "hashes",
-        "out",
-        "prefill",
-        "remaining",
-        "replica",
-        "rerun_due",
-        "rid",
-        "segment",
-        "state",
-        "tenant",
-        "tier",
-    )
-
-    def __init__(self, out: Output, tier: int, arrival: float, deadline: float, hashes: list[bytes]) -> None:
-        self.out, self.tier, self.arrival, self.deadline, self.hashes = out, tier, arrival, deadline, hashes
-        self.tenant = out.job.tenant
-        self.state = Stage.QUEUED
-        self.cost = 0  # tokens it adds where it waits: prompt not held by its replica + max_tokens
-        self.replica = -1
-        self.rid = -1  # its sequence's number in the engine, once sent
-        self.dispatched_at = arrival
-        self.remaining = 0  # tokens its replica owes it (see the module doc)
-        self.attempts = 0  # times an engine died under it
-        self.rerun_due = math.inf  # a re-run that no engine takes by then fails
-        self.prefill = 0  # tokens its engine computes before its first token (a resumed one's output too)
-        self.handoff: HandoffPause | None = None  # its hand-off's times, until all its parts are counted
-        self.segment = ""  # the shared-memory segment of its KV handed to a decode replica ("": none)
-
-    @property
-    def job(self) -> Job:
-        return self.out.job
-
-    @property
-    def ended(self) -> bool:
-        return self.state is Stage.ENDED
-
-    @property
-    def queued(self) -> float:
-        """Seconds it waited in the pool before its engine got it."""
-        return self.dispatched_at - self.arrival
-
-    @property
-    def prompt(self) -> int:
-        """Its prompt's tokens its replica must prefill (less the prefix it holds): its work in
-        the queues, and what its tenant is charged when it is taken."""
-        return self.cost - self.out.job.max_tokens
-
-
-def prompt_of(ticket: Ticket) -> float:
-    return ticket.prompt
 
 
 class Replica:

@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from batcher.continuous.replica import Stage
+from batcher.continuous.ticket import Stage
 from batcher.core.backend import Delta, Failed, Finished, Job, Sampling, Started
 from batcher.core.config import PoolConfig, QueueConfig
 from batcher.core.errors import Expired, RequestFailed, Shed, TooLarge

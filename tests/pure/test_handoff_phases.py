@@ -15,7 +15,8 @@ import trio.testing
 from batcher.continuous.handoff import Handoffs
 from batcher.continuous.handoff_phases import PHASES, HandoffPause
 from batcher.continuous.metrics import HANDOFF_SECOND_BOUNDS, ContinuousCounters
-from batcher.continuous.replica import Replica, Stage, Ticket
+from batcher.continuous.replica import Replica
+from batcher.continuous.ticket import Stage, Ticket
 from batcher.continuous.token_stream import Output
 from batcher.core.backend import Job, Sampling
 from batcher.core.config import QueueConfig

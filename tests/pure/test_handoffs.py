@@ -14,7 +14,8 @@ import trio.testing
 
 from batcher.continuous.handoff import Handoffs
 from batcher.continuous.metrics import ContinuousCounters
-from batcher.continuous.replica import Replica, Stage, Ticket
+from batcher.continuous.replica import Replica
+from batcher.continuous.ticket import Stage, Ticket
 from batcher.continuous.token_stream import Output
 from batcher.core.backend import Failed, Job, Sampling
 from batcher.core.config import QueueConfig
