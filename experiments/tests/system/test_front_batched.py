@@ -22,10 +22,10 @@ from experiments.tests.system.test_front_cpu import post
 pytestmark = pytest.mark.skipif(not FRONT.exists(), reason="the Rust front is not built (its build.sh)")
 
 
-@pytest.fixture(scope="module")
-def front():
-    """``front_batched`` on the embedded default's fixed model; its URL."""
-    process = subprocess.Popen([sys.executable, "-m", "experiments.front_batched"],
+@pytest.fixture(scope="module", params=["bridge", "none"])
+def front(request):
+    """``front_batched`` on the embedded default's fixed model, either hop to the core; its URL."""
+    process = subprocess.Popen([sys.executable, "-m", "experiments.front_batched", "--hop", request.param],
                                cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()  # type: ignore[union-attr]
