@@ -296,7 +296,7 @@ def start_front(binary: pathlib.Path, scratch: Scratch) -> tuple[subprocess.Pope
     if not binary.exists():
         raise SystemExit(f"{binary} is missing: build it with experiments/rust_front/build.sh")
     argv = [str(binary), "--core", scratch.socket, "--keys", scratch.keys]
-    argv += ["--max-body", str(scratch.max_body)]
+    argv += ["--max-body", str(scratch.max_body), "--gather-us", str(scratch.gather_us)]
     front = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     line = front.stdout.readline()  # type: ignore[union-attr]
     if "listening on http://" not in line:
@@ -312,10 +312,11 @@ def set_collector() -> None:
 class Scratch:
     """The key digests' file and the socket's path the front is started with."""
 
-    def __init__(self, directory: str, config: FerryConfig) -> None:
+    def __init__(self, directory: str, config: FerryConfig, gather_us: int) -> None:
         self.keys, self.socket = os.path.join(directory, "keys"), os.path.join(directory, "core.sock")
         pathlib.Path(self.keys).write_text("".join(f"{key.digest}\n" for key in config.keys))
         self.max_body = config.server.max_body_bytes
+        self.gather_us = gather_us
 
 
 def announce(front: subprocess.Popen, url: str) -> None:
@@ -375,7 +376,7 @@ def main(args: argparse.Namespace) -> None:
     config = parse_config(fixed_only(DEFAULT_TOML), "<front_batched>")  # what http_load's ferry runs
     batches = Batches(FixedRoute(config), [(key.tier, key.tenant) for key in config.keys])
     with tempfile.TemporaryDirectory(prefix="ferry-front-") as directory:
-        scratch = Scratch(directory, config)
+        scratch = Scratch(directory, config, args.gather_us)
         try:
             if args.hop == "bridge":
                 event_loop.run(bridged(args, config, batches, scratch))  # uvloop, as ferry serve
@@ -392,6 +393,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hop", choices=("bridge", "none"), default="bridge",
                         help="bridge: the socket on asyncio, the core behind the bridge (as ferry serve); "
                              "none: the socket read by the trio core itself")
+    parser.add_argument("--gather-us", type=int, default=0,
+                        help="the front waits this long after a request before it frames what came (a timer, "
+                             "to measure what fuller frames save); 0: natural batching alone")
     return parser.parse_args(argv)
 
 

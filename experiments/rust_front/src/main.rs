@@ -18,12 +18,14 @@
 //! second front thread would only add wake-ups between threads.
 //!
 //! Usage: ferry-rust-front --core SOCKET --keys FILE [--listen 127.0.0.1:0] [--max-body BYTES]
+//!        [--gather-us MICROSECONDS]
 //! where FILE holds one hex sha256 digest a line (the key index is the line number).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::HttpBody;
@@ -185,11 +187,16 @@ fn frame_of(outbox: &Outbox, frame: &mut Vec<u8>) {
 }
 
 /// Every frame goes as soon as the previous one is written: what arrived meanwhile rides together.
-async fn write_frames(front: Arc<Front>, mut core: OwnedWriteHalf) -> std::io::Result<()> {
+/// `gather`: if not zero, wait that long after the first request before taking the outbox (a
+/// timer, to measure what a fuller frame saves; the default 0 is natural batching alone).
+async fn write_frames(front: Arc<Front>, mut core: OwnedWriteHalf, gather: Duration) -> std::io::Result<()> {
     let mut frame = Vec::with_capacity(1 << 16);
     let mut taken = Outbox::default();
     loop {
         front.wake.notified().await;
+        if !gather.is_zero() {
+            tokio::time::sleep(gather).await;
+        }
         {
             let mut outbox = front.outbox.lock().unwrap();
             std::mem::swap(&mut *outbox, &mut taken);
@@ -259,10 +266,11 @@ struct Args {
     core: String,
     keys: String,
     max_body: u64,
+    gather: Duration,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { listen: "127.0.0.1:0".into(), core: String::new(), keys: String::new(), max_body: 4 << 20 };
+    let mut args = Args { listen: "127.0.0.1:0".into(), core: String::new(), keys: String::new(), max_body: 4 << 20, gather: Duration::ZERO };
     let mut argv = std::env::args().skip(1);
     while let Some(flag) = argv.next() {
         let value = argv.next().ok_or(format!("{flag}: needs a value"))?;
@@ -271,11 +279,14 @@ fn parse_args() -> Result<Args, String> {
             "--core" => args.core = value,
             "--keys" => args.keys = value,
             "--max-body" => args.max_body = value.parse().map_err(|_| format!("--max-body: not a number: {value}"))?,
+            "--gather-us" => {
+                args.gather = Duration::from_micros(value.parse().map_err(|_| format!("--gather-us: not a number: {value}"))?)
+            }
             _ => return Err(format!("unknown flag {flag}")),
         }
     }
     if args.core.is_empty() || args.keys.is_empty() {
-        return Err("usage: ferry-rust-front --core SOCKET --keys FILE [--listen ADDR] [--max-body BYTES]".into());
+        return Err("usage: ferry-rust-front --core SOCKET --keys FILE [--listen ADDR] [--max-body BYTES] [--gather-us N]".into());
     }
     Ok(args)
 }
@@ -285,7 +296,7 @@ fn main() {
         eprintln!("rust_front: {e}");
         std::process::exit(2)
     });
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build().expect("a tokio runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build().expect("a tokio runtime");
     if let Err(e) = runtime.block_on(serve(args)) {
         eprintln!("rust_front: {e}");
         std::process::exit(1);
@@ -315,7 +326,7 @@ async fn serve(args: Args) -> Result<(), String> {
         return Err(format!("--listen: loopback only, got {address}"));
     }
     println!("rust_front: pid {} listening on http://{address}", std::process::id());
-    let writer = tokio::spawn(write_frames(front.clone(), to_core));
+    let writer = tokio::spawn(write_frames(front.clone(), to_core, args.gather));
     let reader = tokio::spawn(read_answers(front.clone(), from_core));
     let accepting = async {
         loop {
