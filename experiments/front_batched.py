@@ -104,16 +104,19 @@ class Batches:
     """What both hops share: a frame's requests into jobs (or refusals), a finished job's events
     into its answer; and how many frames and requests came, to tell how much batching there was."""
 
-    def __init__(self, route: FixedRoute, principals: list[tuple[str, str]]) -> None:
+    def __init__(self, route: FixedRoute, principals: list[tuple[str, str]], trace: bool = False) -> None:
         self.route = route
+        self.trace = trace  # a line on stderr for each frame with requests
         self.principals = principals  # key index -> (tier, tenant)
         self.pending: dict[int, tuple[Messages, Answer, Job]] = {}  # by request id
-        self.frames = self.requests = self.answer_frames = 0
+        self.frames = self.requests = self.answer_frames = self.cancelled = 0
 
     def jobs(self, requests: Requests) -> tuple[list[tuple[int, Job]], Answers]:
         """Each request's job by its id, and the answers of those refused before the core."""
         self.frames += 1
         self.requests += len(requests)
+        if self.trace and requests:
+            print(f"front_batched: took {len(requests)}", file=sys.stderr, flush=True)
         accepted, refused = [], []
         route = self.route
         for rid, key, body in requests:
@@ -140,12 +143,19 @@ class Batches:
             return rid, *refusal(exc)
 
     def drop(self, rid: int) -> bool:
-        """Forget a request whose client went away; False if it was answered already."""
+        """Forget a request that will not be answered by its job; False if it was answered already."""
         return self.pending.pop(rid, None) is not None
+
+    def cancel(self, rid: int) -> bool:
+        """Forget a request whose client went away; False if it was answered already."""
+        dropped = self.drop(rid)
+        self.cancelled += dropped
+        return dropped
 
     def report(self) -> str:
         return (f"front_batched: {self.requests} requests in {self.frames} frames "
-                f"({self.requests / max(self.frames, 1):.2f} a frame), {self.answer_frames} answer frames")
+                f"({self.requests / max(self.frames, 1):.2f} a frame), {self.answer_frames} answer frames, "
+                f"{self.cancelled} cancelled")
 
 
 class BatchedBridge(Bridge):
@@ -204,7 +214,7 @@ class BridgedCore(asyncio.Protocol):
             self.handles[rid] = handle
             self.rids[handle] = rid
         for rid in cancels:
-            if self.batches.drop(rid):
+            if self.batches.cancel(rid):
                 handle = self.handles.pop(rid)
                 del self.rids[handle]
                 bridge.cancel(handle)
@@ -263,7 +273,7 @@ class TrioCore:
             if rid in self.events:  # not shed at once
                 self.tickets[rid] = ticket
         for rid in cancels:
-            if self.batches.drop(rid) and rid in self.tickets:
+            if self.batches.cancel(rid) and rid in self.tickets:
                 self.backend.cancel(self.tickets.pop(rid))
                 del self.events[rid]
         if self.refused:
@@ -374,7 +384,7 @@ async def _cancel_on_first(signals: Any, scope: trio.CancelScope) -> None:
 
 def main(args: argparse.Namespace) -> None:
     config = parse_config(fixed_only(DEFAULT_TOML), "<front_batched>")  # what http_load's ferry runs
-    batches = Batches(FixedRoute(config), [(key.tier, key.tenant) for key in config.keys])
+    batches = Batches(FixedRoute(config), [(key.tier, key.tenant) for key in config.keys], args.trace)
     with tempfile.TemporaryDirectory(prefix="ferry-front-") as directory:
         scratch = Scratch(directory, config, args.gather_us)
         try:
@@ -396,6 +406,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gather-us", type=int, default=0,
                         help="the front waits this long after a request before it frames what came (a timer, "
                              "to measure what fuller frames save); 0: natural batching alone")
+    parser.add_argument("--trace", action="store_true", help="a line on stderr for each frame with requests")
     return parser.parse_args(argv)
 
 

@@ -22,15 +22,20 @@ from experiments.tests.system.test_front_cpu import post
 pytestmark = pytest.mark.skipif(not FRONT.exists(), reason="the Rust front is not built (its build.sh)")
 
 
+def start(*argv: str) -> tuple[subprocess.Popen, str]:
+    """``front_batched`` on the embedded default's fixed model with ``argv``; its URL."""
+    process = subprocess.Popen([sys.executable, "-m", "experiments.front_batched", *argv],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()  # type: ignore[union-attr]
+    assert "listening on http://" in line, f"front_batched did not start: {line!r}"
+    return process, line.rsplit(" ", 1)[1].strip()
+
+
 @pytest.fixture(scope="module", params=["bridge", "none"])
 def front(request):
-    """``front_batched`` on the embedded default's fixed model, either hop to the core; its URL."""
-    process = subprocess.Popen([sys.executable, "-m", "experiments.front_batched", "--hop", request.param],
-                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    process, url = start("--hop", request.param)
     try:
-        line = process.stdout.readline()  # type: ignore[union-attr]
-        assert "listening on http://" in line, f"front_batched did not start: {line!r}"
-        yield line.rsplit(" ", 1)[1].strip()
+        yield url
     finally:
         process.terminate()
         process.wait(60)
@@ -61,6 +66,29 @@ def test_concurrent_requests_each_get_their_own_answer(front):
     for i, (status, answer) in enumerate(replies):
         assert status == 200
         assert answer["content"][0]["text"] == f"User: request {i}"[::-1]
+
+
+@pytest.mark.parametrize("hop", ["bridge", "none"])
+def test_a_client_that_goes_away_before_its_answer_has_its_job_cancelled(hop):
+    """Each connection closes once the core has taken its request (the trace's line), which then
+    waits 150 ms for a batch with none other queued: the front tells the core, which takes the
+    job back (its stop report counts it)."""
+    process, url = start("--hop", hop, "--trace")
+    try:
+        address = urllib.parse.urlsplit(url)
+        messages = [{"role": "user", "content": "x"}]
+        body = json.dumps({"model": "ferry-fixed", "max_tokens": 8, "messages": messages})
+        for _ in range(3):
+            with socket.create_connection((address.hostname, address.port), timeout=30) as client:
+                client.sendall(f"POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: sk-ferry-demo-paid\r\n"
+                               f"content-length: {len(body)}\r\n\r\n{body}".encode())
+                while "took" not in process.stderr.readline():  # type: ignore[union-attr]
+                    pass
+        assert post(url, "sk-ferry-demo-paid")[0] == 200  # the core is still serving
+    finally:
+        process.terminate()
+        _, report = process.communicate(timeout=60)
+    assert "4 requests" in report and "3 cancelled" in report, report
 
 
 def test_a_body_declared_over_the_limit_gets_413_before_it_is_sent(front):
