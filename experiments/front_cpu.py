@@ -57,34 +57,59 @@ BARE = b'{"type":"message","content":[{"type":"text","text":"ok"}]}'
 JSON = "application/json"
 
 
+class FixedRoute:
+    """The fixed model's ``/v1/messages`` in the pieces a front assembles (the module docstring's
+    chain): a body and a principal's tier and tenant into a ``Job``; its events into a body."""
+
+    def __init__(self, config: FerryConfig) -> None:
+        self.model = config.models[0]
+        self.tokenizer = make_tokenizer(self.model.tokenizer)
+        self.template = make_template(self.model.chat_template, self.model.tokenizer)
+        self.safety = Blocklist(config.safety.blocklist, config.safety.refusal)
+        self.served = 0
+
+    def job(self, body: bytes, tier: str, tenant: str) -> tuple[Messages, Job]:
+        """The checked request and its job; :class:`~gateway.wire.api.ApiError` if it is wrong."""
+        codec = Messages.parse(body)
+        call = codec.call
+        prompt = self.template.render(call.system, call.turns, call.prefill)
+        sampling = call.sampling.replace(max_tokens=call.max_tokens or 1)
+        tokens = self.tokenizer.encode(prompt)
+        return codec, Job(prompt, tokens, sampling, tier, tenant, stop_sequences=call.stop_sequences)
+
+    def answer(self, job: Job) -> Answer:
+        """What reads the job's events."""
+        return Answer(job.stop_sequences, job.max_tokens, self.tokenizer, self.safety, False)
+
+    def body(self, codec: Messages, job: Job, reply: Answer) -> bytes:
+        """The finished answer's JSON; the job's error if it failed."""
+        completion = reply.completion()
+        self.served += 1
+        head = Head(f"msg_{self.served}", self.model.name, len(job.prompt_tokens), 0)
+        return codec.whole(head, completion, False)
+
+
+def refusal(error: api.ApiError) -> tuple[int, bytes]:
+    """A refused or failed request's status and (deliberately uninformative) body."""
+    return api.error_kind(error).status, b'{"type":"error"}'
+
+
 def fixed_route(config: FerryConfig, bridge: Bridge) -> Handler:
-    """The fixed model's ``/v1/messages`` (the module docstring's chain): a status and a body."""
-    model = config.models[0]
+    """The route as one handler a request at a time: the key, then :class:`FixedRoute`'s pieces."""
+    route = FixedRoute(config)
     keys = KeyRing(config.keys)
-    tokenizer = make_tokenizer(model.tokenizer)
-    template = make_template(model.chat_template, model.tokenizer)
-    safety = Blocklist(config.safety.blocklist, config.safety.refusal)
-    served = 0
 
     async def answer(headers: Mapping[str, str], body: bytes) -> tuple[int, bytes]:
-        nonlocal served
         try:
             principal = keys.authenticate(headers)
-            codec = Messages.parse(body)
-            call = codec.call
-            prompt = template.render(call.system, call.turns, call.prefill)
-            tokens = tokenizer.encode(prompt)
-            job = Job(prompt, tokens, call.sampling.replace(max_tokens=call.max_tokens or 1),
-                      principal.tier, principal.tenant, stop_sequences=call.stop_sequences)
-            handle = bridge.submit(model.name, job)
-            reply = Answer(job.stop_sequences, job.max_tokens, tokenizer, safety, False)
+            codec, job = route.job(body, principal.tier, principal.tenant)
+            handle = bridge.submit(route.model.name, job)
+            reply = route.answer(job)
             while not reply.done:
                 reply.push(await handle.wait())
-            completion = reply.completion()
+            return 200, route.body(codec, job, reply)
         except api.ApiError as exc:
-            return api.error_kind(exc).status, b'{"type":"error"}'
-        served += 1
-        return 200, codec.whole(Head(f"msg_{served}", model.name, len(tokens), 0), completion, False)
+            return refusal(exc)
 
     return answer
 

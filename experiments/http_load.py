@@ -13,6 +13,9 @@ of its threads, not its workers) before and after each run, to report CPU time p
     .venv/bin/python experiments/http_load.py --rate 1600 1800 2000 --duration 30   # a sweep
     .venv/bin/python experiments/http_load.py --rate 1600 1900 --duration 10 --before /tmp/before --rounds 2
 
+With ``--url`` it measures the processes named by ``--pid`` (several: a front and the core it
+feeds, as ``experiments/front_batched.py`` prints them), added up and each on its own line.
+
 ``--before DIR`` compares two trees side by side: the gateway of ``DIR`` (an export of an earlier
 commit: ``git archive REF | tar -x -C DIR``) and this tree's, each started fresh for every round,
 alternating which goes first, against the same arrivals; each row names its tree.
@@ -54,9 +57,10 @@ class Run:
     achieved_rate: float  # 200s per second, first arrival to last answer
     latency: Latency  # of the 200s, seconds
     errors: dict[str, int]  # status or exception name -> count
-    gateway_cpu_s: float | None
+    gateway_cpu_s: float | None  # every measured process together
     generator_cpu_s: float
     driver_lag_s: float
+    cpu_by_pid: dict[int, float] = dataclasses.field(default_factory=dict)  # each measured process
 
     @property
     def cpu_per_request_ms(self) -> float | None:
@@ -73,6 +77,11 @@ class Run:
         return (f"| {self.rate:,.0f} | {self.duration:g} s | {self.offered} | {self.achieved_rate:,.0f}/s | "
                 f"{t.p50 * ms:.0f} | {t.p95 * ms:.0f} | {t.p99 * ms:.0f} | {errors} | {cpu} | "
                 f"{self.generator_cpu_s * 1000 / max(self.offered, 1):.3f} | {self.driver_lag_s * ms:.1f} |")
+
+    def by_process(self) -> str:
+        """CPU ms per request of each measured process, when there are several."""
+        offered = max(self.offered, 1)
+        return ", ".join(f"pid {pid}: {1000 * cpu / offered:.3f}" for pid, cpu in self.cpu_by_pid.items())
 
 
 HEADER = (
@@ -94,7 +103,7 @@ def own_cpu() -> float:
 
 
 async def run_once(session: aiohttp.ClientSession, url: str, body: bytes, rate: float, duration: float,
-                   timeout: float, seed: int, pid: int | None) -> Run:
+                   timeout: float, seed: int, pids: list[int]) -> Run:
     times = poisson(rate, duration, seed)
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
@@ -118,7 +127,7 @@ async def run_once(session: aiohttp.ClientSession, url: str, body: bytes, rate: 
         else:
             errors[str(status)] += 1
 
-    cpu_before = process_cpu(pid) if pid else None
+    cpu_before = [process_cpu(pid) for pid in pids]
     own_before = own_cpu()
     start = loop.time() + 0.05
     pending: set[asyncio.Task] = set()  # finished tasks are dropped at once: a heap that grows
@@ -137,10 +146,10 @@ async def run_once(session: aiohttp.ClientSession, url: str, body: bytes, rate: 
             task.cancel()
         if unfinished:
             errors["unfinished"] += len(unfinished)
-    gateway_cpu = process_cpu(pid) - cpu_before if pid and cpu_before is not None else None
+    spent = {pid: process_cpu(pid) - before for pid, before in zip(pids, cpu_before, strict=True)}
     span = last_answer - start if last_answer else float("nan")
     return Run(rate, duration, len(times), len(latencies), len(latencies) / span, Latency.of(latencies),
-               dict(errors), gateway_cpu, own_cpu() - own_before, lag)
+               dict(errors), sum(spent.values()) if pids else None, own_cpu() - own_before, lag, spent)
 
 
 def fixed_only(toml: str) -> str:
@@ -186,10 +195,10 @@ async def main(args: argparse.Namespace) -> list[Run]:
 async def against(args: argparse.Namespace, root: pathlib.Path) -> list[Run]:
     """Every rate of ``args`` against the gateway at ``--url``, or one started from ``root``."""
     process = None
-    url, pid = args.url, args.pid
+    url, pids = args.url, [int(pid) for pids in args.pid for pid in pids.split(",")]
     if url is None:
         process, url = start_gateway(args.config, root)
-        pid = process.pid
+        pids = [process.pid]
     if aiohttp.client.URL(url).host not in LOOPBACK:
         raise SystemExit(f"--url: loopback only, got {url}")
     body = json.dumps({"model": args.model, "max_tokens": 64,
@@ -202,10 +211,11 @@ async def against(args: argparse.Namespace, root: pathlib.Path) -> list[Run]:
         async with aiohttp.ClientSession(connector=connector, headers=headers, timeout=timeout) as session:
             for rate in args.rate:
                 with collector_off():  # its pauses would be charged to the server as latency
-                    run = await run_once(
-                        session, f"{url}/v1/messages", body, rate, args.duration, args.timeout, args.seed, pid
-                    )
+                    run = await run_once(session, f"{url}/v1/messages", body, rate, args.duration,
+                                         args.timeout, args.seed, pids)
                 print(run.row(), flush=True)
+                if len(pids) > 1:
+                    print(f"CPU ms/req by process: {run.by_process()}", flush=True)
                 runs.append(run)
                 await asyncio.sleep(1.0)  # let the queues drain between rates
     finally:
@@ -224,7 +234,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--url", help="a running gateway (loopback); default: start ferry serve here")
     parser.add_argument("--before", help="also a gateway from this tree, alternated with this one's")
     parser.add_argument("--rounds", type=int, default=1, help="with --before: rounds of both trees")
-    parser.add_argument("--pid", type=int, help="with --url: the gateway's pid, for its CPU time")
+    parser.add_argument("--pid", action="append", default=[],
+                        help="with --url: the gateway's pid, for its CPU time; several (repeated, or A,B): "
+                             "their CPU added up, and shown each")
     parser.add_argument("--config", help="without --url: the config ferry serve starts with")
     parser.add_argument("--key", default="sk-ferry-demo-paid")
     parser.add_argument("--model", default="ferry-fixed")
