@@ -20,7 +20,6 @@ from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.kv_transfer import KvTransfer
 from workers.engine.loop import EngineLoop, step_messages
-from workers.engine.runner import ModelRunner
 from workers.kv_manifest import SHM_DIR, discard
 from workers.protocol import (
     Add,
@@ -42,11 +41,6 @@ SEEDED = Sampling(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=77, 
 SHARED = ("You are a helpful assistant. You answer every question in one short sentence, plainly, "
           "without lists or headings, and you never repeat the question. Question: ")
 
-
-@pytest.fixture(scope="module")
-def decode_runner(smollm2):
-    """A second SmolLM2 in float32 with its own cache: the decode engine's."""
-    return ModelRunner(smollm2, num_blocks=64)
 
 
 def new_engine(runner) -> Engine:

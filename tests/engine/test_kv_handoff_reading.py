@@ -12,12 +12,9 @@ import os
 import threading
 import time
 
-import pytest
-
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.kv_transfer import KvTransfer
-from workers.engine.runner import ModelRunner
 from workers.engine.serve import run
 from workers.protocol import (
     Abort,
@@ -36,11 +33,6 @@ BUSY = Sampling(max_tokens=600, temperature=0.0, ignore_eos=True)  # decodes all
 HANDED, RUNNING = 1, 2
 PIPE_BYTES = 1 << 16
 
-
-@pytest.fixture(scope="module")
-def decode_runner(smollm2):
-    """A second SmolLM2 in float32 with its own cache: the decode engine's."""
-    return ModelRunner(smollm2, num_blocks=64)
 
 
 def new_engine(runner) -> Engine:

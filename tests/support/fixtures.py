@@ -109,3 +109,12 @@ def smollm2_runner(smollm2):
     from workers.engine.runner import ModelRunner
 
     return ModelRunner(smollm2, num_blocks=64)
+
+
+@pytest.fixture(scope="module")
+def decode_runner(smollm2):
+    """A second SmolLM2 in float32 with its own cache: a decode engine's, beside ``smollm2_runner``
+    as the prefill engine's, for the hand-off tests."""
+    from workers.engine.runner import ModelRunner
+
+    return ModelRunner(smollm2, num_blocks=64)
