@@ -32,16 +32,6 @@ from collections.abc import Iterator, Mapping
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Call:
-    """A worker's call in progress, as the forecast reads it."""
-
-    since: float
-    """When it started: when it was sent to an idle worker, or when the call it waited behind ended."""
-    followed: bool
-    """Whether a batch waits in the worker's pipe to run after it."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class Openings:
     """The forecast at one moment over the live workers: up, and not leaving (see the module doc)."""
 
@@ -98,3 +88,13 @@ class Openings:
     def _opens_at(self, call: Call) -> float:
         """When a call comes within ``dispatch_ahead`` of its expected end."""
         return call.since + self.call_seconds - self.dispatch_ahead
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """A worker's call in progress, as the forecast reads it."""
+
+    since: float
+    """When it started: when it was sent to an idle worker, or when the call it waited behind ended."""
+    followed: bool
+    """Whether a batch waits in the worker's pipe to run after it."""
