@@ -6,7 +6,8 @@ the worker its life; an error reply or a wrong output count fails the call alone
 batch goes to the retry backlog (:mod:`batcher.fixed.retries`: retried, bisected, or failed by
 its deadline plus one ``hang_timeout``), which idle workers drain first; a slow fleet stretches
 the hang limit, within a cap (docs/fixed-mode.md, "What happens when a worker fails"). Which
-slots a scaler has staffed is kept in :class:`~batcher.core.staffing.Staffing`; the pool acts on it."""
+slots a scaler has staffed is kept in :class:`~batcher.core.staffing.Staffing`; the pool acts on it.
+When each worker takes its next batch (dispatch ahead) is forecast by :mod:`batcher.fixed.opening`."""
 
 from __future__ import annotations
 
