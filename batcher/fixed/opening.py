@@ -21,24 +21,38 @@ each worker takes a batch (``free_in``, what admission plans its waits and Retry
 request leaves the queue when its batch is framed, not when its call starts, so a busy worker
 counts as free ``dispatch_ahead`` before its call should end).
 
-Pure: a snapshot of the live workers at one moment, which
-:meth:`~batcher.fixed.pool.WorkerPool.openings` takes for each decision."""
+Pure: a view of the live workers at one moment, which :meth:`~batcher.fixed.pool.WorkerPool.openings`
+takes for each decision and which is read at once (it reads the pool's slots as they are)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+
+class Busy(Protocol):
+    """A worker in a call, as the forecast reads it (the pool's :class:`~batcher.fixed.slot.Slot`)."""
+
+    @property
+    def busy_since(self) -> float:
+        """When its call started: when it was sent to an idle worker, or when the call it waited
+        behind ended."""
+
+    @property
+    def ahead(self) -> object | None:
+        """The batch waiting in its pipe to run after the call, if any."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Openings:
-    """The forecast at one moment over the live workers: up, and not leaving (see the module doc)."""
+    """The forecast over the live workers (up, and not leaving), as they are (see the module doc)."""
 
     idle: int
     """Idle workers waiting for a batch."""
-    calls: Mapping[int, Call | None]
-    """Each live worker by slot index, in slot order: its call, or None while it is idle."""
+    live: Mapping[int, Busy | None]
+    """Each live worker by slot index, in slot order: the worker while in a call, None while idle."""
     call_seconds: float
     """The recent duration of an answered call (0 until the first answer)."""
     dispatch_ahead: float
@@ -58,15 +72,15 @@ class Openings:
         if not self._ahead_allowed():
             return []
         window = 2 * self.dispatch_ahead
-        opening = [(opens, index) for index, call in self._followable()
-                   if (opens := self._opens_at(call)) <= now < opens + window]
+        opening = [(opens, index) for index, worker in self._followable()
+                   if (opens := self._opens_at(worker)) <= now < opens + window]
         return [index for _, index in sorted(opening)]
 
     def next_opening(self, now: float) -> float:
         """When the next busy worker comes within ``dispatch_ahead`` of its call's end (inf: none will)."""
         if not self._ahead_allowed():
             return math.inf
-        return min((opens for _, call in self._followable() if (opens := self._opens_at(call)) > now),
+        return min((opens for _, worker in self._followable() if (opens := self._opens_at(worker)) > now),
                    default=math.inf)
 
     def free_in(self, now: float) -> list[float]:
@@ -75,26 +89,17 @@ class Openings:
         follow it, less ``dispatch_ahead`` where a batch may be sent ahead."""
         seconds = self.call_seconds
         lead = self.dispatch_ahead if self._ahead_allowed() else 0.0
-        return [max(0.0, call.since + seconds * (2 if call.followed else 1) - lead - now)
-                if call is not None else 0.0 for call in self.calls.values()]
+        return [max(0.0, worker.busy_since + seconds * (1 if worker.ahead is None else 2) - lead - now)
+                if worker is not None else 0.0 for worker in self.live.values()]
 
-    def _followable(self) -> Iterator[tuple[int, Call]]:
+    def _followable(self) -> Iterator[tuple[int, Busy]]:
         """The busy workers with no batch waiting in their pipe yet."""
-        return ((index, call) for index, call in self.calls.items() if call is not None and not call.followed)
+        return ((index, worker) for index, worker in self.live.items()
+                if worker is not None and worker.ahead is None)
 
     def _ahead_allowed(self) -> bool:
         return self.dispatch_ahead > 0 and self.call_seconds > 0 and not self.retrying
 
-    def _opens_at(self, call: Call) -> float:
-        """When a call comes within ``dispatch_ahead`` of its expected end."""
-        return call.since + self.call_seconds - self.dispatch_ahead
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Call:
-    """A worker's call in progress, as the forecast reads it."""
-
-    since: float
-    """When it started: when it was sent to an idle worker, or when the call it waited behind ended."""
-    followed: bool
-    """Whether a batch waits in the worker's pipe to run after it."""
+    def _opens_at(self, worker: Busy) -> float:
+        """When a worker's call comes within ``dispatch_ahead`` of its expected end."""
+        return worker.busy_since + self.call_seconds - self.dispatch_ahead

@@ -26,7 +26,7 @@ from batcher.core.scaler import Fleet, leaving
 from batcher.core.staffing import Staffing
 from batcher.core.supervisor import Readiness, SlotStartError, Supervisor, start_slots
 from batcher.fixed.counters import BatchCounters
-from batcher.fixed.opening import Call, Openings
+from batcher.fixed.opening import Openings
 from batcher.fixed.replies import reply_fault
 from batcher.fixed.request import Batch, Request, RequestState
 from batcher.fixed.retries import RetryBacklog
@@ -111,11 +111,10 @@ class WorkerPool:
     def openings(self) -> Openings:
         """When each live worker takes its next batch, forecast from the workers as they are now
         (:mod:`batcher.fixed.opening`): what the batcher flushes by and admission plans with."""
-        busy = SlotState.BUSY
-        calls = {slot.index: Call(slot.busy_since, slot.ahead is not None) if slot.state is busy else None
-                 for slot in self._slots if self._taking(slot)}
+        live = {slot.index: slot if slot.state is SlotState.BUSY else None
+                for slot in self._slots if self._taking(slot)}
         ahead = self.config.dispatch_ahead
-        return Openings(len(self._idle), calls, self.call_seconds, ahead, retrying=bool(self._retry))
+        return Openings(len(self._idle), live, self.call_seconds, ahead, retrying=bool(self._retry))
 
     def workers(self) -> list[WorkerInfo]:
         """Every staffed slot (a stopped one, which a scaler may staff later, is left out)."""
