@@ -264,9 +264,9 @@ class Batcher:
                     queue.push(request)
             if queue.count:
                 self._expire(now)
-            deadline = queue.next_deadline()
+            deadline, openings = queue.next_deadline(), pool.openings()
             decision = policy.decide(
-                QueueState(now, queue.count, queue.oldest_arrival(), pool.takers(now), deadline)
+                QueueState(now, queue.count, queue.oldest_arrival(), openings.takers(now), deadline)
             )
             if isinstance(decision, Flush):
                 batch = queue.take(decision.size, now)
@@ -277,7 +277,7 @@ class Batcher:
             self._wake_at_count = decision.queued
             self._wake_at_time = wake = min(decision.until, _drop_time(deadline, drop_before))
             if queue.count:  # a busy worker nearing the end of its call may take the next batch
-                wake = min(wake, pool.next_opening(now))
+                wake = min(wake, openings.next_opening(now))
             if self._arrivals is not None:  # with admission, each arrival is judged on time
                 more = 1 if self.admission is not None else decision.queued - queue.count
                 wake = min(wake, self._arrivals.next_wake(more, wake, drop_before))
@@ -296,7 +296,8 @@ class Batcher:
         limit: int = getattr(self.policy, "limit", 0)  # optional attributes of a policy
         batch: int = limit or getattr(self.policy, "max_batch", 1)
         arrivals = self.admission.arrivals(now) if self.admission is not None else ()
-        return BatchLoad(queued, tuple(self.pool.free_in(now)), batch, self.pool.call_seconds, arrivals)
+        free_in = tuple(self.pool.openings().free_in(now))
+        return BatchLoad(queued, free_in, batch, self.pool.call_seconds, arrivals)
 
     def _seen_by(self, load: BatchLoad, tier: int, tenant: str) -> BatchLoad:
         """``load`` as a new request of ``tenant`` in ``tier`` sees it: of its tier's queue, the

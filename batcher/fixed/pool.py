@@ -6,7 +6,8 @@ the worker its life; an error reply or a wrong output count fails the call alone
 batch goes to the retry backlog (:mod:`batcher.fixed.retries`: retried, bisected, or failed by
 its deadline plus one ``hang_timeout``), which idle workers drain first; a slow fleet stretches
 the hang limit, within a cap (docs/fixed-mode.md, "What happens when a worker fails"). Which
-slots a scaler has staffed is kept in :class:`~batcher.core.staffing.Staffing`; the pool acts on it."""
+slots a scaler has staffed is kept in :class:`~batcher.core.staffing.Staffing`; the pool acts on it.
+When each worker takes its next batch (dispatch ahead) is forecast by :mod:`batcher.fixed.opening`."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from batcher.core.scaler import Fleet, leaving
 from batcher.core.staffing import Staffing
 from batcher.core.supervisor import Readiness, SlotStartError, Supervisor, start_slots
 from batcher.fixed.counters import BatchCounters
+from batcher.fixed.opening import Openings
 from batcher.fixed.replies import reply_fault
 from batcher.fixed.request import Batch, Request, RequestState
 from batcher.fixed.retries import RetryBacklog
@@ -106,48 +108,13 @@ class WorkerPool:
             return None
         return self.staffing.cold(now, budget)
 
-    def free_in(self, now: float) -> list[float]:
-        """Seconds until each live worker can take a batch: 0 if idle, else what remains of its
-        call at the recent call time (0 once overdue), and of the batch waiting to follow it,
-        less ``dispatch_ahead`` where a batch may be framed ahead: a request leaves the queue
-        when its batch is framed, not when its call starts. Admission plans with it
-        (``BatchLoad``), so its waits and Retry-Afters count to that moment."""
-        seconds, busy = self.call_seconds, SlotState.BUSY
-        lead = self.config.dispatch_ahead if self._ahead_allowed() else 0.0
-        return [max(0.0, s.busy_since + seconds * (1 if s.ahead is None else 2) - lead - now)
-                if s.state is busy else 0.0 for s in self._slots if self._taking(s)]
-
-    def takers(self, now: float) -> int:
-        """Workers that may be sent a batch now: the idle ones, and those whose call ends within
-        ``dispatch_ahead`` with no batch waiting to follow it."""
-        return len(self._idle) + sum(1 for slot in self._slots if self._open(slot, now))
-
-    def next_opening(self, now: float) -> float:
-        """When the next busy worker comes within ``dispatch_ahead`` of its call's end (inf: none will)."""
-        if not self._ahead_allowed():
-            return math.inf
-        return min((opens for slot in self._slots if self._may_follow(slot)
-                    and (opens := self._opens_at(slot)) > now), default=math.inf)
-
-    def _open(self, slot: Slot, now: float) -> bool:
-        """Whether a busy worker takes its next batch ahead now: its call should end within
-        ``dispatch_ahead`` (not one already past that, which may be hung), none waits to follow,
-        it is not leaving, and no failed batch waits for an idle worker (a retry goes before new
-        batches)."""
-        if not self._may_follow(slot) or not self._ahead_allowed():
-            return False
-        opens = self._opens_at(slot)
-        return opens <= now < opens + 2 * self.config.dispatch_ahead
-
-    def _may_follow(self, slot: Slot) -> bool:
-        """A busy worker that stays, with no batch waiting in its pipe yet."""
-        return slot.state is SlotState.BUSY and slot.ahead is None and slot.index not in self.staffing.leaving
-
-    def _ahead_allowed(self) -> bool:
-        return self.config.dispatch_ahead > 0 and self.call_seconds > 0 and not self._retry
-
-    def _opens_at(self, slot: Slot) -> float:
-        return slot.busy_since + self.call_seconds - self.config.dispatch_ahead
+    def openings(self) -> Openings:
+        """When each live worker takes its next batch, forecast from the workers as they are now
+        (:mod:`batcher.fixed.opening`): what the batcher flushes by and admission plans with."""
+        live = {slot.index: slot if slot.state is SlotState.BUSY else None
+                for slot in self._slots if self._taking(slot)}
+        ahead = self.config.dispatch_ahead
+        return Openings(len(self._idle), live, self.call_seconds, ahead, retrying=bool(self._retry))
 
     def workers(self) -> list[WorkerInfo]:
         """Every staffed slot (a stopped one, which a scaler may staff later, is left out)."""
@@ -167,13 +134,12 @@ class WorkerPool:
 
     def dispatch(self, requests: list[Request], reason: str, now: float) -> Batch:
         """Hand a new batch to the lowest idle worker, else to the busy one nearest the end of
-        its call (:meth:`takers`: the caller has checked there is one), whose pipe it waits in.
+        its call (:meth:`openings`: the caller has checked there is one), whose pipe it waits in.
 
         ``now`` is the clock reading the batcher formed the batch at: its requests' deadlines
         were checked against it, so their dispatch time and queue wait are counted from it too
         (a loop busy failing expired requests may read the clock again milliseconds later)."""
-        ending = None if self._idle else min(
-            (slot for slot in self._slots if self._open(slot, now)), key=self._opens_at, default=None)
+        ending = None if self._idle else next(iter(self.openings().ahead_takers(now)), None)
         if not self._idle and ending is None:
             raise RuntimeError("dispatch needs an idle worker, or one ending its call")
         waits = self.counters.queue_wait
@@ -185,8 +151,9 @@ class WorkerPool:
         if ending is None:
             self._send(self._idle.pop(0), batch)
         else:
-            ending.ahead = batch
-            self._frame(ending, batch)
+            slot = self._slots[ending]
+            slot.ahead = batch
+            self._frame(slot, batch)
         return batch
 
     def cancelled(self, request: Request) -> None:
