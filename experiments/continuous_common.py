@@ -23,7 +23,7 @@ from workers.engine.cost_model import A100, PRESETS, CostModel
 from workers.engine.engine import Engine
 from workers.engine.interface import StepOutput
 from workers.engine.simulated import SimulatedRunner
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 SEVENTY_B = PRESETS["llama-70b"]  # on 8 x H100
 KV_BLOCKS_70B = 400 * 10**9 // (SEVENTY_B.shape.kv_bytes_per_token * 16)  # 400 GB of KV in blocks of 16

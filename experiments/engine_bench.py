@@ -36,7 +36,7 @@ from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.runner import ModelRunner
 from workers.models import Generate
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 BLOCK = 16  # tokens a KV block holds (the runner's default)
 

@@ -24,7 +24,7 @@ from experiments.common import markdown
 from workers.convert import ensure_converted
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.runner import ModelRunner
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 PROMPTS = [
     "What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis simply.",

@@ -31,7 +31,7 @@ from experiments.common import markdown
 from workers.convert import ensure_converted
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.runner import ModelRunner
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 GREEDY = Sampling(max_tokens=1 << 20, ignore_eos=True)
 

@@ -117,7 +117,7 @@ class Generate:
         until every row has ended (``experiments/engine_bench.py`` gives each its own length)."""
         from workers.engine.config import EngineConfig
         from workers.engine.engine import Engine
-        from workers.protocol import Sampling
+        from workers.sampling import Sampling
 
         runner = self._runner
         budget = max(len(prompts), sum(map(len, prompts)))  # the whole batch's prefill in one step

@@ -40,7 +40,8 @@ from workers.engine.interface import SequenceEnd, StepOutput, StepWatch
 from workers.engine.loop import STOPS
 from workers.engine.sequence import FinishReason
 from workers.engine.serve import BAD_START, serve
-from workers.protocol import EngineStats, Sampling, Usage
+from workers.protocol import EngineStats, Usage
+from workers.sampling import Sampling
 
 ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process (see the module doc)

@@ -29,8 +29,8 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from batcher.core.admission import Load
 from batcher.core.config import QueueConfig
 from batcher.core.counters import Counters
-from workers.protocol import Sampling as Sampling  # re-exported: the gateway imports them from here
 from workers.protocol import Usage as Usage
+from workers.sampling import Sampling as Sampling  # re-exported: the gateway imports them from here
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from workers.engine.cpu.allocator import keep_freed_memory
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.runner import ModelRunner
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 torch.set_num_threads(1)
 if sys.argv[2] == "keep":

@@ -14,7 +14,8 @@ from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.interface import SequenceEnd
 from workers.engine.sequence import FinishReason
-from workers.protocol import EngineStats, Sampling, Usage
+from workers.protocol import EngineStats, Usage
+from workers.sampling import Sampling
 
 
 class Clock:

@@ -27,7 +27,8 @@ from workers.engine.engine import Engine
 from workers.engine.interface import SequenceEnd
 from workers.engine.runner import ModelRunner
 from workers.engine.sequence import FinishReason
-from workers.protocol import Sampling, Usage
+from workers.protocol import Usage
+from workers.sampling import Sampling
 
 
 @dataclasses.dataclass(frozen=True)

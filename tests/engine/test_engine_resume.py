@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 SAMPLINGS = {
     "greedy": Sampling(max_tokens=14, ignore_eos=True),

@@ -30,11 +30,11 @@ from workers.protocol import (
     KvTaken,
     Message,
     ProtocolError,
-    Sampling,
     SequenceFinished,
     Tokens,
     encode,
 )
+from workers.sampling import Sampling
 
 GREEDY = Sampling(max_tokens=12, ignore_eos=True)
 SEEDED = Sampling(max_tokens=12, temperature=0.9, top_p=0.9, top_k=50, seed=77, ignore_eos=True)

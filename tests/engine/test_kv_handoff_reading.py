@@ -16,17 +16,8 @@ from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.kv_transfer import KvTransfer
 from workers.engine.serve import run
-from workers.protocol import (
-    Abort,
-    Add,
-    FrameDecoder,
-    KvExported,
-    KvHandoff,
-    Message,
-    Sampling,
-    Tokens,
-    encode,
-)
+from workers.protocol import Abort, Add, FrameDecoder, KvExported, KvHandoff, Message, Tokens, encode
+from workers.sampling import Sampling
 
 GREEDY = Sampling(max_tokens=4, ignore_eos=True)
 BUSY = Sampling(max_tokens=600, temperature=0.0, ignore_eos=True)  # decodes all along

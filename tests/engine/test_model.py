@@ -20,7 +20,7 @@ from workers.engine.attention import partition, plan_attention
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.checkpoint import LlamaConfig, Rope, read_rope
 from workers.engine.runner import ModelRunner
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 GREEDY = Sampling(max_tokens=64)
 DEVICES = [

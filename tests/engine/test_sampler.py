@@ -9,7 +9,7 @@ import torch
 
 from workers.engine.batch import Sample
 from workers.engine.sampler import Sampler, stream_key
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 VOCAB = 1000
 

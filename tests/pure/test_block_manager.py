@@ -15,7 +15,7 @@ from workers.engine.block_manager import BlockManager, FreeBlockQueue, cdiv
 from workers.engine.config import EngineConfig
 from workers.engine.engine import Engine
 from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 
 def running(bm: BlockManager, rid: int, tokens: list[int], tenant: str = "") -> Sequence:

@@ -13,7 +13,7 @@ from workers.engine.cost_model import H100, LLAMA_70B, PRESETS, SMOLLM2_135M, Co
 from workers.engine.engine import Engine
 from workers.engine.sequence import FinishReason
 from workers.engine.simulated import SimulatedRunner
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 SEVENTY_B = PRESETS["llama-70b"]  # on 8 x H100
 

@@ -30,7 +30,7 @@ from workers.engine.cost_model import PRESETS
 from workers.engine.engine import Engine
 from workers.engine.scheduler import Scheduler
 from workers.engine.simulated import SimulatedRunner
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 ANSWERED, CHOOSE = replay.Prompts.answered, Router.choose
 

@@ -19,11 +19,11 @@ from workers.protocol import (
     KvBlocks,
     ProtocolError,
     Ready,
-    Sampling,
     SequenceFinished,
     StepBegun,
     Tokens,
 )
+from workers.sampling import Sampling
 
 EOS = 2
 

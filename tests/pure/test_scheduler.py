@@ -8,7 +8,7 @@ import pytest
 from workers.engine.config import EngineConfig
 from workers.engine.scheduler import Schedule, Scheduler
 from workers.engine.sequence import FinishReason, Sequence, SequenceStatus
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 EOS = 2
 FOREVER = Sampling(max_tokens=10_000, ignore_eos=True)

@@ -13,7 +13,7 @@ from workers.engine.cost_model import SMOLLM2_135M, UNBOUNDED, CostModel, Overhe
 from workers.engine.scheduler import Scheduler
 from workers.engine.seats import Seats, longest_context, who_yields
 from workers.engine.sequence import Sequence, SequenceStatus
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 # a decode step: 10 ms, plus 2 ms a sequence, plus 1 us a context token
 COST = CostModel(SMOLLM2_135M, UNBOUNDED, Overhead(step=0.010, seq=0.002, context=1e-6))

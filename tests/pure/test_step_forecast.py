@@ -15,7 +15,8 @@ from workers.engine.engine import Engine
 from workers.engine.loop import EngineLoop
 from workers.engine.simulated import SimulatedRunner
 from workers.engine.step_forecast import ANNOUNCED, StepForecast
-from workers.protocol import Add, Sampling
+from workers.protocol import Add
+from workers.sampling import Sampling
 
 # a CPU as `ferry fit` prices one: 20 ms a step, 1 ms a computed token
 CPU = CostModel(SMOLLM2_135M, UNBOUNDED, Overhead(step=0.02, token=0.001))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from workers.engine.checkpoint import read_config, read_tensors
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 
 class NaiveLlama:

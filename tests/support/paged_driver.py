@@ -20,7 +20,7 @@ import torch
 
 from workers.engine.batch import ForwardBatch, Sample
 from workers.engine.runner import ModelRunner
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 
 @dataclasses.dataclass

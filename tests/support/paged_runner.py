@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from workers.engine.batch import BatchRunner, ForwardBatch
 from workers.engine.sequence import FinishReason
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 VOCAB = 40
 EOS = 0

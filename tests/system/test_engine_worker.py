@@ -34,11 +34,11 @@ from workers.protocol import (
     Message,
     Ready,
     RunBatch,
-    Sampling,
     SequenceFinished,
     Tokens,
     encode,
 )
+from workers.sampling import Sampling
 
 ENGINE = [
     "engine",

@@ -33,7 +33,7 @@ import numpy as np
 
 from workers.engine.scheduler import Schedule
 from workers.engine.sequence import Sequence as EngineSequence
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

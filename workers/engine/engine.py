@@ -21,7 +21,8 @@ from workers.engine.cost_model import CostModel
 from workers.engine.interface import SequenceEnd, StepOutput, StepWatch
 from workers.engine.scheduler import Schedule, Scheduler
 from workers.engine.sequence import Sequence
-from workers.protocol import EngineStats, Sampling, Usage
+from workers.protocol import EngineStats, Usage
+from workers.sampling import Sampling
 
 GREEDY = Sampling()
 

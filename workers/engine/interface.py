@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from workers.engine.sequence import FinishReason
-from workers.protocol import EngineStats, Sampling, Usage
+from workers.protocol import EngineStats, Usage
+from workers.sampling import Sampling
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ import dataclasses
 import enum
 import math
 
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 
 class SequenceStatus(enum.Enum):

@@ -28,7 +28,7 @@ from workers.engine.cost_model import SMOLLM2_135M, UNBOUNDED, CostModel, Hardwa
 from workers.engine.engine import Engine
 from workers.engine.fit.cost_fit import Fit, Measured, fit, measured, save
 from workers.engine.scheduler import Schedule
-from workers.protocol import Sampling
+from workers.sampling import Sampling
 
 ENDLESS = Sampling(max_tokens=1 << 16, ignore_eos=True)  # greedy, as long as the run needs
 
