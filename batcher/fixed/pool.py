@@ -5,9 +5,10 @@ serves it batches one by one. A call that crashes the worker, breaks the protoco
 the worker its life; an error reply or a wrong output count fails the call alone. Either way the
 batch goes to the retry backlog (:mod:`batcher.fixed.retries`: retried, bisected, or failed by
 its deadline plus one ``hang_timeout``), which idle workers drain first; a slow fleet stretches
-the hang limit, within a cap (docs/fixed-mode.md, "What happens when a worker fails"). Which
-slots a scaler has staffed is kept in :class:`~batcher.core.staffing.Staffing`; the pool acts on it.
-When each worker takes its next batch (dispatch ahead) is forecast by :mod:`batcher.fixed.opening`."""
+the hang limit, within a cap (:mod:`batcher.fixed.call_time`; docs/fixed-mode.md, "What happens
+when a worker fails"). Which slots a scaler has staffed is kept in
+:class:`~batcher.core.staffing.Staffing`; the pool acts on it. When each worker takes its next
+batch (dispatch ahead) is forecast by :mod:`batcher.fixed.opening`."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from batcher.core.errors import Starting, WorkersFailed
 from batcher.core.scaler import Fleet, leaving
 from batcher.core.staffing import Staffing
 from batcher.core.supervisor import Readiness, SlotStartError, Supervisor, start_slots
+from batcher.fixed.call_time import CallTime
 from batcher.fixed.counters import BatchCounters
 from batcher.fixed.opening import Openings
 from batcher.fixed.replies import reply_fault
@@ -34,12 +36,6 @@ from batcher.fixed.slot import SERVING, Slot, SlotState, Spawn, Worker, WorkerIn
 from workers.protocol import NotDelivered, ProtocolError, Result, RunBatch, Skip, WorkerLost
 
 log = logging.getLogger("ferry.pool")
-
-SLOW_CALLS = 3.0
-"""A call may run this many recent call times before it counts as hung (if over hang_timeout)."""
-MAX_STRETCH = 8.0
-"""However slow the fleet, a call that runs past this many hang_timeouts is hung."""
-
 
 class WorkerPool:
     def __init__(self, config: PoolConfig, spawn: Spawn, counters: BatchCounters | None = None,
@@ -53,8 +49,8 @@ class WorkerPool:
         in its pipe (it may then be sent the next one ahead): the batcher's wake-up."""
         self.on_answer: Callable[[int, float], None] = lambda size, seconds: None
         """Called with (batch size, seconds) for every call answered in full: policy feedback."""
-        self.call_seconds = 0.0
-        """Recent duration of an answered call (an EWMA; 0 until the first answer)."""
+        self.call_time = CallTime(config.hang_timeout)
+        """The recent call time, and the hang limits it paces."""
         self._slots = [Slot(index) for index in range(config.workers)]
         for slot in self._slots:
             slot.supervisor = Supervisor(
@@ -76,6 +72,11 @@ class WorkerPool:
         self._probe: Request | None = None  # the probe call in flight, if any
 
     @property
+    def call_seconds(self) -> float:
+        """Recent duration of an answered call (an EWMA; 0 until the first answer)."""
+        return self.call_time.seconds
+
+    @property
     def busy_count(self) -> int:
         return sum(slot.state is SlotState.BUSY for slot in self._slots)
 
@@ -93,8 +94,9 @@ class WorkerPool:
         and a call has been answered since every slot last lost its worker, if that ever happened.
 
         A worker is hung once its call has run past the hang timeout (or the slow fleet's longer
-        allowance, :meth:`_paced`), even while supervision still lets a batch that hung before
-        run longer: with every worker up hung, nothing the fleet is sent can start."""
+        allowance, :meth:`~batcher.fixed.call_time.CallTime.paced`), even while supervision still
+        lets a batch that hung before run longer: with every worker up hung, nothing the fleet is
+        sent can start."""
         now = trio.current_time()
         if not self.staffing.staffed:  # scaled to zero: a request starts a worker, so it takes traffic
             return True
@@ -125,10 +127,10 @@ class WorkerPool:
                 for slot in self._slots if slot.index not in self.staffing.stopped]
 
     def _state(self, slot: Slot, now: float) -> SlotState:
-        """A slot's state as reported: a leaving one reads DRAINING, BUSY past :meth:`_paced` HUNG."""
+        """A slot's state as reported: a leaving one reads DRAINING, BUSY past the paced hang limit HUNG."""
         if slot.index in self.staffing.leaving:
             return SlotState.DRAINING
-        if slot.state is SlotState.BUSY and now - slot.busy_since > self._paced():
+        if slot.state is SlotState.BUSY and now - slot.busy_since > self.call_time.paced():
             return SlotState.HUNG
         return slot.state
 
@@ -282,7 +284,7 @@ class WorkerPool:
                 slot.busy_since = trio.current_time()
                 self.on_idle()  # its pipe is empty again: it may take the next batch ahead
             started = trio.current_time()
-            timeout = self._hang_timeout(batch)
+            timeout = self.call_time.hang_limit(batch.hangs)
             slot.call, slot.call_ends = batch, started + timeout
             self._retry.called(batch, slot.call_ends)
             fault = None
@@ -333,17 +335,8 @@ class WorkerPool:
         assert slot.sends is not None, "a slot takes batches while its worker serves"
         slot.sends.send_nowait(RunBatch(batch.id, batch.frame()))
 
-    def _hang_timeout(self, batch: Batch) -> float:
-        """How long this call may run before its worker counts as hung (see the module doc)."""
-        return min(self._paced() * 2**batch.hangs, MAX_STRETCH * self.config.hang_timeout)
-
-    def _paced(self) -> float:
-        """How long a call of a batch that never hung may run: the hang timeout, or longer for a
-        slow fleet."""
-        return max(self.config.hang_timeout, SLOW_CALLS * self.call_seconds)
-
     def _answered(self, size: int, seconds: float) -> None:
-        self.call_seconds = seconds if not self.call_seconds else 0.8 * self.call_seconds + 0.2 * seconds
+        self.call_time.answered(seconds)
         self._readiness.answered()
         self.on_answer(size, seconds)
 
