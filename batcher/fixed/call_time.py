@@ -4,9 +4,11 @@ The pool keeps the recent duration of an answered call (an EWMA, 0 until the fir
 opening forecast and admission plan with it, and it paces the hang limit. A fleet whose calls are
 slow for all of them (a big model, a busy host) must not have every call killed at
 ``hang_timeout``, so a call may run ``SLOW_CALLS`` recent call times when that is longer. A batch
-that hung before gets twice as long each time (its retry may land on a slow worker), but never
-more than ``MAX_STRETCH`` hang timeouts: however slow the fleet, a call that runs that long is hung.
-Pure."""
+already killed as hung gets twice as long for each time it was: on a fleet that has just become
+slow, no call has been answered at the new pace yet, and the retry of its first batch must be
+let finish for the recent call time to learn it. Never more than ``MAX_STRETCH`` hang timeouts:
+however slow the fleet, a call that runs that long is hung (docs/fixed-mode.md, "A slow fleet is
+not a hung worker"). Pure."""
 
 from __future__ import annotations
 
