@@ -14,6 +14,8 @@ The frames are ferry's engine's (``workers/protocol.py``, ``workers/engine/serve
                         ferry's Sampling, penalties, min_p and logit_bias included); a prompt vLLM
                         refuses (longer than max_model_len) finishes at once as too_long
     abort {rid}      -> abort_request; finished {aborted} at once (vLLM reports nothing for it)
+    a long step      -> step {seconds} as it starts: what the adapter expects vLLM to compute
+                        (workers/vllm_step.py), priced by the steps it timed (StepForecast)
     each step        -> tokens {rid, ids}: the step's new id (vLLM asked for deltas, ids only: the
                         gateway detokenizes), then finished; a stop token (EOS or a stop id)
                         is not sent, and counted in the usage, as ferry's engine does
@@ -30,7 +32,6 @@ another's: no timing side channel between them), as ferry's engine keys its own.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -42,6 +43,7 @@ from workers.engine.sequence import FinishReason
 from workers.engine.serve import BAD_START, serve
 from workers.protocol import EngineStats, Usage
 from workers.sampling import Sampling
+from workers.vllm_step import Live, step_lengths
 
 ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process (see the module doc)
@@ -49,20 +51,6 @@ ENVIRONMENT = {
     "HF_HUB_OFFLINE": "1",  # a local model directory; never the network
     "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",  # no HTTP frontend here to keep a core for
 }
-
-
-@dataclasses.dataclass(slots=True)
-class Live:
-    """What the adapter remembers of one sequence vLLM holds."""
-
-    prompt_tokens: int
-    stop_ids: frozenset[int]  # EOS and the request's stop ids: not text, never sent
-    shown: int = 0  # output ids reported so far
-    cached: int = 0  # prompt tokens the prefix cache supplied, once vLLM says
-
-    @property
-    def usage(self) -> Usage:
-        return Usage(self.prompt_tokens, self.cached, self.shown)
 
 
 METRICS = {  # vLLM's scheduler stats (engine 0: the only one in process) -> the stats frame's fields
@@ -99,6 +87,7 @@ class VllmEngine:
                  salt: str) -> None:
         self.engine, self._sampling, self._delta, self.salt = engine, sampling, delta, salt
         cache = engine.vllm_config.cache_config
+        self.step_budget = engine.vllm_config.scheduler_config.max_num_batched_tokens  # tokens a step
         self.total_blocks = cache.num_gpu_blocks * cache.block_size // block_size
         tokenizer = engine.get_tokenizer()
         self._eos = frozenset(i for i in (tokenizer.eos_token_id,) if i is not None)
@@ -149,11 +138,18 @@ class VllmEngine:
         return True
 
     def step(self, watch: StepWatch | None = None) -> StepOutput:
-        """One vLLM step: each sequence's new token, and what ended. ``watch`` is not called:
-        vLLM schedules inside its own step, so what a step computes is known only after it."""
+        """One vLLM step: each sequence's new token, and what ended. vLLM schedules inside its own
+        step, so ``watch`` is told what the adapter expects it to compute, erring long
+        (:func:`workers.vllm_step.step_lengths`); the watch's timing of real steps corrects the rest."""
         tokens: dict[int, int] = {}
         finished, self._ended = self._ended, []
-        outputs = self.engine.step() if self.live else []
+        outputs: list[Any] = []
+        if self.live:
+            if watch is not None:
+                watch.begin(*step_lengths(self.live.values(), self.step_budget))
+            outputs = self.engine.step()
+            if watch is not None:
+                watch.end()
         self.steps += 1
         for output in outputs:
             seq = self.live.get(rid := int(output.request_id))
