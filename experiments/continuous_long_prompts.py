@@ -210,15 +210,20 @@ def serve_phases(replicas: str, log_name: str, args: argparse.Namespace, floods:
         return [asyncio.run(phase(url, args, flood)) for flood in floods]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=75.0, help="arrivals per phase, seconds")
+def phase_arguments(parser: argparse.ArgumentParser, seconds: float, chat_tokens: int,
+                    flood_every: float) -> None:
+    """The options :func:`phase` reads, with an experiment's own defaults for the three that differ."""
+    parser.add_argument("--seconds", type=float, default=seconds, help="arrivals per phase, seconds")
     parser.add_argument("--drain", type=float, default=90.0, help="at most this long after for answers")
     parser.add_argument("--rate", type=float, default=1.0, help="chat requests per second")
-    parser.add_argument("--chat-tokens", type=int, default=16, help="max_tokens of a chat request")
-    parser.add_argument("--flood-every", type=float, default=20.0, help="seconds between long prompts")
+    parser.add_argument("--chat-tokens", type=int, default=chat_tokens, help="max_tokens of a chat request")
+    parser.add_argument("--flood-every", type=float, default=flood_every, help="seconds between long prompts")
     parser.add_argument("--flood-tokens", type=int, default=3000, help="about this many tokens a long prompt")
     parser.add_argument("--seed", type=int, default=0)
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    phase_arguments(parser, seconds=75.0, chat_tokens=16, flood_every=20.0)
     args = parser.parse_args(argv)
     began = time.monotonic()
     (alone, with_pool) = serve_phases(replicas(True), "continuous_long_prompts_pool.log", args, (False, True))

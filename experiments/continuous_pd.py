@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batcher.continuous.handoff_phases import PHASES
 from experiments.common import markdown, plt, write
-from experiments.continuous_long_prompts import percentile, phase, serving
+from experiments.continuous_long_prompts import percentile, phase, phase_arguments, serving
 
 LAYOUTS = {"colocated": "workers = 2\n", "1 prefill + 1 decode": "prefill_workers = 1\ndecode_workers = 1\n"}
 HANDOFF = ("ferry_engine_kv_handoff_bytes", "ferry_engine_kv_handoff_seconds")
@@ -132,13 +132,7 @@ def breakdown(moved: dict[str, float]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=60.0, help="arrivals per layout, seconds")
-    parser.add_argument("--drain", type=float, default=90.0, help="at most this long after for answers")
-    parser.add_argument("--rate", type=float, default=1.0, help="chat requests per second")
-    parser.add_argument("--chat-tokens", type=int, default=48, help="max_tokens of a chat request")
-    parser.add_argument("--flood-every", type=float, default=15.0, help="seconds between long prompts")
-    parser.add_argument("--flood-tokens", type=int, default=3000, help="about this many tokens a long prompt")
-    parser.add_argument("--seed", type=int, default=0)
+    phase_arguments(parser, seconds=60.0, chat_tokens=48, flood_every=15.0)  # a phase is one layout's run
     args = parser.parse_args(argv)
     began = time.monotonic()
     runs = {layout: serve(layout, args) for layout in LAYOUTS}
